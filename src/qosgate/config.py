@@ -1,0 +1,275 @@
+"""One configuration schema for every part of qosgate, loaded from YAML.
+
+The defaults reproduce the seed articles, so ``qosgate serve`` works with zero config: four classes
+realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; aging after
+10 s / 30 s / 60 s; tiers enterprise/pro/free (and vip/standard/basic) with boosts of -1/0/+1 level.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PolicyName = Literal["fifo", "priority", "wfq", "qos"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServiceClass(_Strict):
+    """A service class: one queue band with its budgets and share."""
+
+    name: str
+    level: int = Field(ge=0, description="0 is the most urgent band")
+    weight: float = Field(default=1.0, gt=0, description="share between non-strict classes")
+    strict: bool = Field(default=False, description="served before every non-strict class")
+    ttft_budget_ms: float = Field(gt=0, description="target time to first token; sets the deadline")
+    queue_timeout_s: float = Field(gt=0, description="a request queued longer is timed out (504)")
+    max_queue: int = Field(ge=1, description="queued requests of this class at most")
+    aging_after_s: float | None = Field(
+        default=None, gt=0, description="waiting this long promotes a request one level up"
+    )
+    deadline_admission: bool = Field(
+        default=False, description="reject at arrival when the predicted wait exceeds the budget"
+    )
+    preemptible: bool = Field(
+        default=False, description="may be pulled back before its first token to make room"
+    )
+    can_preempt: bool = Field(default=False, description="may pull back preemptible requests")
+
+
+class Tier(_Strict):
+    name: str
+    boost: int = Field(default=0, description="levels added to the requested level (-1 = one up)")
+
+
+class TenantLimits(_Strict):
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class Tenant(_Strict):
+    name: str
+    api_keys: tuple[str, ...] = ()
+    tier: str = "standard"
+    weight: float = Field(default=1.0, gt=0, description="fair-share weight inside a class")
+    default_class: str | None = None
+    allowed_classes: tuple[str, ...] | None = Field(
+        default=None, description="classes this tenant may use; None = all"
+    )
+    limits: TenantLimits = TenantLimits()
+
+
+class Fairness(_Strict):
+    """Virtual token counter (VTC) costs: service = prompt_weight*prompt + output_weight*output."""
+
+    prompt_weight: float = Field(default=1.0, ge=0)
+    output_weight: float = Field(default=2.0, ge=0)
+
+
+class Aging(_Strict):
+    enabled: bool = True
+    ceiling: str = Field(
+        default="api",
+        description="highest class aging may promote into; the strict realtime band stays "
+        "reserved for realtime traffic unless set to it",
+    )
+
+
+class Admission(_Strict):
+    max_queue_total: int = Field(default=100_000, ge=1)
+    max_prompt_tokens: int = Field(default=131_072, ge=1)
+    max_output_tokens: int = Field(default=32_768, ge=1)
+    min_retry_after_s: float = Field(default=1.0, ge=0)
+    max_retry_after_s: float = Field(default=60.0, gt=0)
+
+
+class QosConfig(_Strict):
+    policy: PolicyName = "qos"
+    classes: tuple[ServiceClass, ...]
+    tiers: tuple[Tier, ...]
+    tenants: tuple[Tenant, ...] = ()
+    default_tenant: str = "default"
+    default_class: str = "api"
+    task_types: dict[str, str] = Field(default_factory=dict)
+    fairness: Fairness = Fairness()
+    aging: Aging = Aging()
+    admission: Admission = Admission()
+
+    @field_validator("classes")
+    @classmethod
+    def _classes_ok(cls, v: tuple[ServiceClass, ...]) -> tuple[ServiceClass, ...]:
+        if not v:
+            raise ValueError("at least one service class is needed")
+        names = [c.name for c in v]
+        if len(set(names)) != len(names):
+            raise ValueError(f"class names must be unique, got {names}")
+        levels = sorted(c.level for c in v)
+        if levels != list(range(len(v))):
+            raise ValueError(f"class levels must be 0..{len(v) - 1} once each, got {levels}")
+        return tuple(sorted(v, key=lambda c: c.level))
+
+    @model_validator(mode="after")
+    def _references_ok(self) -> QosConfig:
+        classes = {c.name for c in self.classes}
+        tiers = {t.name for t in self.tiers}
+
+        def need_class(name: str | None, where: str) -> None:
+            if name is not None and name not in classes:
+                raise ValueError(f"{where}: unknown class {name!r} (known: {sorted(classes)})")
+
+        need_class(self.default_class, "default_class")
+        need_class(self.aging.ceiling, "aging.ceiling")
+        for task, cls_name in self.task_types.items():
+            need_class(cls_name, f"task_types.{task}")
+        keys: set[str] = set()
+        names: set[str] = set()
+        for t in self.tenants:
+            if t.name in names:
+                raise ValueError(f"tenant {t.name!r} is defined twice")
+            names.add(t.name)
+            if t.tier not in tiers:
+                raise ValueError(
+                    f"tenant {t.name!r}: unknown tier {t.tier!r} (known: {sorted(tiers)})"
+                )
+            need_class(t.default_class, f"tenant {t.name!r} default_class")
+            for c in t.allowed_classes or ():
+                need_class(c, f"tenant {t.name!r} allowed_classes")
+            for k in t.api_keys:
+                if k in keys:
+                    raise ValueError(f"api key of tenant {t.name!r} is used by another tenant")
+                keys.add(k)
+        return self
+
+    def class_named(self, name: str) -> ServiceClass:
+        for c in self.classes:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+def _default_classes() -> tuple[ServiceClass, ...]:
+    # Budgets: seed 000 says a chat reply late by 2 s hurts and a summary 30 s late is fine; the
+    # mission asks a paying user's chat to answer within a second.
+    return (
+        ServiceClass(
+            name="realtime",
+            level=0,
+            strict=True,
+            ttft_budget_ms=1_000,
+            queue_timeout_s=10,
+            max_queue=2_000,
+            deadline_admission=True,
+            can_preempt=True,
+        ),
+        ServiceClass(
+            name="api",
+            level=1,
+            weight=5,
+            ttft_budget_ms=5_000,
+            queue_timeout_s=60,
+            max_queue=10_000,
+            aging_after_s=10,
+        ),
+        ServiceClass(
+            name="batch",
+            level=2,
+            weight=3,
+            ttft_budget_ms=30_000,
+            queue_timeout_s=600,
+            max_queue=40_000,
+            aging_after_s=30,
+            preemptible=True,
+        ),
+        ServiceClass(
+            name="offline",
+            level=3,
+            weight=2,
+            ttft_budget_ms=300_000,
+            queue_timeout_s=3_600,
+            max_queue=100_000,
+            aging_after_s=60,
+            preemptible=True,
+        ),
+    )
+
+
+def _default_tiers() -> tuple[Tier, ...]:
+    return (
+        Tier(name="enterprise", boost=-1),
+        Tier(name="pro", boost=0),
+        Tier(name="free", boost=1),
+        Tier(name="vip", boost=-1),
+        Tier(name="standard", boost=0),
+        Tier(name="basic", boost=1),
+    )
+
+
+DEFAULT_TASK_TYPES = {
+    "chat": "realtime",
+    "code_generation": "api",
+    "completion": "api",
+    "summarize": "batch",
+    "translate": "batch",
+    "batch_inference": "offline",
+    "data_augmentation": "offline",
+    "analysis": "offline",
+}
+
+
+def default_config(**overrides: Any) -> QosConfig:
+    """The zero-config defaults (seed values), with top-level fields overridable."""
+    base: dict[str, Any] = {
+        "classes": _default_classes(),
+        "tiers": _default_tiers(),
+        "task_types": dict(DEFAULT_TASK_TYPES),
+    }
+    base.update(overrides)
+    return QosConfig.model_validate(base)
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used, with a message a person can act on."""
+
+
+def config_from_mapping(data: dict[str, Any]) -> QosConfig:
+    """Missing sections fall back to the defaults: a file that only lists tenants is valid."""
+    merged: dict[str, Any] = {
+        "classes": [c.model_dump() for c in _default_classes()],
+        "tiers": [t.model_dump() for t in _default_tiers()],
+        "task_types": dict(DEFAULT_TASK_TYPES),
+    }
+    merged.update(data)
+    try:
+        return QosConfig.model_validate(merged)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("invalid qosgate config:\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str | Path) -> QosConfig:
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {p} is not valid YAML: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {p}: the top level must be a mapping")
+    # the I/O layers' own sections live beside the QoS ones and are validated by those layers;
+    # anything else goes to validation, so a misspelt key is an error rather than ignored
+    return config_from_mapping({k: v for k, v in raw.items() if k not in IO_SECTIONS})
+
+
+IO_SECTIONS = frozenset({"server", "upstreams", "engine", "redis"})

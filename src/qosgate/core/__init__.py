@@ -1,0 +1,24 @@
+"""The sans-I/O scheduling core: no asyncio, no sockets, no clock reads; time is passed in."""
+
+from qosgate.core.classifier import Classification, Classifier, QosInputError, QosInputs
+from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.policies import POLICY_NAMES, build_policy
+from qosgate.core.request import Request, State
+from qosgate.core.scheduler import ReplicaSpec, Scheduler
+
+__all__ = [
+    "POLICY_NAMES",
+    "Classification",
+    "Classifier",
+    "Decision",
+    "Dispatch",
+    "Finished",
+    "Preempt",
+    "QosInputError",
+    "QosInputs",
+    "ReplicaSpec",
+    "Request",
+    "Scheduler",
+    "State",
+    "build_policy",
+]

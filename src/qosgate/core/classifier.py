@@ -1,0 +1,139 @@
+"""From who asks and what they ask for to a class, a level and a deadline.
+
+Precedence of the request's own QoS inputs: an explicit class name (``x-qos-class`` header or a
+``qos_class`` field) > an integer ``priority`` > ``task_type`` > ``latency_budget_ms`` > the
+tenant's default class > the global default. Then the tenant's tier boost moves it (enterprise
+one level up, free one down), and last it is clamped to the classes the tenant may use: whatever
+a client sends, it can never lift itself above what its config allows.
+
+Integer priorities follow vLLM's polarity (smaller runs first): priority p maps to the class of
+level p, clamped to the known levels. (One seed says a larger vLLM ``priority`` runs first; vLLM's
+docs and code say "lower value means earlier handling", and that is what qosgate follows.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qosgate.config import QosConfig, Tenant
+
+
+class QosInputError(ValueError):
+    """The request's QoS inputs cannot be used. ``code`` is stable; the gateway maps it to a status
+    (``invalid_api_key`` → 401, the rest → 400)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True, frozen=True)
+class QosInputs:
+    api_key: str | None = None
+    qos_class: str | None = None
+    priority: int | None = None
+    task_type: str | None = None
+    latency_budget_ms: float | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Classification:
+    tenant: str
+    service_class: str
+    requested_class: str
+    level: int
+    budget_s: float  # time from arrival to the first-token deadline
+
+
+class Classifier:
+    def __init__(self, cfg: QosConfig) -> None:
+        self.cfg = cfg
+        self.open = not cfg.tenants
+        self._by_key = {k: t for t in cfg.tenants for k in t.api_keys}
+        self._tenants = {t.name: t for t in cfg.tenants}
+        self._boost = {t.name: t.boost for t in cfg.tiers}
+        self._classes = list(cfg.classes)  # sorted by level
+        self._level_of = {c.name: c.level for c in cfg.classes}
+        self._allowed: dict[str, list[int]] = {
+            t.name: sorted(self._level_of[c] for c in t.allowed_classes)
+            for t in cfg.tenants
+            if t.allowed_classes
+        }
+
+    def tenant_for(self, api_key: str | None) -> Tenant | None:
+        """The tenant of a key; None in open mode (no tenants configured)."""
+        if self.open:
+            return None
+        tenant = self._by_key.get(api_key or "")
+        if tenant is None:
+            raise QosInputError(
+                "invalid_api_key",
+                "Missing API key." if not api_key else "Incorrect API key provided.",
+            )
+        return tenant
+
+    def classify(self, inputs: QosInputs) -> Classification:
+        if inputs.latency_budget_ms is not None and not inputs.latency_budget_ms > 0:
+            raise QosInputError("invalid_latency_budget", "latency_budget_ms must be > 0.")
+        tenant = self.tenant_for(inputs.api_key)
+        tenant_name = tenant.name if tenant else self.cfg.default_tenant
+        requested = self._requested_level(inputs, tenant)
+        level = requested
+        if tenant is not None:
+            level += self._boost.get(tenant.tier, 0)
+        level = min(max(level, 0), len(self._classes) - 1)
+        allowed = self._allowed.get(tenant_name)
+        if allowed:
+            level = _clamp_to_allowed(level, allowed)
+        cls = self._classes[level]
+        if inputs.latency_budget_ms is not None:
+            budget_s = inputs.latency_budget_ms / 1000.0
+        else:
+            budget_s = cls.ttft_budget_ms / 1000.0
+        return Classification(
+            tenant=tenant_name,
+            service_class=cls.name,
+            requested_class=self._classes[requested].name,
+            level=level,
+            budget_s=budget_s,
+        )
+
+    def _requested_level(self, inputs: QosInputs, tenant: Tenant | None) -> int:
+        if inputs.qos_class is not None:
+            level = self._level_of.get(inputs.qos_class)
+            if level is None:
+                raise QosInputError(
+                    "unknown_class",
+                    f"Unknown QoS class {inputs.qos_class!r}; "
+                    f"expected one of {[c.name for c in self._classes]}.",
+                )
+            return level
+        if inputs.priority is not None:
+            return min(max(inputs.priority, 0), len(self._classes) - 1)
+        if inputs.task_type is not None:
+            name = self.cfg.task_types.get(inputs.task_type)
+            if name is None:
+                raise QosInputError(
+                    "unknown_task_type",
+                    f"Unknown task_type {inputs.task_type!r}; "
+                    f"expected one of {sorted(self.cfg.task_types)}.",
+                )
+            return self._level_of[name]
+        if inputs.latency_budget_ms is not None:
+            # the most relaxed class whose own budget still meets the asked one
+            fitting = [
+                c.level for c in self._classes if c.ttft_budget_ms <= inputs.latency_budget_ms
+            ]
+            return max(fitting) if fitting else 0
+        default = (tenant.default_class if tenant else None) or self.cfg.default_class
+        return self._level_of[default]
+
+
+def _clamp_to_allowed(level: int, allowed: list[int]) -> int:
+    """The most urgent allowed level that is not above ``level``; if every allowed level is above
+    it (more urgent), the least urgent of them."""
+    for a in allowed:
+        if a >= level:
+            return a
+    return allowed[-1]

@@ -1,0 +1,89 @@
+"""Weighted fair share by virtual counters: one mechanism for class shares and tenant fairness.
+
+A counter per key grows by (service cost / weight) each time the key is served; the backlogged key
+with the smallest counter goes next. This is the Virtual Token Counter of Sheng et al., "Fairness in
+Serving Large Language Models" (OSDI'24): when a key becomes backlogged its counter is lifted to the
+smallest counter among the backlogged keys (or, with none backlogged, to the counter of the key that
+left last), so idle time earns no credit and two backlogged keys never drift apart by more than
+about one request's cost (the paper's bound is 2x the largest single request cost).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class FairShare(Generic[K]):
+    """Counters for a set of keys; O(log k) activate/charge/pick for k backlogged keys."""
+
+    __slots__ = ("_active", "_heap", "_last_left", "_order", "_version", "_weight", "counter")
+
+    def __init__(self) -> None:
+        self.counter: dict[K, float] = {}
+        self._weight: dict[K, float] = {}
+        self._version: dict[K, int] = {}
+        self._order: dict[K, int] = {}
+        # (counter, order, version, key): order makes ties deterministic; version marks stale rows
+        self._heap: list[tuple[float, int, int, K]] = []
+        self._active: set[K] = set()
+        self._last_left = 0.0
+
+    def set_weight(self, key: K, weight: float) -> None:
+        self._weight[key] = weight
+
+    def is_active(self, key: K) -> bool:
+        return key in self._active
+
+    def activate(self, key: K) -> None:
+        """``key`` became backlogged: lift it so idle time earns no credit (VTC)."""
+        floor = self._min_active() if self._active else self._last_left
+        c = self.counter.get(key, 0.0)
+        if c < floor:
+            c = floor
+        self.counter[key] = c
+        if key not in self._order:
+            self._order[key] = len(self._order)
+        self._active.add(key)
+        self._push(key)
+
+    def deactivate(self, key: K) -> None:
+        self._active.discard(key)
+        self._version[key] = self._version.get(key, 0) + 1
+        self._last_left = self.counter.get(key, 0.0)
+
+    def charge(self, key: K, cost: float) -> None:
+        """Account ``cost`` of service to ``key`` (negative corrects an over-estimate)."""
+        self.counter[key] = self.counter.get(key, 0.0) + cost / self._weight.get(key, 1.0)
+        if key in self._active:
+            self._push(key)
+
+    def pick(self) -> K | None:
+        """The backlogged key with the least weighted service, or None."""
+        heap = self._heap
+        version = self._version
+        while heap:
+            _c, _, v, key = heap[0]
+            if v == version.get(key, 0) and key in self._active:
+                return key
+            heapq.heappop(heap)
+        return None
+
+    def _min_active(self) -> float:
+        key = self.pick()
+        return self.counter[key] if key is not None else self._last_left
+
+    def _push(self, key: K) -> None:
+        v = self._version.get(key, 0) + 1
+        self._version[key] = v
+        heap = self._heap
+        heapq.heappush(heap, (self.counter[key], self._order[key], v, key))
+        if len(heap) > 4 * len(self._active) + 64:  # drop stale rows so memory stays O(k)
+            live = [
+                row for row in heap if row[2] == self._version[row[3]] and row[3] in self._active
+            ]
+            heapq.heapify(live)
+            self._heap = live

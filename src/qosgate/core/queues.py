@@ -1,0 +1,163 @@
+"""Queue nodes that compose into every policy: a keyed heap, a strict band, a fair-share split.
+
+Why nodes: vLLM keeps small policy classes behind one interface, which is right, but each one
+re-implements ordering and its cancel is O(n). Here each idea exists once and policies are trees of
+them (``qos`` = strict realtime band over a weighted split of classes, each split by tenant, each
+tenant ordered by deadline). Removal is lazy: ``remove`` fixes the live counts along the request's
+path in O(depth) and the heap row is skipped when it surfaces; heaps are compacted when stale rows
+outnumber live ones, so insert/pop/cancel are O(log n) amortised and memory stays O(n).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Hashable
+from typing import Protocol
+
+from qosgate.core.fairshare import FairShare
+from qosgate.core.request import Request
+
+
+class Node(Protocol):
+    n: int
+
+    def push(self, req: Request) -> None: ...
+
+    def pop(self) -> Request | None: ...
+
+    def remove(self, req: Request) -> None: ...
+
+    def settle(self, req: Request, delta_cost: float) -> None: ...
+
+
+class KeyedQueue:
+    """A min-heap of requests by ``key(req)``, ties in push order. ``req.seq`` identifies the live
+    row: a row whose seq differs from its request's is stale (removed, or pushed again)."""
+
+    __slots__ = ("_heap", "_key", "_seq", "n")
+
+    def __init__(self, key: Callable[[Request], float], seq: list[int]) -> None:
+        self.n = 0
+        self._heap: list[tuple[float, int, Request]] = []
+        self._key = key
+        self._seq = seq  # one counter shared by the whole tree, so seqs are unique
+
+    def push(self, req: Request) -> None:
+        s = self._seq[0] = self._seq[0] + 1
+        req.seq = s
+        heap = self._heap
+        heapq.heappush(heap, (self._key(req), s, req))
+        self.n += 1
+        if len(heap) > 2 * self.n + 64:
+            live = [row for row in heap if row[1] == row[2].seq]
+            heapq.heapify(live)
+            self._heap = live
+
+    def pop(self) -> Request | None:
+        heap = self._heap
+        while heap:
+            _, s, req = heapq.heappop(heap)
+            if s == req.seq:
+                self.n -= 1
+                req.seq = 0
+                return req
+        return None
+
+    def remove(self, req: Request) -> None:
+        self.n -= 1
+        req.seq = 0
+
+    def settle(self, req: Request, delta_cost: float) -> None:
+        pass
+
+
+class StrictBands:
+    """Children by band; the first non-empty band is always served first."""
+
+    __slots__ = ("_band_of", "_bands", "n")
+
+    def __init__(self, bands: list[Node], band_of: Callable[[Request], int]) -> None:
+        self.n = 0
+        self._bands = bands
+        self._band_of = band_of
+
+    def push(self, req: Request) -> None:
+        self._bands[self._band_of(req)].push(req)
+        self.n += 1
+
+    def pop(self) -> Request | None:
+        if self.n:
+            for band in self._bands:
+                if band.n:
+                    self.n -= 1
+                    return band.pop()
+        return None
+
+    def remove(self, req: Request) -> None:
+        self._bands[self._band_of(req)].remove(req)
+        self.n -= 1
+
+    def settle(self, req: Request, delta_cost: float) -> None:
+        self._bands[self._band_of(req)].settle(req, delta_cost)
+
+
+class FairSplit:
+    """Children by key (class or tenant), served by weighted virtual counters (see FairShare).
+
+    The estimated cost ``req.cost`` is charged when a request is popped; ``settle`` corrects it
+    with the real usage (or refunds it when a request is pulled back before its first token).
+    """
+
+    __slots__ = ("_children", "_key_of", "_make", "_weight_of", "n", "share")
+
+    def __init__(
+        self,
+        key_of: Callable[[Request], Hashable],
+        weight_of: Callable[[Hashable], float],
+        make_child: Callable[[], Node],
+    ) -> None:
+        self.n = 0
+        self._children: dict[Hashable, Node] = {}
+        self._key_of = key_of
+        self._weight_of = weight_of
+        self._make = make_child
+        self.share: FairShare[Hashable] = FairShare()
+
+    def push(self, req: Request) -> None:
+        key = self._key_of(req)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._make()
+            self.share.set_weight(key, self._weight_of(key))
+        child.push(req)
+        if child.n == 1:
+            self.share.activate(key)
+        self.n += 1
+
+    def pop(self) -> Request | None:
+        key = self.share.pick()
+        if key is None:
+            return None
+        child = self._children[key]
+        req = child.pop()
+        assert req is not None, "a backlogged key always has a live request"
+        self.n -= 1
+        self.share.charge(key, req.cost)
+        if child.n == 0:
+            self.share.deactivate(key)
+        return req
+
+    def remove(self, req: Request) -> None:
+        key = self._key_of(req)
+        child = self._children[key]
+        child.remove(req)
+        self.n -= 1
+        if child.n == 0:
+            self.share.deactivate(key)
+
+    def settle(self, req: Request, delta_cost: float) -> None:
+        key = self._key_of(req)
+        self.share.charge(key, delta_cost)
+        child = self._children.get(key)
+        if child is not None:
+            child.settle(req, delta_cost)

@@ -1,0 +1,85 @@
+"""Per-tenant limits: token buckets for requests/min and tokens/min, and a concurrency count.
+
+Buckets answer with an exact ``retry_after`` (the time until enough tokens have refilled), so a
+client told "retry after 3 s" that comes back after 3 s is admitted. Token usage is charged as an
+estimate at admission and corrected with the real usage at completion; a bucket may go into debt
+when a request used more than estimated, which delays that tenant's next admission accordingly.
+"""
+
+from __future__ import annotations
+
+from qosgate.config import TenantLimits
+
+
+class TokenBucket:
+    __slots__ = ("capacity", "rate", "stamp", "tokens")
+
+    def __init__(self, per_minute: float, now: float) -> None:
+        self.capacity = per_minute
+        self.rate = per_minute / 60.0
+        self.tokens = per_minute
+        self.stamp = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.stamp:
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+
+    def wait_for(self, amount: float, now: float) -> float:
+        """Seconds until ``amount`` can be taken (0 if now). A request larger than the bucket
+        waits for a full bucket rather than forever."""
+        self._refill(now)
+        need = min(amount, self.capacity)
+        if self.tokens >= need:
+            return 0.0
+        return (need - self.tokens) / self.rate
+
+    def take(self, amount: float) -> None:
+        self.tokens -= amount
+
+    def give_back(self, amount: float) -> None:
+        self.tokens = min(self.capacity, self.tokens + amount)
+
+
+class TenantLimiter:
+    """The limits of one tenant; ``check`` then ``admit`` so a refusal takes nothing."""
+
+    __slots__ = ("concurrent", "max_concurrent", "rpm", "tpm")
+
+    def __init__(self, limits: TenantLimits, now: float) -> None:
+        self.rpm = (
+            TokenBucket(limits.requests_per_minute, now) if limits.requests_per_minute else None
+        )
+        self.tpm = TokenBucket(limits.tokens_per_minute, now) if limits.tokens_per_minute else None
+        self.max_concurrent = limits.max_concurrent
+        self.concurrent = 0
+
+    def check(self, tokens: int, now: float) -> tuple[str, float] | None:
+        """None if admissible, else (reason, retry_after seconds)."""
+        if self.max_concurrent is not None and self.concurrent >= self.max_concurrent:
+            return "concurrency_limit", 0.0  # unknown: frees when one finishes; caller estimates
+        if self.rpm is not None:
+            wait = self.rpm.wait_for(1, now)
+            if wait > 0:
+                return "rate_limit_requests", wait
+        if self.tpm is not None:
+            wait = self.tpm.wait_for(tokens, now)
+            if wait > 0:
+                return "rate_limit_tokens", wait
+        return None
+
+    def admit(self, tokens: int) -> None:
+        self.concurrent += 1
+        if self.rpm is not None:
+            self.rpm.take(1)
+        if self.tpm is not None:
+            self.tpm.take(tokens)
+
+    def release(self, charged_tokens: int, used_tokens: int) -> None:
+        """A request ended: free its concurrency slot and correct the token estimate."""
+        self.concurrent -= 1
+        if self.tpm is not None and used_tokens != charged_tokens:
+            if used_tokens < charged_tokens:
+                self.tpm.give_back(charged_tokens - used_tokens)
+            else:
+                self.tpm.take(used_tokens - charged_tokens)

@@ -1,0 +1,154 @@
+"""The request as the scheduler sees it, and its life as a state machine.
+
+Every accepted request ends in exactly one terminal state with a reason; the transition table is
+the single place that says which moves are legal, so a bug that would count a request twice
+fails loudly.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class State(StrEnum):
+    NEW = "new"
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    COMPLETED = "completed"
+    REJECTED = "rejected"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset(
+    {State.COMPLETED, State.REJECTED, State.TIMED_OUT, State.CANCELLED, State.FAILED}
+)
+
+_LEGAL: dict[State, frozenset[State]] = {
+    State.NEW: frozenset({State.QUEUED, State.REJECTED}),
+    State.QUEUED: frozenset({State.DISPATCHED, State.REJECTED, State.TIMED_OUT, State.CANCELLED}),
+    State.DISPATCHED: frozenset(
+        {
+            State.RUNNING,
+            State.PREEMPTED,
+            State.COMPLETED,
+            State.CANCELLED,
+            State.TIMED_OUT,
+            State.FAILED,
+        }
+    ),
+    State.RUNNING: frozenset(
+        {State.PREEMPTED, State.COMPLETED, State.CANCELLED, State.TIMED_OUT, State.FAILED}
+    ),
+    State.PREEMPTED: frozenset({State.QUEUED}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+class Request:
+    """One inference request.
+
+    ``level`` is the queue band the request currently waits in (aging lowers it); ``service_class``
+    is the class it is served and counted as. ``deadline`` is the absolute time its first token is
+    due. ``gen`` changes on every transition so timers set in an earlier state are recognised as
+    stale without searching for them.
+    """
+
+    __slots__ = (
+        "arrival",
+        "charged_tpm",
+        "cost",
+        "deadline",
+        "dispatched_at",
+        "enqueued_at",
+        "est_output_tokens",
+        "finished_at",
+        "first_token_at",
+        "gen",
+        "id",
+        "level",
+        "max_tokens",
+        "output_tokens",
+        "preemptions",
+        "priority",
+        "promotions",
+        "prompt_tokens",
+        "reason",
+        "replica",
+        "requested_class",
+        "retry_after",
+        "seq",
+        "service_class",
+        "state",
+        "tenant",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        tenant: str,
+        service_class: str,
+        level: int,
+        arrival: float,
+        deadline: float,
+        prompt_tokens: int,
+        max_tokens: int,
+        *,
+        priority: int | None = None,
+        requested_class: str | None = None,
+        est_output_tokens: int | None = None,
+    ) -> None:
+        self.id = id
+        self.tenant = tenant
+        self.service_class = service_class
+        self.requested_class = requested_class or service_class
+        self.level = level
+        self.priority = level if priority is None else priority
+        self.arrival = arrival
+        self.deadline = deadline
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.est_output_tokens = max_tokens if est_output_tokens is None else est_output_tokens
+        self.cost = 0.0
+        self.state = State.NEW
+        self.reason = ""
+        self.gen = 0
+        self.seq = 0
+        self.replica: str | None = None
+        self.enqueued_at = arrival
+        self.dispatched_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.output_tokens = 0
+        self.preemptions = 0
+        self.promotions = 0
+        self.retry_after: float | None = None
+        self.charged_tpm = 0
+
+    def move(self, to: State, reason: str = "") -> None:
+        if to not in _LEGAL.get(self.state, frozenset()):
+            raise IllegalTransition(f"request {self.id}: {self.state.value} -> {to.value}")
+        self.state = to
+        self.gen += 1
+        if reason:
+            self.reason = reason
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.id!r}, tenant={self.tenant!r}, class={self.service_class!r}, "
+            f"level={self.level}, state={self.state.value})"
+        )

@@ -1,0 +1,515 @@
+"""The scheduler: events in, decisions out. Sans-I/O: the clock is always passed in.
+
+One object drives the whole life of a request — admission, queueing, aging, timeouts, dispatch to a
+replica with a free slot, preemption, and the single terminal outcome — so the gateway (asyncio,
+real time) and the simulator (virtual time) run exactly the same code. Every handler first fires
+the timers that are due at ``now`` and ends by filling free slots (work-conserving: nothing waits
+while a slot is free).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from qosgate.config import QosConfig, ServiceClass, TenantLimits
+from qosgate.core.classifier import Classifier, QosInputs
+from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.policies import Policy, build_policy
+from qosgate.core.ratelimit import TenantLimiter
+from qosgate.core.request import Request, State
+
+_TIMEOUT = 0
+_AGE = 1
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    name: str
+    capacity: int
+    pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
+
+
+class Replica:
+    __slots__ = ("capacity", "inflight", "name", "pausable")
+
+    def __init__(self, spec: ReplicaSpec) -> None:
+        self.name = spec.name
+        self.capacity = spec.capacity
+        self.pausable = spec.pausable
+        self.inflight: dict[str, Request] = {}
+
+    @property
+    def free(self) -> int:
+        return max(0, self.capacity - len(self.inflight))
+
+
+class DecayingRate:
+    """Events per second, exponentially decayed with time constant ``tau`` (seconds)."""
+
+    __slots__ = ("_stamp", "_value", "tau")
+
+    def __init__(self, tau: float = 10.0) -> None:
+        self.tau = tau
+        self._value = 0.0
+        self._stamp: float | None = None
+
+    def add(self, now: float) -> None:
+        self._value = self.value(now) + 1.0 / self.tau
+        self._stamp = now
+
+    def value(self, now: float) -> float:
+        if self._stamp is None:
+            return 0.0
+        return self._value * math.exp(-max(0.0, now - self._stamp) / self.tau)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        cfg: QosConfig,
+        policy: str | None = None,
+        replicas: Iterable[ReplicaSpec] = (),
+    ) -> None:
+        self.cfg = cfg
+        self.policy: Policy = build_policy(cfg, policy)
+        self.classifier = Classifier(cfg)
+        self.classes: list[ServiceClass] = list(cfg.classes)
+        self._level_of = {c.name: c.level for c in self.classes}
+        self._ceiling = self._level_of[cfg.aging.ceiling]
+        self._wp = cfg.fairness.prompt_weight
+        self._wq = cfg.fairness.output_weight
+        self._tenant_cfg = {t.name: t for t in cfg.tenants}
+
+        self.requests: dict[str, Request] = {}  # every live (non-terminal) request
+        # queued requests per service class in queueing order (newest last: the displacement victim)
+        self.queued: list[dict[str, Request]] = [{} for _ in self.classes]
+        self.queued_total = 0
+        self.replicas: dict[str, Replica] = {}
+        self.free_slots = 0
+        self._preemptible: dict[str, Request] = {}
+        self._timers: list[tuple[float, int, int, Request, int]] = []
+        self._timer_seq = 0
+        self._limiters: dict[str, TenantLimiter] = {}
+        self._out_est = [256.0] * len(self.classes)
+        self.completions = DecayingRate()
+        # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
+        self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
+        for spec in replicas:
+            self.add_replica(spec)
+
+    # ---------------------------------------------------------------- building requests
+    def make_request(
+        self,
+        rid: str,
+        inputs: QosInputs,
+        now: float,
+        prompt_tokens: int,
+        max_tokens: int,
+    ) -> Request:
+        """Classify and build a request; raises QosInputError for unusable QoS inputs."""
+        c = self.classifier.classify(inputs)
+        est = min(float(max_tokens), self._out_est[self._level_of[c.service_class]])
+        req = Request(
+            rid,
+            c.tenant,
+            c.service_class,
+            c.level,
+            now,
+            now + c.budget_s,
+            prompt_tokens,
+            max_tokens,
+            requested_class=c.requested_class,
+            est_output_tokens=int(est),
+        )
+        req.cost = self._wp * prompt_tokens + self._wq * est
+        return req
+
+    # ---------------------------------------------------------------- replicas
+    def add_replica(self, spec: ReplicaSpec) -> None:
+        if spec.name in self.replicas:
+            raise ValueError(f"replica {spec.name!r} exists")
+        self.replicas[spec.name] = Replica(spec)
+        self.free_slots += spec.capacity
+
+    def set_capacity(self, name: str, capacity: int, now: float) -> list[Decision]:
+        """Change a replica's window (adaptive concurrency); in-flight work is never cut."""
+        rep = self.replicas[name]
+        self.free_slots -= rep.free
+        rep.capacity = max(0, capacity)
+        self.free_slots += rep.free
+        out: list[Decision] = []
+        self._advance(now, out)
+        self._fill(now, out)
+        return out
+
+    # ---------------------------------------------------------------- events
+    def submit(self, req: Request, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        self._advance(now, out)
+        refusal = self._admission(req, now, out)
+        if refusal is not None:
+            reason, retry_after = refusal
+            req.retry_after = retry_after
+            req.move(State.REJECTED, reason)
+            self._record(req, now, out)
+            return out
+        tokens = req.prompt_tokens + req.est_output_tokens
+        self._limiter(req.tenant, now).admit(tokens)
+        req.charged_tpm = tokens
+        self.requests[req.id] = req
+        self._enqueue(req, now)
+        cls = self.classes[req.level]
+        if cls.can_preempt and self.free_slots == 0 and self.policy.preemptive:
+            self._preempt_for(req, now, out)
+        self._fill(now, out)
+        return out
+
+    def first_token(self, rid: str, now: float) -> list[Decision]:
+        """The engine produced the first token since (re)dispatch. Ignored if the request was
+        pulled back meanwhile: the driver checks ``req.state`` before forwarding anything."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        req = self.requests.get(rid)
+        if req is not None and req.state is State.DISPATCHED:
+            req.move(State.RUNNING)
+            if req.first_token_at is None:
+                req.first_token_at = now
+            rep = self.replicas.get(req.replica or "")
+            if rep is None or not rep.pausable:
+                self._preemptible.pop(rid, None)
+        return out
+
+    def complete(
+        self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None
+    ) -> list[Decision]:
+        return self._end_running(
+            rid, now, State.COMPLETED, "completed", output_tokens, prompt_tokens
+        )
+
+    def fail(self, rid: str, now: float, reason: str, output_tokens: int = 0) -> list[Decision]:
+        return self._end_running(rid, now, State.FAILED, reason, output_tokens, None)
+
+    def cancel(
+        self, rid: str, now: float, reason: str = "client_disconnected", output_tokens: int = 0
+    ) -> list[Decision]:
+        """Cancel wherever the request is; a running one must also be aborted by the driver."""
+        req = self.requests.get(rid)
+        if req is None:
+            out: list[Decision] = []
+            self._advance(now, out)
+            return out
+        if req.state is State.QUEUED:
+            out = []
+            self._advance(now, out)
+            if req.state is State.QUEUED:  # a timer may just have ended it
+                self._unqueue(req)
+                req.move(State.CANCELLED, reason)
+                self._release_tenant(req, 0)
+                self._record(req, now, out)
+            self._fill(now, out)
+            return out
+        return self._end_running(rid, now, State.CANCELLED, reason, output_tokens, None)
+
+    def tick(self, now: float) -> list[Decision]:
+        out: list[Decision] = []
+        self._advance(now, out)
+        self._fill(now, out)
+        return out
+
+    def next_timer(self) -> float | None:
+        """When the driver should call ``tick`` at the latest (a timeout or a promotion is due)."""
+        timers = self._timers
+        while timers:
+            when, _, _, req, gen = timers[0]
+            if req.gen == gen and req.state is State.QUEUED:
+                return when
+            heapq.heappop(timers)
+        return None
+
+    # ---------------------------------------------------------------- internals
+    def _limiter(self, tenant: str, now: float) -> TenantLimiter:
+        lim = self._limiters.get(tenant)
+        if lim is None:
+            t = self._tenant_cfg.get(tenant)
+            lim = self._limiters[tenant] = TenantLimiter(t.limits if t else TenantLimits(), now)
+        return lim
+
+    def _admission(
+        self, req: Request, now: float, out: list[Decision]
+    ) -> tuple[str, float | None] | None:
+        adm = self.cfg.admission
+        if req.prompt_tokens > adm.max_prompt_tokens:
+            return "prompt_too_long", None
+        if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1:
+            return "invalid_max_tokens", None
+        verdict = self._limiter(req.tenant, now).check(
+            req.prompt_tokens + req.est_output_tokens, now
+        )
+        if verdict is not None:
+            reason, wait = verdict
+            return reason, self._clamp_retry(wait or self._slot_wait(req.level, now))
+        cls = self.classes[req.level]
+        if len(self.queued[self._level_of[req.service_class]]) >= cls.max_queue:
+            return "class_queue_full", self._clamp_retry(self._slot_wait(req.level, now))
+        if cls.deadline_admission and self.policy.class_aware:
+            predicted = self.predicted_wait(req.level, now)
+            budget = req.deadline - now
+            if predicted is not None and predicted > budget:
+                return "deadline_infeasible", self._clamp_retry(predicted - budget)
+        if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
+            return "queue_full", self._clamp_retry(self._slot_wait(req.level, now))
+        return None
+
+    def _displace_for(self, req: Request, now: float, out: list[Decision]) -> bool:
+        """Global cap reached: reject the newest queued request of the lowest class below
+        ``req``'s, if there is one, to make room."""
+        if not self.policy.class_aware:
+            return False
+        own = self._level_of[req.service_class]
+        for level in range(len(self.classes) - 1, own, -1):
+            bucket = self.queued[level]
+            if bucket:
+                victim = bucket[next(reversed(bucket))]
+                self._unqueue(victim)
+                victim.retry_after = self._clamp_retry(self._slot_wait(victim.level, now))
+                victim.move(State.REJECTED, "displaced")
+                self._release_tenant(victim, 0)
+                self._record(victim, now, out)
+                return True
+        return False
+
+    def predicted_wait(self, level: int, now: float) -> float | None:
+        """Seconds a new request of ``level`` is expected to wait before dispatch, from the
+        queue ahead of it and the recent completion rate; None while no rate is known."""
+        counts = [len(q) for q in self.queued]
+        cls = self.classes[level]
+        if not self.policy.class_aware:
+            ahead = float(sum(counts))
+        elif cls.strict:
+            ahead = float(
+                sum(counts[c.level] for c in self.classes if c.strict and c.level <= level)
+            )
+        else:
+            strict_ahead = sum(counts[c.level] for c in self.classes if c.strict)
+            weights = sum(c.weight for c in self.classes if not c.strict and counts[c.level])
+            share = cls.weight / (weights + (0 if counts[level] else cls.weight))
+            ahead = strict_ahead + counts[level] / share
+        if ahead < self.free_slots:
+            return 0.0
+        rate = self.completions.value(now)
+        if rate <= 0:
+            return None
+        return (ahead + 1 - self.free_slots) / rate
+
+    def _slot_wait(self, level: int, now: float) -> float:
+        rate = self.completions.value(now)
+        return 1.0 / rate if rate > 0 else 0.0
+
+    def _clamp_retry(self, seconds: float) -> float:
+        adm = self.cfg.admission
+        return min(adm.max_retry_after_s, max(adm.min_retry_after_s, seconds))
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        req.move(State.QUEUED)
+        req.enqueued_at = now
+        self.policy.push(req)
+        self.queued[self._level_of[req.service_class]][req.id] = req
+        self.queued_total += 1
+        cls = self.classes[self._level_of[req.service_class]]
+        self._set_timer(now + cls.queue_timeout_s, _TIMEOUT, req)
+        self._set_aging(req, now)
+
+    def _set_aging(self, req: Request, now: float) -> None:
+        if not (self.cfg.aging.enabled and self.policy.class_aware) or req.level <= self._ceiling:
+            return
+        after = self.classes[req.level].aging_after_s
+        if after is not None:
+            self._set_timer(now + after, _AGE, req)
+
+    def _set_timer(self, when: float, kind: int, req: Request) -> None:
+        self._timer_seq += 1
+        timers = self._timers
+        heapq.heappush(timers, (when, self._timer_seq, kind, req, req.gen))
+        if len(timers) > 4 * self.queued_total + 1024:  # stale timers of dispatched requests
+            live = [t for t in timers if t[3].gen == t[4] and t[3].state is State.QUEUED]
+            heapq.heapify(live)
+            self._timers = live
+
+    def _advance(self, now: float, out: list[Decision]) -> None:
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, kind, req, gen = heapq.heappop(timers)
+            if req.gen != gen or req.state is not State.QUEUED:
+                continue
+            if kind == _TIMEOUT:
+                self._unqueue(req)
+                req.move(State.TIMED_OUT, "queue_timeout")
+                self._release_tenant(req, 0)
+                self._record(req, now, out)
+            else:
+                self._promote(req, now)
+
+    def _promote(self, req: Request, now: float) -> None:
+        """Aging: one level up; the deadline tightens to what the new class promises from the
+        original arrival, so inside its new class the request is served ahead of later arrivals."""
+        self.policy.remove(req)
+        req.level -= 1
+        req.promotions += 1
+        budget = self.classes[req.level].ttft_budget_ms / 1000.0
+        req.deadline = min(req.deadline, req.arrival + budget)
+        self.policy.push(req)
+        self._set_aging(req, now)
+
+    def _unqueue(self, req: Request) -> None:
+        self.policy.remove(req)
+        del self.queued[self._level_of[req.service_class]][req.id]
+        self.queued_total -= 1
+
+    def _fill(self, now: float, out: list[Decision]) -> None:
+        policy = self.policy
+        held: list[Request] = []
+        while self.free_slots > 0 and policy.root.n:
+            req = policy.pop()
+            assert req is not None
+            rep = self._choose_replica(req)
+            if rep is None:
+                held.append(req)  # paused on a full replica: it can only resume there
+                continue
+            self._dispatch(req, rep, now, out)
+        for req in held:
+            policy.push(req)
+
+    def _choose_replica(self, req: Request) -> Replica | None:
+        if req.replica is not None:  # paused: its state lives on that replica
+            rep = self.replicas.get(req.replica)
+            return rep if rep is not None and rep.free > 0 else None
+        best: Replica | None = None
+        best_free = 0
+        for rep in self.replicas.values():
+            f = rep.capacity - len(rep.inflight)
+            if f > best_free:
+                best, best_free = rep, f
+        return best
+
+    def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
+        del self.queued[self._level_of[req.service_class]][req.id]
+        self.queued_total -= 1
+        resume = req.replica is not None
+        req.move(State.DISPATCHED)
+        req.replica = rep.name
+        req.dispatched_at = now
+        rep.inflight[req.id] = req
+        self.free_slots -= 1
+        if self.classes[self._level_of[req.service_class]].preemptible:
+            self._preemptible[req.id] = req
+        out.append(Dispatch(req, rep.name, resume))
+
+    def _preempt_for(self, req: Request, now: float, out: list[Decision]) -> None:
+        """Make room for ``req`` by pulling back the least urgent, most recently dispatched
+        preemptible request below it that has sent nothing to its client yet (or, on a pausable
+        engine, one that can pause at a token boundary)."""
+        victim: Request | None = None
+        for cand in self._preemptible.values():
+            if cand.level <= req.level:
+                continue
+            if victim is None or (cand.level, cand.dispatched_at or 0.0) > (
+                victim.level,
+                victim.dispatched_at or 0.0,
+            ):
+                victim = cand
+        if victim is None:
+            return
+        rep = self.replicas[victim.replica or ""]
+        pause = rep.pausable and victim.state is State.RUNNING
+        self._release_slot(victim)
+        victim.move(State.PREEMPTED, "preempted")
+        victim.preemptions += 1
+        self.policy.settle(victim, -victim.cost)  # refunded: charged again when re-dispatched
+        victim.replica = rep.name if pause else None
+        self._enqueue(victim, now)
+        out.append(Preempt(victim, rep.name, pause))
+
+    def _release_slot(self, req: Request) -> None:
+        self._preemptible.pop(req.id, None)
+        rep = self.replicas.get(req.replica or "")
+        if (
+            rep is not None
+            and rep.inflight.pop(req.id, None) is not None
+            and len(rep.inflight) < rep.capacity
+        ):
+            self.free_slots += 1
+
+    def _end_running(
+        self,
+        rid: str,
+        now: float,
+        state: State,
+        reason: str,
+        output_tokens: int,
+        prompt_tokens: int | None,
+    ) -> list[Decision]:
+        out: list[Decision] = []
+        self._advance(now, out)
+        req = self.requests.get(rid)
+        if req is None or req.state not in (State.DISPATCHED, State.RUNNING):
+            self._fill(now, out)
+            return out
+        if prompt_tokens is not None:
+            req.prompt_tokens = prompt_tokens
+        req.output_tokens = output_tokens
+        self._release_slot(req)
+        started = req.first_token_at is not None
+        actual = (self._wp * req.prompt_tokens if started else 0.0) + self._wq * output_tokens
+        self.policy.settle(req, actual - req.cost)
+        if state is State.COMPLETED:
+            self.completions.add(now)
+            lvl = self._level_of[req.service_class]
+            self._out_est[lvl] += 0.05 * (output_tokens - self._out_est[lvl])
+        req.move(state, reason)
+        self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)
+        self._record(req, now, out)
+        self._fill(now, out)
+        return out
+
+    def _release_tenant(self, req: Request, used_tokens: int) -> None:
+        lim = self._limiters.get(req.tenant)
+        if lim is not None:
+            lim.release(req.charged_tpm, used_tokens)
+
+    def _record(self, req: Request, now: float, out: list[Decision]) -> None:
+        req.finished_at = now
+        self.requests.pop(req.id, None)
+        self._preemptible.pop(req.id, None)
+        self.outcomes[(req.service_class, req.tenant, req.state.value, req.reason)] += 1
+        out.append(Finished(req))
+
+    # ---------------------------------------------------------------- introspection
+    def snapshot(self, now: float) -> dict[str, object]:
+        """Queue depth, oldest wait and in-flight per class, tenant and replica."""
+        classes: dict[str, dict[str, float]] = {}
+        tenants: dict[str, dict[str, float]] = {}
+        for cls, bucket in zip(self.classes, self.queued, strict=False):
+            oldest = max((now - r.arrival for r in bucket.values()), default=0.0)
+            classes[cls.name] = {"queued": len(bucket), "inflight": 0, "oldest_wait_s": oldest}
+            for r in bucket.values():
+                t = tenants.setdefault(r.tenant, {"queued": 0, "inflight": 0})
+                t["queued"] += 1
+        replicas: dict[str, dict[str, int]] = {}
+        for rep in self.replicas.values():
+            replicas[rep.name] = {"capacity": rep.capacity, "inflight": len(rep.inflight)}
+            for r in rep.inflight.values():
+                classes[r.service_class]["inflight"] += 1
+                t = tenants.setdefault(r.tenant, {"queued": 0, "inflight": 0})
+                t["inflight"] += 1
+        return {
+            "policy": self.policy.name,
+            "classes": classes,
+            "tenants": tenants,
+            "replicas": replicas,
+            "queued_total": self.queued_total,
+            "free_slots": self.free_slots,
+        }

@@ -1,0 +1,103 @@
+"""The step-engine contract: an engine that advances one decode step at a time.
+
+Why a step contract: the scheduler must be able to decide *between* steps which sequences take part
+(continuous batching), pause one at a token boundary and resume it later, and the very same engine
+model must run in virtual time (simulator) and in real time (gateway). So an engine here is a plain
+synchronous object: the driver calls ``step()``; the engine returns what happened in that step and
+how long it took (modelled for the simulated engine, measured for llama.cpp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(slots=True)
+class Sampling:
+    """Sampling parameters as the OpenAI API names them."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class SeqSpec:
+    """One sequence to generate.
+
+    ``prompt_tokens`` is always set (a count); ``prompt``/``messages`` carry text for engines that
+    run a real model; ``target_output_tokens`` is the length a simulated engine will generate (drawn
+    by a workload or a trace), real engines stop on EOS/stop strings/max_tokens instead.
+    ``engine_priority`` follows vLLM polarity: a smaller value runs first.
+    """
+
+    seq_id: str
+    prompt_tokens: int
+    max_tokens: int
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+    target_output_tokens: int | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+    engine_priority: int = 0
+
+
+@dataclass(slots=True)
+class TokenEvent:
+    """A token produced for ``seq_id`` in this step (``index`` counts from 0 per sequence)."""
+
+    seq_id: str
+    index: int
+    text: str = ""
+    token_id: int = -1
+
+
+@dataclass(slots=True)
+class FinishEvent:
+    seq_id: str
+    reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(slots=True)
+class EvictEvent:
+    """The engine itself evicted a running sequence (e.g. KV cache full); it stays in the engine's
+    waiting queue and resumes by recomputation, emitting no token twice."""
+
+    seq_id: str
+
+
+@dataclass(slots=True)
+class StepResult:
+    duration_s: float
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finished: list[FinishEvent] = field(default_factory=list)
+    evicted: list[EvictEvent] = field(default_factory=list)
+
+
+class StepEngine(Protocol):
+    """What the drivers need from an engine that generates in-process (sim model, llama.cpp)."""
+
+    max_num_seqs: int
+
+    def add(self, spec: SeqSpec) -> None:
+        """Queue a sequence; it joins the batch at the next step boundary."""
+
+    def pause(self, seq_id: str) -> None:
+        """Take a sequence out of the batch at the current token boundary, keeping its state."""
+
+    def resume(self, seq_id: str) -> None:
+        """Put a paused sequence back; its next token follows the last one emitted."""
+
+    def abort(self, seq_id: str) -> None:
+        """Drop a sequence and free its slot and KV state at once."""
+
+    def has_work(self) -> bool:
+        """True while any sequence is queued or running (paused ones do not count)."""
+
+    def step(self) -> StepResult:
+        """Run one scheduling+forward step and report what it produced."""

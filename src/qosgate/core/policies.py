@@ -6,7 +6,11 @@
 - ``wfq``: weighted shares between all classes (in tokens of service), arrival order inside.
 - ``qos``: strict band(s) for the ``strict`` classes (realtime), weighted shares between the others
   (5:3:2 by default), per-tenant virtual-token-counter fairness inside every class, deadline order
-  inside a tenant. Aging is done by the scheduler for every policy: it moves a request up a level.
+  inside a tenant.
+
+Aging is done by the scheduler for every class-aware policy: it moves a long waiter up a level.
+Under ``priority`` that lifts it over the less urgent bands; under ``wfq``/``qos`` it is served
+ahead inside the more urgent class while its own class pays, so the 5:3:2 shares still hold.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ def _deadline(req: Request) -> float:
 
 def _level(req: Request) -> int:
     return req.level
+
+
+def _class_level(req: Request) -> int:
+    return req.class_level
 
 
 class Policy:
@@ -90,7 +98,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
     if name == "wfq":
         return Policy(
             name,
-            FairSplit(_level, class_weight, lambda: KeyedQueue(_arrival, seq)),
+            FairSplit(_level, class_weight, lambda: KeyedQueue(_arrival, seq), _class_level),
             class_aware=True,
             preemptive=False,
         )
@@ -103,7 +111,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
             return band_index.get(req.level, shared)
 
         qos_bands: list[Node] = [by_tenant() for _ in strict]
-        qos_bands.append(FairSplit(_level, class_weight, by_tenant))
+        qos_bands.append(FairSplit(_level, class_weight, by_tenant, _class_level))
         return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True)
     raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
 

@@ -106,19 +106,24 @@ class FairSplit:
 
     The estimated cost ``req.cost`` is charged when a request is popped; ``settle`` corrects it
     with the real usage (or refunds it when a request is pulled back before its first token).
+    ``charge_of`` names the counter that pays when it differs from the child the request waits in:
+    an aged request waits in a more urgent class but is paid for by its own, so aging reorders
+    who goes first without shifting the shares between classes.
     """
 
-    __slots__ = ("_children", "_key_of", "_make", "_weight_of", "n", "share")
+    __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_weight_of", "n", "share")
 
     def __init__(
         self,
         key_of: Callable[[Request], Hashable],
         weight_of: Callable[[Hashable], float],
         make_child: Callable[[], Node],
+        charge_of: Callable[[Request], Hashable] | None = None,
     ) -> None:
         self.n = 0
         self._children: dict[Hashable, Node] = {}
         self._key_of = key_of
+        self._charge_of = charge_of or key_of
         self._weight_of = weight_of
         self._make = make_child
         self.share: FairShare[Hashable] = FairShare()
@@ -142,7 +147,7 @@ class FairSplit:
         req = child.pop()
         assert req is not None, "a backlogged key always has a live request"
         self.n -= 1
-        self.share.charge(key, req.cost)
+        self.share.charge(self._charge_of(req), req.cost)
         if child.n == 0:
             self.share.deactivate(key)
         return req
@@ -156,8 +161,7 @@ class FairSplit:
             self.share.deactivate(key)
 
     def settle(self, req: Request, delta_cost: float) -> None:
-        key = self._key_of(req)
-        self.share.charge(key, delta_cost)
-        child = self._children.get(key)
+        self.share.charge(self._charge_of(req), delta_cost)
+        child = self._children.get(self._key_of(req))
         if child is not None:
             child.settle(req, delta_cost)

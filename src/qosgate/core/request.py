@@ -59,7 +59,7 @@ class Request:
     """One inference request.
 
     ``level`` is the queue band the request currently waits in (aging lowers it); ``service_class``
-    is the class it is served and counted as. ``deadline`` is the absolute time its first token is
+    (level ``class_level``) is the class it is served, charged and counted as. ``deadline`` is the absolute time its first token is
     due. ``gen`` changes on every transition so timers set in an earlier state are recognised as
     stale without searching for them.
     """
@@ -80,7 +80,7 @@ class Request:
         "max_tokens",
         "output_tokens",
         "preemptions",
-        "priority",
+        "class_level",
         "promotions",
         "prompt_tokens",
         "reason",
@@ -104,7 +104,6 @@ class Request:
         prompt_tokens: int,
         max_tokens: int,
         *,
-        priority: int | None = None,
         requested_class: str | None = None,
         est_output_tokens: int | None = None,
     ) -> None:
@@ -113,7 +112,7 @@ class Request:
         self.service_class = service_class
         self.requested_class = requested_class or service_class
         self.level = level
-        self.priority = level if priority is None else priority
+        self.class_level = level  # the service class's level: never changes, aging or not
         self.arrival = arrival
         self.deadline = deadline
         self.prompt_tokens = prompt_tokens

@@ -253,7 +253,7 @@ class Scheduler:
             reason, wait = verdict
             return reason, self._clamp_retry(wait or self._slot_wait(req.level, now))
         cls = self.classes[req.level]
-        if len(self.queued[self._level_of[req.service_class]]) >= cls.max_queue:
+        if len(self.queued[req.class_level]) >= cls.max_queue:
             return "class_queue_full", self._clamp_retry(self._slot_wait(req.level, now))
         if cls.deadline_admission and self.policy.class_aware:
             predicted = self.predicted_wait(req.level, now)
@@ -269,7 +269,7 @@ class Scheduler:
         ``req``'s, if there is one, to make room."""
         if not self.policy.class_aware:
             return False
-        own = self._level_of[req.service_class]
+        own = req.class_level
         for level in range(len(self.classes) - 1, own, -1):
             bucket = self.queued[level]
             if bucket:
@@ -317,9 +317,9 @@ class Scheduler:
         req.move(State.QUEUED)
         req.enqueued_at = now
         self.policy.push(req)
-        self.queued[self._level_of[req.service_class]][req.id] = req
+        self.queued[req.class_level][req.id] = req
         self.queued_total += 1
-        cls = self.classes[self._level_of[req.service_class]]
+        cls = self.classes[req.class_level]
         self._set_timer(now + cls.queue_timeout_s, _TIMEOUT, req)
         self._set_aging(req, now)
 
@@ -366,7 +366,7 @@ class Scheduler:
 
     def _unqueue(self, req: Request) -> None:
         self.policy.remove(req)
-        del self.queued[self._level_of[req.service_class]][req.id]
+        del self.queued[req.class_level][req.id]
         self.queued_total -= 1
 
     def _fill(self, now: float, out: list[Decision]) -> None:
@@ -396,7 +396,7 @@ class Scheduler:
         return best
 
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
-        del self.queued[self._level_of[req.service_class]][req.id]
+        del self.queued[req.class_level][req.id]
         self.queued_total -= 1
         resume = req.replica is not None
         req.move(State.DISPATCHED)
@@ -404,7 +404,7 @@ class Scheduler:
         req.dispatched_at = now
         rep.inflight[req.id] = req
         self.free_slots -= 1
-        if self.classes[self._level_of[req.service_class]].preemptible:
+        if self.classes[req.class_level].preemptible:
             self._preemptible[req.id] = req
         out.append(Dispatch(req, rep.name, resume))
 
@@ -467,7 +467,7 @@ class Scheduler:
         self.policy.settle(req, actual - req.cost)
         if state is State.COMPLETED:
             self.completions.add(now)
-            lvl = self._level_of[req.service_class]
+            lvl = req.class_level
             self._out_est[lvl] += 0.05 * (output_tokens - self._out_est[lvl])
         req.move(state, reason)
         self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)

@@ -1,0 +1,137 @@
+"""A tiny virtual-time engine for driving the scheduler in tests.
+
+Not a scheduler: it only plays the engine's part (a dispatched request yields its first token after
+``prefill_s`` and completes after ``output_tokens * decode_s``), records every decision, and checks
+the invariants that must hold after every event.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+
+from qosgate.core import Dispatch, Finished, Preempt, QosInputs, Request, Scheduler, State
+
+
+@dataclass
+class Job:
+    rid: str
+    output_tokens: int
+    dispatch_gen: int
+
+
+@dataclass
+class Harness:
+    sched: Scheduler
+    prefill_s: float = 0.05
+    decode_s: float = 0.01
+    now: float = 0.0
+    events: list[tuple[float, int, str, Job]] = field(default_factory=list)
+    seq: int = 0
+    finished: Counter[str] = field(default_factory=Counter)
+    outcomes: dict[str, Request] = field(default_factory=dict)
+    inflight: set[str] = field(default_factory=set)
+    dispatch_log: list[Request] = field(default_factory=list)
+    dispatch_no: Counter[str] = field(default_factory=Counter)
+    dispatches: list[Dispatch] = field(default_factory=list)
+    output_of: dict[str, int] = field(default_factory=dict)
+    submitted: int = 0
+    ids: int = 0
+
+    def submit(
+        self,
+        qos_class: str | None = None,
+        tenant_key: str | None = None,
+        prompt: int = 100,
+        output: int = 50,
+        max_tokens: int | None = None,
+        priority: int | None = None,
+    ) -> Request:
+        self.ids += 1
+        rid = f"q{self.ids}"
+        req = self.sched.make_request(
+            rid,
+            QosInputs(api_key=tenant_key, qos_class=qos_class, priority=priority),
+            self.now,
+            prompt,
+            max_tokens or min(output, 4096),
+        )
+        self.output_of[rid] = output
+        self.submitted += 1
+        self.apply(self.sched.submit(req, self.now))
+        return req
+
+    def cancel(self, rid: str) -> None:
+        self.apply(self.sched.cancel(rid, self.now))
+
+    def apply(self, decisions: list[object]) -> None:
+        lower_dispatched = False
+        for d in decisions:
+            if isinstance(d, Dispatch):
+                assert d.req.id not in self.inflight, f"{d.req.id} dispatched twice at once"
+                assert self.finished[d.req.id] == 0, f"{d.req.id} dispatched after its end"
+                self.inflight.add(d.req.id)
+                self.dispatch_log.append(d.req)
+                self.dispatches.append(d)
+                lower_dispatched |= not self.sched.classes[d.req.level].strict
+                self.dispatch_no[d.req.id] += 1
+                job = Job(d.req.id, self.output_of[d.req.id], self.dispatch_no[d.req.id])
+                self._at(self.now + self.prefill_s, "first", job)
+                self._at(self.now + self.prefill_s + job.output_tokens * self.decode_s, "done", job)
+            elif isinstance(d, Preempt):
+                assert d.req.id in self.inflight
+                self.inflight.discard(d.req.id)
+            elif isinstance(d, Finished):
+                self.finished[d.req.id] += 1
+                assert self.finished[d.req.id] == 1, f"{d.req.id} ended twice"
+                assert d.req.state.terminal
+                self.inflight.discard(d.req.id)
+                self.outcomes[d.req.id] = d.req
+        self.check()
+        if lower_dispatched and self.sched.policy.preemptive:
+            waiting = [r for r in self.sched.requests.values() if r.state is State.QUEUED]
+            assert not any(self.sched.classes[r.level].strict for r in waiting), (
+                "a lower band was dispatched while realtime waited"
+            )
+
+    def _at(self, when: float, kind: str, job: Job) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, job))
+
+    def run_until(self, t: float) -> None:
+        while True:
+            nxt_timer = self.sched.next_timer()
+            nxt_event = self.events[0][0] if self.events else None
+            candidates = [x for x in (nxt_timer, nxt_event) if x is not None and x <= t]
+            if not candidates:
+                break
+            self.now = max(self.now, min(candidates))
+            if nxt_event is not None and nxt_event <= self.now:
+                _, _, kind, job = heapq.heappop(self.events)
+                req = self.sched.requests.get(job.rid)
+                if req is None or job.dispatch_gen != self.dispatch_no[job.rid]:
+                    continue  # preempted, cancelled or ended meanwhile: that engine call is gone
+                if job.rid not in self.inflight:
+                    continue
+                if kind == "first":
+                    self.apply(self.sched.first_token(job.rid, self.now))
+                else:
+                    self.apply(self.sched.complete(job.rid, self.now, job.output_tokens))
+            else:
+                self.apply(self.sched.tick(self.now))
+        self.now = max(self.now, t)
+        self.apply(self.sched.tick(self.now))
+
+    def check(self) -> None:
+        s = self.sched
+        queued = [r for r in s.requests.values() if r.state is State.QUEUED]
+        running = [r for r in s.requests.values() if r.state in (State.DISPATCHED, State.RUNNING)]
+        assert len(queued) == s.queued_total == len(s.policy) == sum(len(q) for q in s.queued)
+        assert {r.id for r in running} == self.inflight
+        assert all(not r.state.terminal for r in s.requests.values())
+        free = sum(max(0, rep.capacity - len(rep.inflight)) for rep in s.replicas.values())
+        assert free == s.free_slots
+        assert sum(len(rep.inflight) for rep in s.replicas.values()) == len(running)
+        # work-conserving: nothing waits while a slot is free
+        assert not (queued and s.free_slots > 0), "a request waits while a slot is free"

@@ -1,0 +1,211 @@
+"""Unit tests of the scheduler facade, each pinning one rule with hand-built situations."""
+
+from __future__ import annotations
+
+import pytest
+
+from qosgate.config import Admission, Tenant, TenantLimits, default_config
+from qosgate.core import Dispatch, Finished, Preempt, QosInputs, ReplicaSpec, Scheduler, State
+
+from .harness import Harness
+
+
+def make(policy: str = "qos", capacity: int = 1, pausable: bool = False, **cfg: object) -> Harness:
+    sched = Scheduler(
+        default_config(**cfg), policy, [ReplicaSpec("r0", capacity, pausable=pausable)]
+    )
+    return Harness(sched)
+
+
+def test_dispatch_when_free_and_complete() -> None:
+    h = make()
+    r = h.submit("api")
+    assert r.state is State.DISPATCHED and r.replica == "r0"
+    h.run_until(10)
+    assert r.state is State.COMPLETED and r.first_token_at == pytest.approx(0.05)
+    assert h.sched.outcomes[("api", "default", "completed", "completed")] == 1
+
+
+def test_strict_realtime_goes_first_then_weighted() -> None:
+    h = make(capacity=1)
+    h.submit("offline")  # takes the only slot
+    b = h.submit("batch")
+    rt = h.submit("realtime")
+    h.run_until(0.02)
+    # realtime preempted the offline request that had produced nothing yet
+    assert rt.state is State.DISPATCHED
+    assert b.state is State.QUEUED
+
+
+def test_preempt_only_before_first_token_on_a_remote_engine() -> None:
+    h = make(capacity=1)
+    off = h.submit("offline", output=100)
+    h.run_until(0.1)  # offline has its first token: the client saw bytes
+    assert off.state is State.RUNNING
+    rt = h.submit("realtime")
+    assert rt.state is State.QUEUED and off.state is State.RUNNING
+    h.run_until(5)
+    assert off.state is State.COMPLETED and rt.state is State.COMPLETED
+
+
+def test_preempted_request_is_requeued_not_failed() -> None:
+    h = make(capacity=1)
+    off = h.submit("offline")
+    decisions = h.sched.submit(
+        h.sched.make_request("rt", QosInputs(qos_class="realtime"), h.now, 10, 10),
+        h.now,
+    )
+    h.output_of["rt"] = 10
+    kinds = [type(d).__name__ for d in decisions]
+    assert kinds == ["Preempt", "Dispatch"]
+    h.apply(decisions)
+    assert off.state is State.QUEUED and off.preemptions == 1
+    h.run_until(10)
+    assert off.state is State.COMPLETED and h.finished[off.id] == 1
+
+
+def test_pausable_engine_pauses_running_and_resumes_on_the_same_replica() -> None:
+    h = make(capacity=1, pausable=True)
+    off = h.submit("offline", output=100)
+    h.run_until(0.2)
+    assert off.state is State.RUNNING
+    out = h.sched.submit(
+        h.sched.make_request("rt", QosInputs(qos_class="realtime"), h.now, 10, 10),
+        h.now,
+    )
+    pre = [d for d in out if isinstance(d, Preempt)]
+    assert pre and pre[0].pause and pre[0].req is off
+    h.output_of["rt"] = 10
+    h.apply(out)
+    assert off.state is State.QUEUED and off.replica == "r0"  # pinned: its KV lives there
+    h.run_until(0.36)  # realtime: 0.05 s prefill + 10 tokens
+    resumed = [d for d in h.dispatches if d.req is off]
+    assert [d.resume for d in resumed] == [False, True]
+    assert off.state in (State.DISPATCHED, State.RUNNING)
+
+
+def test_cancel_queued_and_running() -> None:
+    h = make(capacity=1)
+    a = h.submit("api")
+    b = h.submit("api")
+    h.cancel(b.id)
+    assert b.state is State.CANCELLED and b.reason == "client_disconnected"
+    h.cancel(a.id)
+    assert a.state is State.CANCELLED
+    assert h.sched.free_slots == 1
+    h.cancel(a.id)  # twice is harmless
+    assert h.finished[a.id] == 1
+
+
+def test_queue_timeout() -> None:
+    h = make(capacity=1)
+    h.submit("offline", output=100000)  # holds the slot for 1000 s
+    rt = h.submit("api")
+    h.run_until(59.9)
+    assert rt.state is State.QUEUED
+    h.run_until(60.1)
+    assert rt.state is State.TIMED_OUT and rt.reason == "queue_timeout"
+
+
+def test_aging_promotes_one_level_per_threshold_up_to_the_ceiling() -> None:
+    h = make("priority", capacity=1)
+    h.submit("api", output=10**6)  # blocks the slot for a long time
+    off = h.submit("offline")
+    h.run_until(59)
+    assert off.level == 3
+    h.run_until(61)
+    assert off.level == 2 and off.promotions == 1
+    h.run_until(92)
+    assert off.level == 1
+    h.run_until(500)
+    assert off.level == 1  # api is the default ceiling: the strict realtime band stays reserved
+
+
+def test_class_queue_cap() -> None:
+    h = make(capacity=1)
+    h.sched.classes[0] = h.sched.classes[0].model_copy(update={"max_queue": 2})
+    h.submit("offline", output=10**6)
+    h.submit("realtime")  # preempts offline
+    a, b = h.submit("realtime"), h.submit("realtime")
+    c = h.submit("realtime")
+    assert (a.state, b.state) == (State.QUEUED, State.QUEUED)
+    assert c.state is State.REJECTED and c.reason == "class_queue_full"
+    assert c.retry_after is not None and c.retry_after >= 1
+
+
+def test_global_cap_displaces_the_newest_lowest_class() -> None:
+    h = make(capacity=1, admission=Admission(max_queue_total=3))
+    h.submit("api", output=10**6)
+    b1, b2, o1 = h.submit("batch"), h.submit("batch"), h.submit("offline")
+    newcomer = h.submit("api")
+    assert newcomer.state is State.QUEUED
+    assert o1.state is State.REJECTED and o1.reason == "displaced"
+    same = h.submit("batch")  # nothing queued below batch now: the newcomer is refused
+    assert same.state is State.REJECTED and same.reason == "queue_full"
+    assert b2.state is State.QUEUED and h.sched.queued_total == 3
+    last = h.submit("offline")
+    assert last.state is State.REJECTED and last.reason == "queue_full"
+    assert b1.state is State.QUEUED
+
+
+def test_deadline_infeasible_rejects_at_arrival() -> None:
+    h = make(capacity=1)
+    for _ in range(30):  # learn a completion rate: ~1 request / 0.15 s
+        h.submit("api", output=10)
+        h.run_until(h.now + 0.2)
+    h.submit("api", output=10**6)  # the slot is busy from now on
+    rts = [h.submit("realtime", output=10) for _ in range(40)]
+    reasons = {r.reason for r in rts if r.state is State.REJECTED}
+    assert reasons == {"deadline_infeasible"}
+    rejected = [r for r in rts if r.state is State.REJECTED]
+    assert all(r.retry_after and r.retry_after >= 1 for r in rejected)
+    assert len(rejected) < 40  # the first ones were admitted
+
+
+def test_tenant_rate_limits_and_release() -> None:
+    tenants = (
+        Tenant(
+            name="t",
+            api_keys=("k",),
+            limits=TenantLimits(requests_per_minute=2, max_concurrent=1),
+        ),
+    )
+    h = make(capacity=4, tenants=tenants)
+    a = h.submit("api", "k")
+    b = h.submit("api", "k")
+    assert b.state is State.REJECTED and b.reason == "concurrency_limit"
+    h.run_until(5)
+    assert a.state is State.COMPLETED
+    c = h.submit("api", "k")
+    h.run_until(10)
+    d = h.submit("api", "k")
+    assert c.state is State.COMPLETED
+    assert d.state is State.REJECTED and d.reason == "rate_limit_requests"
+    # bucket of 2 refilling 1 per 30 s: 1 left at t=0, 1.17 at t=5 (c takes 1), 0.33 at t=10
+    assert d.retry_after == pytest.approx(20.0)
+
+
+def test_first_token_after_preempt_is_ignored() -> None:
+    h = make(capacity=1)
+    off = h.submit("offline")
+    h.submit("realtime")
+    assert off.state is State.QUEUED
+    assert h.sched.first_token(off.id, h.now) == []
+    assert off.state is State.QUEUED
+
+
+def test_usage_correction_on_completion() -> None:
+    h = make(capacity=1)
+    r = h.submit("api", prompt=100, output=7, max_tokens=500)
+    h.run_until(10)
+    assert r.output_tokens == 7 and r.state is State.COMPLETED
+
+
+def test_every_decision_kind_names_its_request() -> None:
+    h = make(capacity=1)
+    h.submit("offline")
+    out = h.sched.submit(
+        h.sched.make_request("x", QosInputs(qos_class="realtime"), 0, 1, 1),
+        0,
+    )
+    assert all(isinstance(d, Dispatch | Preempt | Finished) and d.req for d in out)

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from qosgate.config import QosConfig, Tenant
 
 
+_MEMO_SIZE = 8192
+
+
 class QosInputError(ValueError):
     """The request's QoS inputs cannot be used. ``code`` is stable; the gateway maps it to a status
     (``invalid_api_key`` → 401, the rest → 400)."""
@@ -55,6 +58,7 @@ class Classifier:
         self._boost = {t.name: t.boost for t in cfg.tiers}
         self._classes = list(cfg.classes)  # sorted by level
         self._level_of = {c.name: c.level for c in cfg.classes}
+        self._memo: dict[QosInputs, Classification] = {}
         self._allowed: dict[str, list[int]] = {
             t.name: sorted(self._level_of[c] for c in t.allowed_classes)
             for t in cfg.tenants
@@ -74,6 +78,18 @@ class Classifier:
         return tenant
 
     def classify(self, inputs: QosInputs) -> Classification:
+        """Pure in its inputs, so remembered: a gateway sees the same few combinations of key,
+        class and priority over and over (bounded; errors are not remembered)."""
+        hit = self._memo.get(inputs)
+        if hit is not None:
+            return hit
+        out = self._classify(inputs)
+        if len(self._memo) >= _MEMO_SIZE:
+            self._memo.clear()
+        self._memo[inputs] = out
+        return out
+
+    def _classify(self, inputs: QosInputs) -> Classification:
         if inputs.latency_budget_ms is not None and not inputs.latency_budget_ms > 0:
             raise QosInputError("invalid_latency_budget", "latency_budget_ms must be > 0.")
         tenant = self.tenant_for(inputs.api_key)

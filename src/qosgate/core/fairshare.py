@@ -61,6 +61,15 @@ class FairShare(Generic[K]):
         if key in self._active:
             self._push(key)
 
+    def charge_picked(self, key: K, cost: float) -> None:
+        """``charge`` for the key ``pick`` just returned, while it stays backlogged: its row is
+        the heap's top, so it is replaced in place (no stale row left behind)."""
+        c = self.counter[key] + cost / self._weight.get(key, 1.0)
+        self.counter[key] = c
+        v = self._version[key] + 1
+        self._version[key] = v
+        heapq.heapreplace(self._heap, (c, self._order[key], v, key))
+
     def pick(self) -> K | None:
         """The backlogged key with the least weighted service, or None."""
         heap = self._heap

@@ -7,6 +7,7 @@ fails loudly.
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 
 
@@ -70,7 +71,9 @@ class Request:
         "cost",
         "deadline",
         "dispatched_at",
+        "ages_at",
         "enqueued_at",
+        "expires_at",
         "est_output_tokens",
         "finished_at",
         "first_token_at",
@@ -125,6 +128,8 @@ class Request:
         self.seq = 0
         self.replica: str | None = None
         self.enqueued_at = arrival
+        self.expires_at = math.inf  # queue timeout while queued
+        self.ages_at = math.inf  # next aging promotion while queued
         self.dispatched_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None

@@ -22,8 +22,6 @@ from qosgate.core.policies import Policy, build_policy
 from qosgate.core.ratelimit import TenantLimiter
 from qosgate.core.request import Request, State
 
-_TIMEOUT = 0
-_AGE = 1
 
 
 @dataclass(slots=True)
@@ -91,7 +89,8 @@ class Scheduler:
         self.replicas: dict[str, Replica] = {}
         self.free_slots = 0
         self._preemptible: dict[str, Request] = {}
-        self._timers: list[tuple[float, int, int, Request, int]] = []
+        self._timers: list[tuple[float, int, Request, int]] = []
+        self._aging = cfg.aging.enabled and self.policy.class_aware
         self._timer_seq = 0
         self._limiters: dict[str, TenantLimiter] = {}
         self._out_est = [256.0] * len(self.classes)
@@ -224,7 +223,7 @@ class Scheduler:
         """When the driver should call ``tick`` at the latest (a timeout or a promotion is due)."""
         timers = self._timers
         while timers:
-            when, _, _, req, gen = timers[0]
+            when, _, req, gen = timers[0]
             if req.gen == gen and req.state is State.QUEUED:
                 return when
             heapq.heappop(timers)
@@ -319,39 +318,46 @@ class Scheduler:
         self.policy.push(req)
         self.queued[req.class_level][req.id] = req
         self.queued_total += 1
-        cls = self.classes[req.class_level]
-        self._set_timer(now + cls.queue_timeout_s, _TIMEOUT, req)
+        req.expires_at = now + self.classes[req.class_level].queue_timeout_s
         self._set_aging(req, now)
+        self._arm(req)
 
     def _set_aging(self, req: Request, now: float) -> None:
-        if not (self.cfg.aging.enabled and self.policy.class_aware) or req.level <= self._ceiling:
-            return
-        after = self.classes[req.level].aging_after_s
-        if after is not None:
-            self._set_timer(now + after, _AGE, req)
+        req.ages_at = math.inf
+        if self._aging and req.level > self._ceiling:
+            after = self.classes[req.level].aging_after_s
+            if after is not None:
+                req.ages_at = now + after
 
-    def _set_timer(self, when: float, kind: int, req: Request) -> None:
+    def _arm(self, req: Request) -> None:
+        """One timer per queued request, for whichever comes first: its next promotion or its
+        queue timeout (re-armed when it fires), so a submit costs one heap push."""
         self._timer_seq += 1
         timers = self._timers
-        heapq.heappush(timers, (when, self._timer_seq, kind, req, req.gen))
-        if len(timers) > 4 * self.queued_total + 1024:  # stale timers of dispatched requests
-            live = [t for t in timers if t[3].gen == t[4] and t[3].state is State.QUEUED]
+        when = req.ages_at if req.ages_at < req.expires_at else req.expires_at
+        heapq.heappush(timers, (when, self._timer_seq, req, req.gen))
+        if len(timers) > 2 * self.queued_total + 1024:  # stale timers of dispatched requests
+            live = [t for t in timers if t[2].gen == t[3] and t[2].state is State.QUEUED]
             heapq.heapify(live)
             self._timers = live
 
     def _advance(self, now: float, out: list[Decision]) -> None:
         timers = self._timers
+        if not timers or timers[0][0] > now:  # the common case: nothing due
+            return
         while timers and timers[0][0] <= now:
-            _, _, kind, req, gen = heapq.heappop(timers)
+            _, _, req, gen = heapq.heappop(timers)
             if req.gen != gen or req.state is not State.QUEUED:
                 continue
-            if kind == _TIMEOUT:
+            if now >= req.expires_at:
                 self._unqueue(req)
                 req.move(State.TIMED_OUT, "queue_timeout")
                 self._release_tenant(req, 0)
                 self._record(req, now, out)
             else:
                 self._promote(req, now)
+                self._arm(req)
+            timers = self._timers
 
     def _promote(self, req: Request, now: float) -> None:
         """Aging: one level up; the deadline tightens to what the new class promises from the

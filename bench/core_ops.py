@@ -67,12 +67,10 @@ def bench_cycles(policy: str, depth: int, cycles: int, seed: int = 1) -> float:
     gc.collect()
     gc.disable()
     t0 = time.perf_counter()
-    head = 0
     for i in range(cycles):
         now += 0.0001
         s.submit(s.make_request(f"c{i}", work[i], now, prompts[i], 256), now)
-        rid = inflight[head]
-        head += 1
+        rid = inflight[i]
         for d in s.complete(rid, now, outputs[i]):
             if isinstance(d, Dispatch):
                 inflight.append(d.req.id)

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from qosgate.config import QosConfig, Tenant
 
-
 _MEMO_SIZE = 8192
 
 

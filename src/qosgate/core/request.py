@@ -60,21 +60,22 @@ class Request:
     """One inference request.
 
     ``level`` is the queue band the request currently waits in (aging lowers it); ``service_class``
-    (level ``class_level``) is the class it is served, charged and counted as. ``deadline`` is the absolute time its first token is
-    due. ``gen`` changes on every transition so timers set in an earlier state are recognised as
-    stale without searching for them.
+    (level ``class_level``) is the class it is served, charged and counted as. ``deadline`` is the
+    absolute time its first token is due. ``gen`` changes on every transition, so timers set in an
+    earlier state are recognised as stale without searching for them.
     """
 
     __slots__ = (
+        "ages_at",
         "arrival",
         "charged_tpm",
+        "class_level",
         "cost",
         "deadline",
         "dispatched_at",
-        "ages_at",
         "enqueued_at",
-        "expires_at",
         "est_output_tokens",
+        "expires_at",
         "finished_at",
         "first_token_at",
         "gen",
@@ -83,7 +84,6 @@ class Request:
         "max_tokens",
         "output_tokens",
         "preemptions",
-        "class_level",
         "promotions",
         "prompt_tokens",
         "reason",

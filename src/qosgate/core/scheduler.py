@@ -23,7 +23,6 @@ from qosgate.core.ratelimit import TenantLimiter
 from qosgate.core.request import Request, State
 
 
-
 @dataclass(slots=True)
 class ReplicaSpec:
     name: str

@@ -1,0 +1,510 @@
+"""A simulated GPU inference engine: vLLM-style continuous batching in modelled (virtual) time.
+
+Why a simulator: QoS policies must be compared on an hour-long production trace in seconds, without
+a GPU, and the very same engine must also back the real-time gateway. So ``SimEngine`` is sans-I/O:
+it never reads a clock; each step returns its *modelled* duration and the driver owns time.
+
+Step time (all coefficients come from an ``EngineProfile``; see ``profiles/*.yaml`` for how each
+number is derived)::
+
+    step_fixed_s + prefill_s_per_token * prefill tokens in the step
+                 + decode_s_per_ctx_token * context tokens of the decoding seqs
+                 + decode_s_per_seq * number of decoding seqs
+
+A decoding seq's context is its prompt plus every token generated so far (the KV it attends to).
+
+Scheduling per step, modelled on vLLM's chunked-prefill scheduler (decodes first, as in V0 and
+Sarathi-Serve): every running decode seq gets one token; what is left of the
+``max_num_batched_tokens`` budget goes to unfinished prefills of running seqs (admission order),
+then to waiting seqs, at most ``max_num_seqs`` running. The step that completes a prefill samples
+the first token. KV is counted in tokens: a seq holds one slot per token whose KV was computed.
+
+Preemption is recompute-style (vLLM V1 default): when a running seq cannot get KV slots, a victim
+(the most recently admitted under "fcfs", the largest ``engine_priority`` value then latest arrival
+under "priority") loses its KV and goes back to the head of the waiting queue; on readmission it
+re-prefills prompt + generated tokens and its next token continues the index. As in vLLM V1, no
+waiting seq is admitted in a step that preempted. Under "priority", a waiting seq that does not fit
+also preempts running seqs with a strictly larger value (vLLM V0 ``_schedule_priority_preemption``).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from qosgate.engines.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
+
+Policy = Literal["fcfs", "priority"]
+Event = TokenEvent | FinishEvent | EvictEvent
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+PROFILE_ALIASES: dict[str, str] = {"default": "qwen2.5-7b-instruct-h100"}
+
+
+class EngineProfile(BaseModel):
+    """Performance and capacity model of one model on one GPU (times in seconds)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    model: str
+    gpu: str
+    step_fixed_s: float = Field(gt=0)  # > 0 so that time always advances
+    prefill_s_per_token: float = Field(ge=0)
+    decode_s_per_ctx_token: float = Field(ge=0)
+    decode_s_per_seq: float = Field(ge=0)
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int = Field(ge=1)
+    kv_capacity_tokens: int = Field(ge=1)
+
+
+def available_profiles() -> list[str]:
+    """Names accepted by ``load_profile`` besides file paths."""
+    return sorted([p.stem for p in PROFILE_DIR.glob("*.yaml")] + list(PROFILE_ALIASES))
+
+
+def load_profile(name_or_path: str | Path) -> EngineProfile:
+    """Load a built-in profile by name (or alias), or any YAML file by path."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        name = str(name_or_path)
+        path = PROFILE_DIR / f"{PROFILE_ALIASES.get(name, name)}.yaml"
+        if not path.is_file():
+            raise ValueError(f"unknown engine profile {name!r}; known: {available_profiles()}")
+    with path.open(encoding="utf-8") as f:
+        return EngineProfile.model_validate(yaml.safe_load(f))
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    """What a vLLM-compatible /metrics endpoint publishes (gauges, then monotonic counters)."""
+
+    num_running: int
+    num_waiting: int
+    num_paused: int
+    kv_usage: float
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    preemptions_total: int
+    steps_total: int
+    busy_s_total: float
+
+
+@dataclass(slots=True)
+class Advance:
+    """Outcome of ``SimEngine.advance``.
+
+    ``now`` is the virtual time at the end of the last step run (unchanged if none ran);
+    ``events`` are ``(time, event)`` pairs in order: tokens and finishes at the end of their step,
+    evictions at the start of theirs (when the scheduler decided them); ``steps`` counts forward
+    steps run, ``0`` meaning the engine cannot progress until the driver adds/resumes/aborts.
+    """
+
+    now: float
+    steps: int
+    events: list[tuple[float, Event]] = field(default_factory=list)
+
+
+_WAITING, _RUNNING, _PAUSED = 0, 1, 2
+
+_WORDS = (
+    "the of and to in is that it was for on are as with his they at be this from have or by "
+    "one had not but what all were when we there can an your which their said if do will "
+    "each about how up out them then she many some so these would other into has more her "
+    "two like him see time could no make than first been its who now people my made over did "
+    "down only way find use may water long little very after words called just where most "
+    "know"
+)
+_VOCAB = _WORDS.split()
+
+
+def token_word(seq_id: str, index: int) -> tuple[int, str]:
+    """A deterministic (token_id, text) so simulated streams read like text, across processes."""
+    tid = zlib.crc32(f"{seq_id}:{index}".encode()) % len(_VOCAB)
+    return tid, (_VOCAB[tid] if index == 0 else " " + _VOCAB[tid])
+
+
+class _Seq:
+    __slots__ = ("computed", "gen", "id", "limit", "max_tokens", "order", "prio", "prompt", "state")
+
+    def __init__(self, spec: SeqSpec, order: int) -> None:
+        self.id = spec.seq_id
+        self.prompt = spec.prompt_tokens
+        self.max_tokens = spec.max_tokens
+        target = spec.target_output_tokens
+        self.limit = max(1, spec.max_tokens if target is None else min(target, spec.max_tokens))
+        self.prio = spec.engine_priority
+        self.order = order
+        self.computed = 0  # tokens whose KV is in the cache (== KV slots held)
+        self.gen = 0  # tokens generated (and emitted) so far
+        self.state = _WAITING
+
+    def remaining(self) -> int:
+        """Tokens still to feed before the next token can be sampled."""
+        return self.prompt + self.gen - self.computed
+
+    def is_decoding(self) -> bool:
+        return self.gen > 0 and self.computed == self.prompt + self.gen - 1
+
+
+class _WaitQueue:
+    """The engine's waiting queue: arrival order ("fcfs") or (engine_priority, arrival) heap."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.fcfs = policy == "fcfs"
+        self._dq: deque[_Seq] = deque()
+        self._heap: list[tuple[int, int, _Seq]] = []
+
+    def __len__(self) -> int:
+        return len(self._dq) if self.fcfs else len(self._heap)
+
+    def push(self, s: _Seq, front: bool = False) -> None:
+        if not self.fcfs:
+            heappush(self._heap, (s.prio, s.order, s))
+        elif front:
+            self._dq.appendleft(s)
+        else:
+            self._dq.append(s)
+
+    def peek(self) -> _Seq:
+        return self._dq[0] if self.fcfs else self._heap[0][2]
+
+    def pop(self) -> _Seq:
+        return self._dq.popleft() if self.fcfs else heappop(self._heap)[2]
+
+    def remove(self, s: _Seq) -> None:
+        if self.fcfs:
+            self._dq.remove(s)
+        else:
+            self._heap = [e for e in self._heap if e[2] is not s]
+            heapify(self._heap)
+
+
+class SimEngine:
+    """``StepEngine`` over a modelled GPU; see the module docstring for the model.
+
+    Use ``step()`` in real time (the gateway sleeps ``duration_s``), ``advance()`` in the simulator.
+    """
+
+    def __init__(
+        self, profile: EngineProfile | str | Path = "default", policy: Policy = "fcfs"
+    ) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"unknown policy {policy!r}")
+        self.profile = profile if isinstance(profile, EngineProfile) else load_profile(profile)
+        self.policy: Policy = policy
+        self.max_num_seqs = self.profile.max_num_seqs
+        self._seqs: dict[str, _Seq] = {}
+        self._running: dict[str, _Seq] = {}  # insertion order == admission order
+        self._waiting = _WaitQueue(policy)
+        self._n_paused = 0
+        self._kv_used = 0
+        self._order = 0
+        self._prompt_total = 0
+        self._gen_total = 0
+        self._preempt_total = 0
+        self._steps = 0
+        self._busy = 0.0
+
+    # ---- StepEngine ----------------------------------------------------------------------------
+
+    def add(self, spec: SeqSpec) -> None:
+        if spec.seq_id in self._seqs:
+            raise ValueError(f"duplicate seq_id {spec.seq_id!r}")
+        if spec.prompt_tokens < 1 or spec.max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        s = _Seq(spec, self._order)
+        if s.prompt + s.limit > self.profile.kv_capacity_tokens:
+            raise ValueError(f"{spec.seq_id!r}: prompt + output cannot fit the KV cache")
+        self._order += 1
+        self._seqs[s.id] = s
+        self._waiting.push(s)
+
+    def pause(self, seq_id: str) -> None:
+        """Unknown/finished/already paused ids are ignored: pausing races with finishing."""
+        s = self._seqs.get(seq_id)
+        if s is None or s.state == _PAUSED:
+            return
+        if s.state == _RUNNING:
+            del self._running[seq_id]
+        else:
+            self._waiting.remove(s)
+        s.state = _PAUSED
+        self._n_paused += 1
+
+    def resume(self, seq_id: str) -> None:
+        """The seq goes to the head of the waiting queue (by key under "priority"), KV intact."""
+        s = self._seqs.get(seq_id)
+        if s is None or s.state != _PAUSED:
+            return
+        s.state = _WAITING
+        self._n_paused -= 1
+        self._waiting.push(s, front=True)
+
+    def abort(self, seq_id: str) -> None:
+        s = self._seqs.pop(seq_id, None)
+        if s is None:
+            return
+        if s.state == _RUNNING:
+            del self._running[seq_id]
+        elif s.state == _WAITING:
+            self._waiting.remove(s)
+        else:
+            self._n_paused -= 1
+        self._kv_used -= s.computed
+
+    def has_work(self) -> bool:
+        return bool(self._running) or len(self._waiting) > 0
+
+    def step(self) -> StepResult:
+        """One step; every token is reported. Nothing schedulable gives ``duration_s == 0``."""
+        res = StepResult(duration_s=0.0)
+        self._step(res, emit_all=True)
+        return res
+
+    # ---- fast path for the simulator -----------------------------------------------------------
+
+    def advance(self, until: float, now: float, *, emit_all_tokens: bool = False) -> Advance:
+        """Run steps from virtual time ``now`` while the next step would start before ``until``.
+
+        Returns right after the first step that yields a first token (index 0), a finish or an
+        eviction, or when the next step would start at/after ``until`` (e.g. the next arrival), or
+        when nothing can run. With ``emit_all_tokens=False`` only index-0 tokens are reported and
+        stretches of pure decode steps with no such event are computed in closed form; the times
+        are those of stepping one by one (up to float rounding). ``emit_all_tokens=True`` steps one
+        by one and reports every token.
+        """
+        out = Advance(now=now, steps=0)
+        res = StepResult(duration_s=0.0)
+        while out.now < until and self.has_work():
+            if not emit_all_tokens and self._coalesce(until - out.now, out):
+                continue
+            ran, interesting = self._step(res, emit_all=emit_all_tokens)
+            t0, t1 = out.now, out.now + res.duration_s
+            out.events.extend((t0, e) for e in res.evicted)
+            out.events.extend((t1, e) for e in res.tokens)
+            out.events.extend((t1, e) for e in res.finished)
+            out.now = t1
+            out.steps += ran
+            if interesting or not ran:
+                break
+        return out
+
+    def _coalesce(self, horizon: float, out: Advance) -> int:
+        """Run K > 0 pure-decode steps in closed form if the batch is stable; return K (or 0).
+
+        Stable: every running seq decodes, no waiting seq can be admitted or preempt, and the
+        next K steps neither finish a seq nor overflow KV. Step j then lasts D0 + A*j (context
+        grows by n tokens per step), so K steps last K*D0 + A*K*(K-1)/2.
+        """
+        run = self._running
+        n = len(run)
+        p = self.profile
+        if n == 0 or n > p.max_num_batched_tokens:
+            return 0
+        ctx = 0
+        k_fin = 1 << 62
+        max_prio = -(1 << 62)
+        for s in run.values():
+            if s.gen == 0 or s.computed != s.prompt + s.gen - 1:
+                return 0
+            ctx += s.computed + 1
+            if s.limit - s.gen < k_fin:
+                k_fin = s.limit - s.gen
+            if s.prio > max_prio:
+                max_prio = s.prio
+        if len(self._waiting):
+            head = self._waiting.peek()
+            if self._head_fits(head) or (not self._waiting.fcfs and max_prio > head.prio):
+                return 0
+        k = min(k_fin - 1, (p.kv_capacity_tokens - self._kv_used) // n)
+        if k <= 0:
+            return 0
+        d0 = p.step_fixed_s + p.decode_s_per_ctx_token * ctx + p.decode_s_per_seq * n
+        acc = p.decode_s_per_ctx_token * n
+        k = min(k, _steps_starting_before(horizon, d0, acc))
+        for s in run.values():
+            s.computed += k
+            s.gen += k
+        self._kv_used += n * k
+        self._gen_total += n * k
+        self._steps += k
+        dur = k * d0 + acc * k * (k - 1) / 2
+        self._busy += dur
+        out.now += dur
+        out.steps += k
+        return k
+
+    # ---- metrics -------------------------------------------------------------------------------
+
+    def metrics(self) -> EngineMetrics:
+        return EngineMetrics(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            num_paused=self._n_paused,
+            kv_usage=self._kv_used / self.profile.kv_capacity_tokens,
+            prompt_tokens_total=self._prompt_total,
+            generation_tokens_total=self._gen_total,
+            preemptions_total=self._preempt_total,
+            steps_total=self._steps,
+            busy_s_total=self._busy,
+        )
+
+    def generated(self, seq_id: str) -> int:
+        """Tokens generated so far by a live seq (also valid after a closed-form stretch)."""
+        return self._seqs[seq_id].gen
+
+    # ---- scheduling ----------------------------------------------------------------------------
+
+    def _head_fits(self, head: _Seq) -> bool:
+        """Could ``head`` be admitted once every running seq has taken one token of budget/KV?"""
+        n = len(self._running)
+        p = self.profile
+        left = p.max_num_batched_tokens - n
+        if n >= p.max_num_seqs or left <= 0:
+            return False
+        return min(head.remaining(), left) <= p.kv_capacity_tokens - self._kv_used - n
+
+    def _victim(self) -> _Seq:
+        if self._waiting.fcfs:
+            return next(reversed(self._running.values()))
+        return max(self._running.values(), key=lambda s: (s.prio, s.order))
+
+    def _evict(self, s: _Seq, evicted: list[EvictEvent]) -> None:
+        del self._running[s.id]
+        self._kv_used -= s.computed
+        s.computed = 0
+        s.state = _WAITING
+        self._waiting.push(s, front=True)
+        self._preempt_total += 1
+        evicted.append(EvictEvent(s.id))
+
+    def _schedule(self, evicted: list[EvictEvent]) -> dict[_Seq, int]:
+        """Pick the tokens each seq computes this step (vLLM order, decodes first)."""
+        p = self.profile
+        waiting = self._waiting
+        if not waiting.fcfs:
+            while len(waiting) and self._running and not self._head_fits(waiting.peek()):
+                victim = self._victim()
+                if victim.prio <= waiting.peek().prio:
+                    break
+                self._evict(victim, evicted)
+        budget = p.max_num_batched_tokens
+        free = p.kv_capacity_tokens - self._kv_used
+        sched: dict[_Seq, int] = {}
+        running = list(self._running.values())
+        order = [s for s in running if s.is_decoding()]
+        order += [s for s in running if not s.is_decoding()]
+        preempted = False
+        for s in order:
+            if budget == 0:
+                break
+            if s.state != _RUNNING:
+                continue  # already taken as a victim in this step
+            k = min(s.remaining(), budget)
+            while k > free:
+                v = self._victim()
+                refund = sched.pop(v, 0)
+                budget += refund
+                free += refund + v.computed
+                self._evict(v, evicted)
+                preempted = True
+                if v is s:
+                    break
+            if s.state != _RUNNING:
+                break
+            sched[s] = k
+            free -= k
+            budget -= k
+        if not preempted:
+            while budget > 0 and len(waiting) and len(self._running) < p.max_num_seqs:
+                s = waiting.peek()
+                k = min(s.remaining(), budget)
+                if k > free:
+                    break
+                waiting.pop()
+                s.state = _RUNNING
+                self._running[s.id] = s
+                sched[s] = k
+                free -= k
+                budget -= k
+        return sched
+
+    def _step(self, res: StepResult, emit_all: bool) -> tuple[int, bool]:
+        """Run one step into ``res``; return (forward passes run: 0/1, any index-0/finish/evict)."""
+        res.tokens.clear()
+        res.finished.clear()
+        res.evicted.clear()
+        sched = self._schedule(res.evicted)
+        if not sched:
+            res.duration_s = 0.0
+            return 0, bool(res.evicted)
+        p = self.profile
+        prefill = ctx = n_dec = 0
+        for s, k in sched.items():
+            if s.is_decoding():
+                n_dec += 1
+                ctx += s.computed + 1
+            else:
+                prefill += k
+        dur = (
+            p.step_fixed_s
+            + p.prefill_s_per_token * prefill
+            + p.decode_s_per_ctx_token * ctx
+            + p.decode_s_per_seq * n_dec
+        )
+        res.duration_s = dur
+        self._steps += 1
+        self._busy += dur
+        interesting = bool(res.evicted)
+        for s, k in sched.items():
+            s.computed += k
+            self._kv_used += k
+            if s.computed != s.prompt + s.gen:
+                continue  # prefill chunk, no token yet
+            idx = s.gen
+            s.gen += 1
+            self._gen_total += 1
+            if idx == 0:
+                self._prompt_total += s.prompt
+                interesting = True
+            if emit_all or idx == 0:
+                tid, text = token_word(s.id, idx)
+                res.tokens.append(TokenEvent(s.id, idx, text, tid))
+            if s.gen >= s.limit:
+                interesting = True
+                reason: Literal["length", "stop"] = "length" if s.gen >= s.max_tokens else "stop"
+                res.finished.append(FinishEvent(s.id, reason, s.prompt, s.gen))
+                del self._running[s.id]
+                del self._seqs[s.id]
+                self._kv_used -= s.computed
+        return 1, interesting
+
+
+def _steps_starting_before(horizon: float, d0: float, acc: float) -> int:
+    """Number of steps j >= 0 whose start offset j*d0 + acc*j*(j-1)/2 is < ``horizon``."""
+    if math.isinf(horizon):
+        return 1 << 62
+
+    def start(j: int) -> float:
+        return j * d0 + acc * j * (j - 1) / 2
+
+    if acc > 0:
+        b = d0 - acc / 2
+        j = math.ceil((-b + math.sqrt(b * b + 2 * acc * horizon)) / acc)
+    else:
+        j = math.ceil(horizon / d0)
+    j = max(j, 1)
+    while j > 1 and start(j - 1) >= horizon:
+        j -= 1
+    while start(j) < horizon:
+        j += 1
+    return j

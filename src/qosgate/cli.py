@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -11,6 +11,7 @@ from rich.table import Table
 
 from qosgate import __version__
 from qosgate.config import ConfigError, QosConfig, default_config, load_config
+from qosgate.core import POLICY_NAMES
 
 app = typer.Typer(
     help="qosgate: a QoS scheduler for LLM inference.",
@@ -43,12 +44,145 @@ def _root(
         raise typer.Exit()
 
 
+def _opt(help_: str, env: str, *names: str) -> Any:
+    return typer.Option(*names, help=help_, envvar=env, show_envvar=True)
+
+
 @app.command()
-def serve(config: ConfigOpt = None) -> None:
-    """Serve the OpenAI-compatible gateway (not built yet: it lands with the gateway issue)."""
-    _load(config)
-    console.print("qosgate serve: the gateway is not built yet (next issue).")
-    raise typer.Exit(1)
+def serve(
+    config: Annotated[
+        Path | None,
+        _opt("YAML config: tenants, classes, limits, and the server/upstreams/engine sections.",
+             "QOSGATE_CONFIG", "--config", "-c"),
+    ] = None,
+    host: Annotated[str | None, _opt("Address to listen on (default: 127.0.0.1).",
+                                     "QOSGATE_HOST", "--host")] = None,
+    port: Annotated[int | None, _opt("Port to listen on (default: 8000).",
+                                     "QOSGATE_PORT", "--port", "-p")] = None,
+    upstream: Annotated[
+        str | None,
+        _opt("OpenAI-compatible engines to schedule onto, comma-separated base URLs (vLLM, "
+             "SGLang, llama.cpp server, TGI). Without it (and without `upstreams:` in the config) "
+             "the built-in simulated engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u"),
+    ] = None,
+    upstream_capacity: Annotated[
+        int | None,
+        _opt("Requests kept in flight at each --upstream replica (its window) (default: 64).",
+             "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity"),
+    ] = None,
+    upstream_polarity: Annotated[
+        str | None,
+        _opt("How --upstream engines read `priority`: 'vllm' (smaller first; start vLLM with "
+             "--scheduling-policy priority), 'sglang' (larger first; --enable-priority-scheduling)"
+             " or 'none' (the field is removed) (default: none).",
+             "QOSGATE_UPSTREAM_POLARITY", "--upstream-polarity"),
+    ] = None,
+    upstream_api_key: Annotated[
+        str | None,
+        _opt("API key the gateway sends to the --upstream engines.",
+             "QOSGATE_UPSTREAM_API_KEY", "--upstream-api-key"),
+    ] = None,
+    policy: Annotated[
+        str | None,
+        _opt(f"Queueing policy: {', '.join(POLICY_NAMES)} (default: the config's, qos).",
+             "QOSGATE_POLICY", "--policy"),
+    ] = None,
+    admin_key: Annotated[
+        list[str] | None,
+        _opt("Key that sees every tenant in /v1/qos/status (repeatable).",
+             "QOSGATE_ADMIN_KEY", "--admin-key"),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        _opt("Simulated engine: performance profile (name or YAML path) (default: default).",
+             "QOSGATE_SIM_PROFILE", "--sim-profile"),
+    ] = None,
+    time_scale: Annotated[
+        float | None,
+        _opt("Simulated engine: multiply every modelled step time (0.1 = 10x faster).",
+             "QOSGATE_SIM_TIME_SCALE", "--sim-time-scale"),
+    ] = None,
+    capacity: Annotated[
+        int | None,
+        _opt("Simulated engine: in-flight window (default: min(max_num_seqs, 64)).",
+             "QOSGATE_SIM_CAPACITY", "--sim-capacity"),
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        _opt("Simulated engine: the model id it serves (default: qosgate-sim).",
+             "QOSGATE_SERVED_MODEL_NAME", "--served-model-name"),
+    ] = None,
+    default_max_tokens: Annotated[
+        int | None,
+        _opt("Output length assumed when a request sets no max_tokens (default: 256).",
+             "QOSGATE_DEFAULT_MAX_TOKENS", "--default-max-tokens"),
+    ] = None,
+    shutdown_timeout: Annotated[
+        float | None,
+        _opt("SIGTERM: seconds running requests may still finish (default: 30).",
+             "QOSGATE_SHUTDOWN_TIMEOUT", "--shutdown-timeout"),
+    ] = None,
+    log_level: Annotated[
+        str | None, _opt("Log level (default: info).", "QOSGATE_LOG_LEVEL", "--log-level")
+    ] = None,
+) -> None:
+    """Serve the OpenAI-compatible gateway: every request is scheduled through the QoS core.
+
+    Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
+    /healthz, /readyz, /metrics (Prometheus) and /v1/qos/status. Flags override environment
+    variables, which override the config file.
+    """
+    from qosgate.server.run import build_gateway
+    from qosgate.server.run import serve as run_server
+    from qosgate.server.settings import load_settings, settings_from_mapping
+
+    cfg = _load(config)
+    try:
+        settings = load_settings(config)
+        data = settings.model_dump()
+        srv, eng = data["server"], data["engine"]
+        for k, v in (("host", host), ("port", port), ("default_max_tokens", default_max_tokens),
+                     ("shutdown_timeout_s", shutdown_timeout), ("log_level", log_level)):
+            if v is not None:
+                srv[k] = v
+        if admin_key:
+            srv["admin_keys"] = [k for arg in admin_key for k in arg.split(",") if k]
+        for k, v in (("profile", profile), ("time_scale", time_scale), ("capacity", capacity),
+                     ("served_model_name", served_model_name)):
+            if v is not None:
+                eng[k] = v
+        if upstream:
+            data["upstreams"] = [{"url": u.strip()} for u in upstream.split(",") if u.strip()]
+        for u in data["upstreams"]:
+            if upstream_capacity is not None:
+                u["capacity"] = upstream_capacity
+            if upstream_polarity is not None:
+                u["priority_polarity"] = upstream_polarity
+            if upstream_api_key is not None:
+                u["api_key"] = upstream_api_key
+        settings = settings_from_mapping(data)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    if policy is not None and policy not in POLICY_NAMES:
+        console.print(f"[red]unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}[/red]")
+        raise typer.Exit(2)
+    gw = build_gateway(cfg, settings, policy)
+    s = settings.server
+    console.print(f"qosgate {__version__} serving on http://{s.host}:{s.port}  "
+                  f"(policy {gw.scheduler.policy.name})")
+    for name, e in gw.engines.items():
+        where = getattr(e, "base", None) or (
+            f"built-in simulated engine ({settings.engine.profile}, a stand-in: no real model)"
+        )
+        console.print(f"  replica {name}: {where}, window {e.capacity}")
+    if gw.open:
+        console.print("  [yellow]no tenants configured: running OPEN as one default tenant "
+                      f"({cfg.default_tenant!r}); any key is accepted[/yellow]")
+    else:
+        console.print(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
+    if not run_server(gw, s.host, s.port, s.log_level):
+        raise typer.Exit(1)
 
 
 @app.command("config")
@@ -117,6 +251,9 @@ def show_config(config: ConfigOpt = None) -> None:
                 str(lim.max_concurrent or "-"),
             )
         console.print(tenants)
+
+
+
 
 
 def main() -> None:

@@ -1,0 +1,187 @@
+"""Hot-path choices, measured: the request parser and the upstream HTTP client.
+
+    .venv/bin/python bench/hotpath.py            # needs orjson and httpx for the comparisons
+
+Parser: time to get the scheduler's fields (model, stream, max_tokens, priority, QoS fields and a
+prompt-size estimate) out of a chat body, for a short (~0.6 KB) and a long (~64 KB) conversation:
+``json.loads``, ``orjson.loads``, ``msgspec`` full decode, and the gateway's ``msgspec`` partial
+decode into a typed struct with the messages kept as a raw span. Plus the priority splice.
+
+Client: a tiny SSE server (separate process) sends 16 small chunks per request; each client runs
+N streaming requests at 64 concurrent and reports requests/s and client CPU per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import time
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from qosgate.engines.splice import set_priority
+from qosgate.server.parse import estimate_prompt_tokens, parse_body
+
+
+def _body(turns: int) -> bytes:
+    msgs = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"Question {i}: " + "lorem ipsum dolor " * 20})
+        msgs.append({"role": "assistant", "content": "Answer: " + "sit amet consectetur " * 20})
+    return json.dumps({
+        "model": "Qwen/Qwen2.5-7B-Instruct", "messages": msgs, "max_tokens": 256,
+        "stream": True, "temperature": 0.7, "priority": 1, "task_type": "chat",
+    }).encode()
+
+
+def _fields_from_dict(d: dict[str, Any]) -> tuple[Any, ...]:
+    size = sum(len(m.get("content") or "") for m in d.get("messages", ()))
+    return (d.get("model"), d.get("stream"), d.get("max_tokens"), d.get("priority"),
+            d.get("task_type"), size // 4)
+
+
+def bench_parsers() -> list[tuple[str, str, float]]:
+    try:
+        import orjson
+    except ImportError:  # optional: only for the comparison
+        orjson = None
+
+    full = msgspec.json.Decoder()
+    rows = []
+    for label, body in (("0.6 KB", _body(0) + b""), ("64 KB", _body(75))):
+        if label == "0.6 KB":
+            body = json.dumps({
+                "model": "m", "max_tokens": 256, "stream": True, "priority": 1,
+                "messages": [{"role": "system", "content": "You are helpful. " * 4},
+                             {"role": "user", "content": "lorem ipsum dolor sit " * 20}],
+            }).encode()
+        cases: dict[str, Callable[[], object]] = {
+            "json.loads": lambda b=body: _fields_from_dict(json.loads(b)),
+            "msgspec full": lambda b=body: _fields_from_dict(full.decode(b)),
+            "msgspec partial (gateway)": lambda b=body: estimate_prompt_tokens(parse_body(b)),
+        }
+        if orjson is not None:
+            cases["orjson.loads"] = lambda b=body: _fields_from_dict(orjson.loads(b))
+        for name, fn in cases.items():
+            n, t = timeit.Timer(fn).autorange()
+            rows.append((label, name, t / n * 1e6))
+        n, t = timeit.Timer(lambda b=body: set_priority(b, 2, True)).autorange()
+        rows.append((label, "priority splice (replace)", t / n * 1e6))
+        nb = body.replace(b'"priority": 1, ', b"")
+        n, t = timeit.Timer(lambda b=nb: set_priority(b, 2, False)).autorange()
+        rows.append((label, "priority splice (insert)", t / n * 1e6))
+    return rows
+
+
+# ---------------------------------------------------------------------- HTTP clients
+_CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":" word"}}]}\n\n'
+
+
+def _sse_server(port: int) -> None:
+    import uvicorn
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        for _ in range(16):
+            await send({"type": "http.response.body", "body": _CHUNK, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                log_level="error", access_log=False, backlog=4096)
+
+
+async def _run_aiohttp(url: str, n: int, conc: int, body: bytes) -> None:
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        sem = asyncio.Semaphore(conc)
+
+        async def one() -> None:
+            async with sem, s.post(url, data=body) as r:
+                async for _ in r.content.iter_any():
+                    pass
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+
+async def _run_httpx(url: str, n: int, conc: int, body: bytes) -> None:
+    import httpx
+
+    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
+    async with httpx.AsyncClient(limits=limits, timeout=60) as c:
+        sem = asyncio.Semaphore(conc)
+
+        async def one() -> None:
+            async with sem, c.stream("POST", url, content=body) as r:
+                async for _ in r.aiter_raw():
+                    pass
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+
+def bench_clients(n: int = 4000, conc: int = 64) -> list[tuple[str, float, float]]:
+    import uvloop
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = multiprocessing.get_context("spawn").Process(target=_sse_server, args=(port,))
+    proc.start()
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    body = _body(1)
+    rows = []
+    try:
+        clients: list[tuple[str, Any]] = [("aiohttp", _run_aiohttp)]
+        try:
+            import httpx  # noqa: F401
+
+            clients.append(("httpx", _run_httpx))
+        except ImportError:  # optional: only for the comparison
+            pass
+        for name, fn in clients:
+            uvloop.run(fn(url, 200, conc, body))  # warm up
+            c0, t0 = time.process_time(), time.perf_counter()
+            uvloop.run(fn(url, n, conc, body))
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            rows.append((name, n / wall, cpu / n * 1e6))
+    finally:
+        proc.terminate()
+        proc.join()
+    return rows
+
+
+def main() -> None:
+    print(f"python {os.sys.version.split()[0]}, msgspec {msgspec.__version__}, "
+          f"{os.cpu_count()} CPUs")
+    print("\nparser: scheduler fields from a chat body (microseconds per request)")
+    print(f"{'body':>8}  {'method':<28} {'us':>9}")
+    for label, name, us in bench_parsers():
+        print(f"{label:>8}  {name:<28} {us:>9.1f}")
+    print("\nupstream client: streaming, 16 chunks/request, 64 concurrent")
+    print(f"{'client':<10} {'req/s':>8} {'client CPU us/req':>18}")
+    for name, rps, cpu in bench_clients():
+        print(f"{name:<10} {rps:>8.0f} {cpu:>18.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,327 @@
+"""The OpenAI-compatible **stand-in for vLLM** used by tests and benchmarks.
+
+It is not vLLM and serves no model: the simulated GPU engine (``simmodel.SimEngine``) runs in real
+time (optionally sped up with ``--time-scale``) behind a tiny HTTP server, and the tokens are short
+filler words. What it does reproduce is what a gateway in front of vLLM depends on:
+
+- ``POST /v1/chat/completions`` and ``/v1/completions``, streaming (SSE) and not, usage included;
+  ``GET /v1/models``, ``GET /health``;
+- vLLM's ``priority`` semantics: with ``--scheduling-policy priority`` a *smaller* value is handled
+  earlier (ties by arrival); under the default ``fcfs`` any non-zero priority is refused with 400,
+  as vLLM does ("Got priority ... but Priority scheduling is not enabled.");
+- a client disconnect aborts the request in the engine at once;
+- ``GET /metrics`` with vLLM's metric names (``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ``vllm:prompt_tokens_total``,
+  ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
+  ``vllm:request_success_total{finished_reason}``);
+- for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
+  ``--record FILE``, one JSON line per request.
+
+Run: ``python -m qosgate.engines.standin --port 8001 --scheduling-policy priority``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import itertools
+import logging
+from typing import Any
+
+import msgspec
+
+from qosgate.asgi import (
+    BodyTooLarge,
+    Receive,
+    Scope,
+    Send,
+    json_bytes,
+    lifespan,
+    read_body,
+    send_bytes,
+    send_json,
+    wait_disconnect,
+)
+from qosgate.engines.base import Job, Route, Sink
+from qosgate.engines.inprocess import InProcessEngine
+from qosgate.engines.openai_format import error_body, models_list
+from qosgate.engines.simmodel import Policy, SimEngine, load_profile
+from qosgate.engines.step import SeqSpec
+
+log = logging.getLogger("qosgate.standin")
+
+
+class _StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+
+
+class _Body(msgspec.Struct):
+    model: str | None = None
+    stream: bool | None = False
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    priority: int | None = 0
+    messages: msgspec.Raw = msgspec.Raw(b"")
+    prompt: msgspec.Raw = msgspec.Raw(b"")
+    stream_options: _StreamOptions | None = None
+
+
+_decode = msgspec.json.Decoder(_Body).decode
+
+
+class _Call:
+    """The stand-in serves a request directly: no scheduler above the engine."""
+
+    __slots__ = ("finished", "job", "sink")
+
+    def __init__(self, job: Job, sink: Sink, finished: dict[str, int]) -> None:
+        self.job = job
+        self.sink = sink
+        self.finished = finished
+
+    def level(self) -> int:
+        return 0
+
+    def levels(self) -> int:
+        return 1
+
+    def first_token(self) -> bool:
+        return True
+
+    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+        self.finished["length" if output_tokens >= self.job.max_tokens else "stop"] += 1
+
+    def failed(self, reason: str, output_tokens: int = 0) -> None:
+        pass
+
+
+class _Sink:
+    __slots__ = ("_send", "complete", "started")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.complete = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def send(self, data: bytes, more: bool = True) -> None:
+        if not more:
+            self.complete = True
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+class StandIn:
+    """The ASGI app (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        profile: str = "default",
+        policy: Policy = "fcfs",
+        time_scale: float = 1.0,
+        served_model_name: str | None = None,
+        max_num_seqs: int | None = None,
+        default_max_tokens: int = 256,
+        record: str | None = None,
+    ) -> None:
+        prof = load_profile(profile)
+        if max_num_seqs is not None:
+            prof = prof.model_copy(update={"max_num_seqs": max_num_seqs})
+        self.sim = SimEngine(prof, policy)
+        self.policy = policy
+        self.model = served_model_name or prof.model
+        self.engine = InProcessEngine(
+            self.sim,
+            name="standin",
+            models=[self.model],
+            modelled_time=True,
+            time_scale=time_scale,
+        )
+        self.default_max_tokens = default_max_tokens
+        self.record_path = record
+        self.recorded: list[dict[str, str]] = []
+        self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        self._ids = itertools.count(1)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await lifespan(receive, send, self.engine.start, self.engine.close)
+            return
+        if kind != "http":
+            return
+        path = scope["path"]
+        method = scope["method"]
+        if method == "POST" and path == "/v1/chat/completions":
+            await self._generate(scope, receive, send, "chat")
+        elif method == "POST" and path == "/v1/completions":
+            await self._generate(scope, receive, send, "completions")
+        elif path == "/v1/models":
+            await send_json(send, 200, models_list([self.model], owned_by="vllm"))
+        elif path in ("/health", "/ping"):
+            await send_bytes(send, 200, b"", [])
+        elif path == "/metrics":
+            await send_bytes(
+                send, 200, self.metrics_text().encode(), [(b"content-type", b"text/plain")]
+            )
+        elif path == "/debug/requests":
+            if method == "DELETE":
+                self.recorded.clear()
+                self.finished = dict.fromkeys(self.finished, 0)
+            await send_json(send, 200, {"requests": self.recorded, "finished": self.finished})
+        else:
+            await send_json(send, 404, error_body("Not Found", "NotFoundError", 404))
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
+        try:
+            body = await read_body(receive, 64 << 20)
+        except BodyTooLarge:
+            await send_json(send, 413, error_body("body too large", "BadRequestError", 413))
+            return
+        rec = {"path": scope["path"], "body": base64.b64encode(body).decode()}
+        self.recorded.append(rec)
+        if self.record_path:
+            with open(self.record_path, "ab") as f:
+                f.write(json_bytes(rec) + b"\n")
+        try:
+            b = _decode(body)
+        except msgspec.DecodeError as exc:
+            await send_json(send, 400, error_body(str(exc), "BadRequestError", 400))
+            return
+        if b.model is not None and b.model != self.model:
+            await send_json(
+                send,
+                404,
+                error_body(f"The model `{b.model}` does not exist.", "NotFoundError", 404),
+            )
+            return
+        priority = b.priority or 0
+        if priority != 0 and self.policy != "priority":
+            # vLLM's processor: "Got priority {p} but Priority scheduling is not enabled."
+            msg = f"Got priority {priority} but Priority scheduling is not enabled."
+            await send_json(send, 400, error_body(msg, "BadRequestError", 400))
+            return
+        raw = b.messages if route == "chat" else b.prompt
+        prompt_tokens = max(1, len(raw) // 4)
+        max_tokens = b.max_completion_tokens or b.max_tokens or self.default_max_tokens
+        if max_tokens < 1:
+            msg = "max_tokens must be >= 1"
+            await send_json(send, 400, error_body(msg, "BadRequestError", 400))
+            return
+        rid = f"standin-{next(self._ids)}"
+        job = Job(
+            rid=rid,
+            route=route,
+            body=body,
+            stream=bool(b.stream),
+            model=self.model,
+            max_tokens=max_tokens,
+            prompt_tokens=prompt_tokens,
+            include_usage=bool(b.stream_options and b.stream_options.include_usage),
+        )
+        sink = _Sink(send)
+        spec = SeqSpec(
+            seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, engine_priority=priority
+        )
+        gen = asyncio.ensure_future(self.engine.generate(_Call(job, sink, self.finished), spec))
+        watch = asyncio.ensure_future(wait_disconnect(receive))
+        await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
+        if gen.done():
+            watch.cancel()
+            err = gen.exception()
+            if err is not None:
+                raise err
+            if not sink.started:
+                await send_json(send, 400, error_body("request cannot fit", "BadRequestError", 400))
+            return
+        gen.cancel()  # the client went away: abort in the engine at once
+        self.finished["abort"] += 1
+        log.debug("aborted %s", rid)
+
+    def metrics_text(self) -> str:
+        m = self.sim.metrics()
+        lbl = f'model_name="{self.model}"'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{{{lbl}}} {m.num_running}",
+            "# TYPE vllm:num_requests_waiting gauge",
+            f"vllm:num_requests_waiting{{{lbl}}} {m.num_waiting}",
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            f"vllm:kv_cache_usage_perc{{{lbl}}} {m.kv_usage}",
+            "# TYPE vllm:prompt_tokens_total counter",
+            f"vllm:prompt_tokens_total{{{lbl}}} {m.prompt_tokens_total}",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{lbl}}} {m.generation_tokens_total}",
+            "# TYPE vllm:num_preemptions_total counter",
+            f"vllm:num_preemptions_total{{{lbl}}} {m.preemptions_total}",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        for reason, n in self.finished.items():
+            lines.append(
+                f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {n}'
+            )
+        return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m qosgate.engines.standin",
+        description="OpenAI-compatible stand-in for vLLM (simulated GPU engine; not vLLM).",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="as vLLM: 'priority' handles a smaller priority value first")
+    p.add_argument("--profile", default="default", help="simulated engine profile (name or path)")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="multiply every modelled step duration (0.1 = ten times faster)")
+    p.add_argument("--served-model-name", default=None, help="model id (default: the profile's)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--record", default=None, help="append every request body here (JSON lines)")
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    args = build_parser().parse_args(argv)
+    app = StandIn(
+        profile=args.profile,
+        policy=args.scheduling_policy,
+        time_scale=args.time_scale,
+        served_model_name=args.served_model_name,
+        max_num_seqs=args.max_num_seqs,
+        default_max_tokens=args.default_max_tokens,
+        record=args.record,
+    )
+    kwargs: dict[str, Any] = {}
+    try:
+        import uvloop  # noqa: F401
+
+        kwargs["loop"] = "uvloop"
+    except ImportError:  # pragma: no cover
+        kwargs["loop"] = "asyncio"
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        http="httptools",
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="on",
+        backlog=4096,
+        proxy_headers=False,
+        server_header=False,
+        date_header=False,
+        **kwargs,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,219 @@
+"""The asyncio driver: the real-time clock and the I/O around the sans-I/O scheduler.
+
+It owns the ``Scheduler`` and feeds it events with ``time.monotonic()`` as the clock; a single
+timer handle wakes it at ``scheduler.next_timer()`` (queue timeouts, aging). Every decision the
+core returns is carried out here:
+
+- ``Dispatch``: start the engine call on that replica (a task), or resume a paused one;
+- ``Preempt``: pause the sequence in an in-process engine, or cancel the engine call (which aborts
+  it upstream; nothing reached the client yet) -- the client keeps waiting, its request re-queued;
+- ``Finished``: resolve the client's ticket; if an engine call is still going, it is cancelled.
+
+Everything runs on the event loop thread, so the core needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Callable
+
+from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
+from qosgate.core.decisions import Decision
+from qosgate.engines.base import Engine, Job, Sink
+
+log = logging.getLogger("qosgate.runtime")
+
+_TIMER_SLACK_S = 0.0005
+
+
+class Ticket:
+    """One client request as the driver tracks it; it is also the engine's ``Call``."""
+
+    __slots__ = ("_driver", "finished", "job", "req", "sink", "task")
+
+    def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
+        self._driver = driver
+        self.req = req
+        self.job = job
+        self.sink = sink
+        self.task: asyncio.Task[None] | None = None
+        # resolved once the request reached its terminal state (req.state / req.reason)
+        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    # ---- engines.base.Call
+    def level(self) -> int:
+        return self.req.level
+
+    def levels(self) -> int:
+        return len(self._driver.scheduler.classes)
+
+    def first_token(self) -> bool:
+        req = self.req
+        if req.state is State.RUNNING:
+            return True
+        if req.state is State.DISPATCHED:
+            d = self._driver
+            d.apply(d.scheduler.first_token(req.id, d.clock()))
+            return self._running()
+        # paused at a token boundary (in-process): tokens of its last step still arrive
+        return (
+            req.state is State.QUEUED
+            and req.replica is not None
+            and req.first_token_at is not None
+        )
+
+    def _running(self) -> bool:
+        return self.req.state is State.RUNNING
+
+    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+        d = self._driver
+        self.task = None  # the call is ending by itself: not to be cancelled
+        d.apply(d.scheduler.complete(self.req.id, d.clock(), output_tokens, prompt_tokens))
+
+    def failed(self, reason: str, output_tokens: int = 0) -> None:
+        d = self._driver
+        self.task = None
+        d.apply(d.scheduler.fail(self.req.id, d.clock(), reason, output_tokens))
+
+
+class Driver:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        engines: dict[str, Engine],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_finished: Callable[[Request], None] | None = None,
+    ) -> None:
+        self.scheduler = scheduler
+        self.engines = engines
+        self.clock = clock
+        self.on_finished = on_finished
+        self.tickets: dict[str, Ticket] = {}
+        self.accepting = True
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    # ------------------------------------------------------------------ life
+    async def start(self) -> None:
+        for eng in self.engines.values():
+            await eng.start()
+
+    async def close(self) -> None:
+        for t in list(self.tickets.values()):
+            self.cancel(t, "server_shutdown")
+        if self._timer is not None:
+            self._timer.cancel()
+        for eng in self.engines.values():
+            await eng.close()
+
+    def drain(self, reason: str = "shutting_down") -> int:
+        """Stop admitting; reject every queued request (running ones go on). Returns how many."""
+        self.accepting = False
+        queued = [t for t in self.tickets.values() if t.req.state is State.QUEUED]
+        for t in queued:
+            self.cancel(t, reason)
+        return len(queued)
+
+    # ------------------------------------------------------------------ events
+    def ticket(self, req: Request, job: Job, sink: Sink) -> Ticket:
+        return Ticket(self, req, job, sink)
+
+    def submit(self, t: Ticket) -> None:
+        """Hand a new request to the scheduler; ``t.finished`` resolves at its terminal state
+        (at once if refused)."""
+        self.tickets[t.req.id] = t
+        self.apply(self.scheduler.submit(t.req, self.clock()))
+
+    def cancel(self, t: Ticket, reason: str = "client_disconnected") -> None:
+        if t.finished.done():
+            return
+        task, t.task = t.task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()  # aborts the engine call at once
+        self.apply(self.scheduler.cancel(t.req.id, self.clock(), reason, t.req.output_tokens))
+        if not t.finished.done():  # the core no longer knew it (cannot happen; be safe)
+            self.tickets.pop(t.req.id, None)
+            t.finished.set_result(None)
+
+    # ------------------------------------------------------------------ decisions
+    def apply(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            if type(d) is Dispatch:
+                self._dispatch(d)
+            elif type(d) is Finished:
+                self._finished(d.req)
+            elif type(d) is Preempt:
+                self._preempt(d)
+        self._arm()
+
+    def _dispatch(self, d: Dispatch) -> None:
+        t = self.tickets.get(d.req.id)
+        if t is None:  # pragma: no cover - every live request has a ticket
+            log.error("dispatch of unknown request %s", d.req.id)
+            return
+        eng = self.engines[d.replica]
+        if d.resume and t.task is not None and not t.task.done():
+            eng.resume(d.req.id)
+            return
+        task = asyncio.get_running_loop().create_task(eng.run(t))
+        t.task = task
+        task.add_done_callback(functools.partial(self._call_ended, t))
+
+    def _preempt(self, d: Preempt) -> None:
+        t = self.tickets.get(d.req.id)
+        if t is None:  # pragma: no cover
+            return
+        if d.pause:
+            self.engines[d.replica].pause(d.req.id)
+            return
+        task, t.task = t.task, None
+        if task is not None:
+            task.cancel()
+
+    def _finished(self, req: Request) -> None:
+        t = self.tickets.pop(req.id, None)
+        if t is None:
+            return
+        task, t.task = t.task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        if self.on_finished is not None:
+            try:
+                self.on_finished(req)
+            except Exception:  # pragma: no cover - metrics must never break serving
+                log.exception("on_finished hook failed")
+        if not t.finished.done():
+            t.finished.set_result(None)
+
+    def _call_ended(self, t: Ticket, task: asyncio.Task[None]) -> None:
+        """An engine call ended without reporting (a bug or an unexpected error): fail it."""
+        if task.cancelled() or t.task is not task:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("engine call for %s failed", t.req.id, exc_info=exc)
+        t.task = None
+        if t.req.state in (State.DISPATCHED, State.RUNNING):
+            self.apply(self.scheduler.fail(t.req.id, self.clock(), "engine_error"))
+
+    # ------------------------------------------------------------------ timers
+    def _arm(self) -> None:
+        nt = self.scheduler.next_timer()
+        if nt is None:
+            return
+        if self._timer is not None and nt >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = nt
+        delay = max(0.0, nt - self.clock()) + _TIMER_SLACK_S
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        self.apply(self.scheduler.tick(self.clock()))

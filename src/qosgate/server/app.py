@@ -1,0 +1,339 @@
+"""The gateway's ASGI app: OpenAI routes, SSE, auth, errors, /metrics and /v1/qos/status.
+
+A request's way: key -> tenant (401), body read with the fast partial parser (400), model (404),
+QoS inputs from the body (``priority``, ``latency_budget_ms``, ``task_type``, ``qos_class``) or
+the ``x-qos-class`` / ``x-qos-priority`` headers, then the scheduler (413/429/503/504 refusals).
+While it waits, a watcher notices a client that goes away and cancels the request (queued: removed;
+running: aborted at the engine). Success bytes are written by the engine call itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+
+import msgspec
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from qosgate.asgi import (
+    AsgiSink,
+    BodyTooLarge,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    header,
+    lifespan,
+    read_body,
+    send_bytes,
+    send_json,
+    wait_disconnect,
+)
+from qosgate.config import QosConfig
+from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.engines.base import Engine, Job, Route
+from qosgate.engines.openai_format import models_list
+from qosgate.runtime.driver import Driver, Ticket
+from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
+from qosgate.server.metrics import GatewayMetrics
+from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
+from qosgate.server.settings import GatewaySettings
+from qosgate.server.status import status_view
+
+log = logging.getLogger("qosgate.gateway")
+
+_NO_CLASS = "none"
+_UNKNOWN_TENANT = "unknown"
+
+
+def _bearer(scope: Scope) -> str | None:
+    auth = header(scope, b"authorization")
+    if auth is None:
+        return None
+    if auth[:7].lower() == b"bearer ":
+        return auth[7:].strip().decode("latin-1") or None
+    return None
+
+
+class Gateway:
+    """The ASGI app. ``engines`` maps replica names to engines (see ``server.engines``)."""
+
+    def __init__(
+        self,
+        cfg: QosConfig,
+        settings: GatewaySettings,
+        engines: dict[str, Engine],
+        policy: str | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.settings = settings
+        self.engines = engines
+        self.clock = time.monotonic
+        self.scheduler = Scheduler(
+            cfg,
+            policy,
+            [ReplicaSpec(name, e.capacity, e.pausable) for name, e in engines.items()],
+        )
+        self.metrics = GatewayMetrics(self.scheduler, self.clock, self.replicas_up)
+        self.driver = Driver(
+            self.scheduler, engines, clock=self.clock, on_finished=self.metrics.observe
+        )
+        self.admin_keys = frozenset(settings.server.admin_keys)
+        self.open = self.scheduler.classifier.open
+        self.max_body = settings.server.max_body_bytes
+        self.default_max_tokens = settings.server.default_max_tokens
+        self._ids = itertools.count(1)
+        self._id_prefix = os.urandom(4).hex() + "-"
+        self.started = False
+
+    # ------------------------------------------------------------------ life
+    def models(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for e in self.engines.values():
+            for m in e.models():
+                seen.setdefault(m, None)
+        return list(seen)
+
+    def replicas_up(self) -> dict[str, bool]:
+        return {name: e.ready for name, e in self.engines.items()}
+
+    async def startup(self) -> None:
+        await self.driver.start()
+        self.started = True
+        if self.open:
+            log.warning(
+                "no tenants configured: the gateway runs OPEN, every request is tenant %r",
+                self.cfg.default_tenant,
+            )
+        log.info("replicas: %s; models: %s", ", ".join(self.engines), ", ".join(self.models()))
+
+    async def shutdown(self) -> None:
+        await self.driver.close()
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
+        n = self.driver.drain("shutting_down")
+        log.warning("shutting down: %d queued request(s) rejected, %d running",
+                    n, len(self.driver.tickets))
+
+    # ------------------------------------------------------------------ routing
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            path: str = scope["path"]
+            method: str = scope["method"]
+            if method == "POST":
+                if path == "/v1/chat/completions":
+                    await self.complete(scope, receive, send, "chat")
+                    return
+                if path == "/v1/completions":
+                    await self.complete(scope, receive, send, "completions")
+                    return
+            elif method in ("GET", "HEAD"):
+                if path == "/v1/models":
+                    await self._models(scope, send)
+                    return
+                if path == "/healthz":
+                    await send_json(send, 200, {"status": "ok"})
+                    return
+                if path == "/readyz":
+                    await self._ready(send)
+                    return
+                if path == "/metrics":
+                    await send_bytes(
+                        send, 200, self.metrics.render(),
+                        [(b"content-type", CONTENT_TYPE_LATEST.encode())],
+                    )
+                    return
+                if path == "/v1/qos/status":
+                    await self._status(scope, send)
+                    return
+            await send_bytes(
+                send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",
+                                      "not_found")
+            )
+        elif kind == "lifespan":
+            await lifespan(receive, send, self.startup, self.shutdown)
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        if not self.open:
+            try:
+                self.scheduler.classifier.tenant_for(_bearer(scope))
+            except QosInputError as exc:
+                await send_bytes(send, 401, error_json(exc.message, "invalid_request_error",
+                                                       exc.code))
+                return
+        await send_json(send, 200, models_list(self.models()))
+
+    async def _ready(self, send: Send) -> None:
+        up = any(e.ready for e in self.engines.values())
+        if self.started and self.driver.accepting and up:
+            await send_json(send, 200, {"status": "ready"})
+        else:
+            why = "shutting down" if not self.driver.accepting else "no engine is ready"
+            await send_json(send, 503, {"status": why})
+
+    async def _status(self, scope: Scope, send: Send) -> None:
+        key = _bearer(scope)
+        tenant: str | None = None
+        if not self.open and (key is None or key not in self.admin_keys):
+            try:
+                t = self.scheduler.classifier.tenant_for(key)
+            except QosInputError as exc:
+                await send_bytes(send, 401, error_json(exc.message, "invalid_request_error",
+                                                       exc.code))
+                return
+            tenant = t.name if t is not None else None
+        view = status_view(self.scheduler, self.clock(), tenant)
+        view["accepting"] = self.driver.accepting
+        await send_json(send, 200, view)
+
+    # ------------------------------------------------------------------ completions
+    async def _refuse(
+        self,
+        send: Send,
+        reason: str,
+        tenant: str,
+        cls: str = _NO_CLASS,
+        message: str | None = None,
+        headers: Headers | None = None,
+    ) -> None:
+        self.metrics.refused(cls, tenant, reason)
+        status, body = reason_error(reason, message)
+        hdrs: Headers = [(b"content-type", b"application/json")]
+        if headers:
+            hdrs += headers
+        await send_bytes(send, status, body, hdrs)
+
+    async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
+        now = self.clock()
+        sched = self.scheduler
+        key = _bearer(scope)
+        try:
+            tenant_cfg = sched.classifier.tenant_for(key)
+        except QosInputError as exc:
+            await self._refuse(send, exc.code, _UNKNOWN_TENANT, message=exc.message)
+            return
+        tenant = tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant
+        try:
+            body = await read_body(receive, self.max_body)
+        except BodyTooLarge:
+            await self._refuse(send, "body_too_large", tenant)
+            return
+        try:
+            b = parse_body(body)
+        except BadBody as exc:
+            await self._refuse(send, exc.code, tenant, message=str(exc))
+            return
+        if route == "chat" and not len(b.messages):
+            await self._refuse(send, "invalid_body", tenant, message="'messages' is required.")
+            return
+        if route == "completions" and not len(b.prompt):
+            await self._refuse(send, "invalid_body", tenant, message="'prompt' is required.")
+            return
+        models = self.models()
+        model = b.model if b.model is not None else (models[0] if models else "")
+        if model not in models:
+            await self._refuse(
+                send, "model_not_found", tenant,
+                message=f"The model `{model}` does not exist (served: {', '.join(models)}).",
+            )
+            return
+        qos_class = b.qos_class
+        hc = header(scope, b"x-qos-class")
+        if hc is not None:
+            qos_class = hc.decode("latin-1").strip()
+        priority = b.priority if isinstance(b.priority, int) else None
+        hp = header(scope, b"x-qos-priority")
+        if hp is not None:
+            try:
+                priority = int(hp)
+            except ValueError:
+                await self._refuse(send, "invalid_priority", tenant,
+                                   message="x-qos-priority must be an integer.")
+                return
+        if b.max_completion_tokens is not None:
+            max_tokens = b.max_completion_tokens
+        elif b.max_tokens is not None:
+            max_tokens = b.max_tokens
+        else:
+            max_tokens = self.default_max_tokens
+        prompt_tokens = estimate_prompt_tokens(b)
+        rid = self._id_prefix + str(next(self._ids))
+        try:
+            req = sched.make_request(
+                rid,
+                QosInputs(
+                    api_key=key,
+                    qos_class=qos_class,
+                    priority=priority,
+                    task_type=b.task_type,
+                    latency_budget_ms=b.latency_budget_ms,
+                ),
+                now,
+                prompt_tokens,
+                max_tokens,
+            )
+        except QosInputError as exc:
+            await self._refuse(send, exc.code, tenant, message=exc.message)
+            return
+        qos_headers: Headers = [
+            (b"x-qosgate-request-id", rid.encode()),
+            (b"x-qosgate-class", req.service_class.encode()),
+        ]
+        if not self.driver.accepting:
+            await self._refuse(send, "shutting_down", tenant, req.service_class,
+                               headers=qos_headers + retry_after_header(None))
+            return
+        job = Job(
+            rid=rid,
+            route=route,
+            body=body,
+            stream=bool(b.stream),
+            model=model,
+            max_tokens=max_tokens,
+            prompt_tokens=prompt_tokens,
+            include_usage=bool(b.stream_options and b.stream_options.include_usage),
+            has_priority=b.priority is not msgspec.UNSET,
+        )
+        sink = AsgiSink(send, qos_headers)
+        t = self.driver.ticket(req, job, sink)
+        self.driver.submit(t)
+        if not t.finished.done():
+            watcher = asyncio.get_running_loop().create_task(self._watch(receive, t))
+            try:
+                await t.finished
+            except asyncio.CancelledError:
+                self.driver.cancel(t, "server_shutdown")
+                raise
+            finally:
+                watcher.cancel()
+        await self._conclude(t)
+
+    async def _watch(self, receive: Receive, t: Ticket) -> None:
+        await wait_disconnect(receive)
+        if not t.sink.complete:
+            self.driver.cancel(t, "client_disconnected")
+
+    async def _conclude(self, t: Ticket) -> None:
+        """Answer a request that ended without a complete response."""
+        sink = t.sink
+        assert isinstance(sink, AsgiSink)
+        req = t.req
+        if sink.complete:
+            return
+        if req.state is State.CANCELLED and req.reason == "client_disconnected":
+            return  # nobody to answer
+        if sink.started:  # the response broke off after it began: end it visibly
+            if t.job.stream:
+                status, body, _ = outcome_error(req)
+                await sink.send(b"data: " + body + b"\n\n", False)
+            else:
+                await sink.send(b"", False)
+            return
+        status, body, extra = outcome_error(req)
+        await sink.whole(status, body, [(b"content-type", b"application/json"), *extra])
+

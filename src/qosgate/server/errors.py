@@ -1,0 +1,76 @@
+"""Outcomes to HTTP: OpenAI error JSON (``{"error": {"message", "type", "param", "code"}}``),
+the status for each core reason, and ``Retry-After`` (whole seconds, rounded up)."""
+
+from __future__ import annotations
+
+import math
+
+from qosgate.asgi import Headers, json_bytes
+from qosgate.core import Request, State
+
+# reason -> (status, OpenAI error type, message)
+_REASONS: dict[str, tuple[int, str, str]] = {
+    "invalid_api_key": (401, "invalid_request_error", "Incorrect or missing API key."),
+    "model_not_found": (404, "invalid_request_error", "The model does not exist."),
+    "prompt_too_long": (413, "invalid_request_error", "The prompt is over the configured limit."),
+    "body_too_large": (413, "invalid_request_error", "The request body is too large."),
+    "invalid_max_tokens": (
+        400,
+        "invalid_request_error",
+        "max_tokens must be at least 1 and at most the configured limit.",
+    ),
+    "rate_limit_requests": (429, "rate_limit_error", "Request rate limit reached for this key."),
+    "rate_limit_tokens": (429, "rate_limit_error", "Token rate limit reached for this key."),
+    "concurrency_limit": (429, "rate_limit_error", "Too many concurrent requests for this key."),
+    "class_queue_full": (503, "overloaded_error", "The queue of this class is full."),
+    "queue_full": (503, "overloaded_error", "The gateway queue is full."),
+    "displaced": (503, "overloaded_error", "Shed to make room for more urgent requests."),
+    "deadline_infeasible": (
+        503,
+        "overloaded_error",
+        "The request cannot start within its latency budget.",
+    ),
+    "shutting_down": (503, "overloaded_error", "The gateway is shutting down."),
+    "server_shutdown": (503, "overloaded_error", "The gateway shut down."),
+    "queue_timeout": (504, "timeout_error", "The request waited too long in the queue."),
+    "upstream_unreachable": (502, "server_error", "No engine could be reached."),
+    "upstream_disconnected": (502, "server_error", "The engine closed the connection."),
+    "engine_error": (500, "server_error", "The engine failed."),
+    "engine_rejected": (400, "invalid_request_error", "The engine cannot serve this request."),
+    "client_disconnected": (499, "cancelled", "The client went away."),
+}
+
+RETRY_STATUSES = frozenset({429, 503})
+
+
+def error_json(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
+    return json_bytes({"error": {"message": message, "type": type_, "param": param, "code": code}})
+
+
+def retry_after_header(seconds: float | None) -> Headers:
+    secs = 1 if seconds is None else max(1, math.ceil(seconds))
+    return [(b"retry-after", str(secs).encode())]
+
+
+def reason_error(reason: str, message: str | None = None) -> tuple[int, bytes]:
+    """(status, body) for a reason refused before or by the scheduler."""
+    status, type_, default = _REASONS.get(reason, (400, "invalid_request_error", reason))
+    return status, error_json(message or default, type_, reason)
+
+
+def outcome_error(req: Request) -> tuple[int, bytes, Headers]:
+    """(status, body, extra headers) for a request that ended without a response."""
+    reason = req.reason
+    if reason.startswith("upstream_") and reason[9:].isdigit():
+        status = int(reason[9:])
+        return status, error_json("The engine refused the request.", "server_error", reason), []
+    if reason in _REASONS:
+        status, body = reason_error(reason)
+    elif req.state is State.TIMED_OUT:
+        status, body = 504, error_json("Timed out.", "timeout_error", reason)
+    elif req.state is State.REJECTED:
+        status, body = 503, error_json("Refused: " + reason, "overloaded_error", reason)
+    else:
+        status, body = 500, error_json("Failed: " + reason, "server_error", reason)
+    headers = retry_after_header(req.retry_after) if status in RETRY_STATUSES else []
+    return status, body, headers

@@ -1,0 +1,144 @@
+"""Prometheus metrics (``GET /metrics``), all prefixed ``qosgate_``.
+
+Counts come from one source of truth: a custom collector reads the core's ``outcomes`` ledger (plus
+the gateway's own ledger of requests refused before they reached the scheduler: bad JSON, bad key,
+unknown model, ...) at scrape time, so ``qosgate_requests_total`` equals the outcomes exactly.
+
+- ``qosgate_requests_total{class,tenant,outcome,reason}``: every terminal outcome;
+- ``qosgate_queue_wait_seconds{class}``, ``qosgate_ttft_seconds{class}``,
+  ``qosgate_e2e_seconds{class}``: histograms (arrival to dispatch / first token / completion);
+- ``qosgate_queue_depth{class}``, ``qosgate_queue_oldest_wait_seconds{class}``,
+  ``qosgate_inflight{class}``: gauges per class;
+- ``qosgate_tenant_queued{tenant}``, ``qosgate_tenant_inflight{tenant}``;
+- ``qosgate_replica_inflight{replica}``, ``qosgate_replica_capacity{replica}``,
+  ``qosgate_replica_up{replica}``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from qosgate.core import Request, Scheduler
+
+LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
+)
+
+# the gateway's own ledger, same key as the core's: (class, tenant, outcome, reason)
+Ledger = Counter[tuple[str, str, str, str]]
+
+
+class _StateCollector:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        ledger: Ledger,
+        clock: Callable[[], float],
+        replica_up: Callable[[], Mapping[str, bool]],
+    ) -> None:
+        self.scheduler = scheduler
+        self.ledger = ledger
+        self.clock = clock
+        self.replica_up = replica_up
+
+    def collect(self) -> Iterator[Metric]:
+        sched = self.scheduler
+        total = CounterMetricFamily(
+            "qosgate_requests",
+            "Requests by terminal outcome (completed, rejected, timed_out, cancelled, failed).",
+            labels=["class", "tenant", "outcome", "reason"],
+        )
+        merged: Ledger = Counter(sched.outcomes)
+        merged.update(self.ledger)
+        for (cls, tenant, outcome, reason), n in sorted(merged.items()):
+            total.add_metric([cls, tenant, outcome, reason], n)
+        yield total
+
+        snap = sched.snapshot(self.clock())
+        classes = snap["classes"]
+        tenants = snap["tenants"]
+        replicas = snap["replicas"]
+        assert isinstance(classes, dict) and isinstance(tenants, dict)
+        assert isinstance(replicas, dict)
+        depth = GaugeMetricFamily("qosgate_queue_depth", "Queued requests.", labels=["class"])
+        oldest = GaugeMetricFamily(
+            "qosgate_queue_oldest_wait_seconds", "Wait of the oldest queued request.",
+            labels=["class"],
+        )
+        inflight = GaugeMetricFamily(
+            "qosgate_inflight", "Requests at an engine.", labels=["class"]
+        )
+        for name, c in classes.items():
+            depth.add_metric([name], c["queued"])
+            oldest.add_metric([name], c["oldest_wait_s"])
+            inflight.add_metric([name], c["inflight"])
+        yield depth
+        yield oldest
+        yield inflight
+        tq = GaugeMetricFamily("qosgate_tenant_queued", "Queued requests.", labels=["tenant"])
+        ti = GaugeMetricFamily("qosgate_tenant_inflight", "Requests at an engine.",
+                               labels=["tenant"])
+        for name, t in tenants.items():
+            tq.add_metric([name], t["queued"])
+            ti.add_metric([name], t["inflight"])
+        yield tq
+        yield ti
+        ri = GaugeMetricFamily("qosgate_replica_inflight", "Requests in flight.",
+                               labels=["replica"])
+        rc = GaugeMetricFamily("qosgate_replica_capacity", "In-flight window.",
+                               labels=["replica"])
+        ru = GaugeMetricFamily("qosgate_replica_up", "1 if the replica answers.",
+                               labels=["replica"])
+        up = self.replica_up()
+        for name, r in replicas.items():
+            ri.add_metric([name], r["inflight"])
+            rc.add_metric([name], r["capacity"])
+            ru.add_metric([name], 1.0 if up.get(name, False) else 0.0)
+        yield ri
+        yield rc
+        yield ru
+
+
+class GatewayMetrics:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        clock: Callable[[], float],
+        replica_up: Callable[[], Mapping[str, bool]],
+    ) -> None:
+        self.ledger: Ledger = Counter()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.queue_wait = Histogram(
+            "qosgate_queue_wait_seconds", "Arrival to (last) dispatch.", ["class"],
+            registry=self.registry, buckets=LATENCY_BUCKETS,
+        )
+        self.ttft = Histogram(
+            "qosgate_ttft_seconds", "Arrival to first token.", ["class"],
+            registry=self.registry, buckets=LATENCY_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "qosgate_e2e_seconds", "Arrival to completion (completed requests).", ["class"],
+            registry=self.registry, buckets=LATENCY_BUCKETS,
+        )
+        self.registry.register(_StateCollector(scheduler, self.ledger, clock, replica_up))
+
+    def refused(self, cls: str, tenant: str, reason: str) -> None:
+        """A request refused before it reached the scheduler."""
+        self.ledger[(cls, tenant, "rejected", reason)] += 1
+
+    def observe(self, req: Request) -> None:
+        """A request reached its terminal state (driver hook)."""
+        cls = req.service_class
+        if req.dispatched_at is not None:
+            self.queue_wait.labels(cls).observe(req.dispatched_at - req.arrival)
+        if req.first_token_at is not None:
+            self.ttft.labels(cls).observe(req.first_token_at - req.arrival)
+            if req.finished_at is not None and req.state.value == "completed":
+                self.e2e.labels(cls).observe(req.finished_at - req.arrival)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,98 @@
+"""The gateway's own config sections: ``server``, ``upstreams`` and ``engine``.
+
+They sit beside the QoS sections in the same YAML file (``config.load_config`` leaves them to this
+module). Precedence: command-line flags > environment variables (``QOSGATE_*``, see ``qosgate serve
+--help``) > the YAML file > these defaults.
+
+```yaml
+server:
+  host: 127.0.0.1
+  port: 8000
+  admin_keys: [sk-admin]        # see every tenant in /v1/qos/status
+upstreams:                      # omit to serve from the built-in simulated engine
+  - url: http://10.0.0.5:8000
+    capacity: 64                # requests the gateway keeps in flight there (its window)
+    priority_polarity: vllm     # vllm | sglang | none
+engine:                         # the in-process engine, used when there are no upstreams
+  kind: sim
+  profile: default
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from qosgate.config import ConfigError
+from qosgate.engines.openai_upstream import UpstreamSettings
+
+__all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_keys: tuple[str, ...] = Field(
+        default=(), description="keys that see every tenant in /v1/qos/status"
+    )
+    max_body_bytes: int = Field(default=32 << 20, ge=1024)
+    default_max_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="output length assumed (and, in-process, generated) when a request sets none",
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0, ge=0, description="SIGTERM: how long running requests may still finish"
+    )
+    log_level: str = "info"
+
+
+class EngineSettings(_Strict):
+    kind: Literal["sim"] = "sim"
+    profile: str = "default"
+    time_scale: float = Field(default=1.0, gt=0, description="multiply modelled step times")
+    capacity: int | None = Field(
+        default=None, ge=1, description="window; default min(max_num_seqs, 64)"
+    )
+    served_model_name: str = "qosgate-sim"
+    max_num_seqs: int | None = Field(default=None, ge=1)
+
+
+class GatewaySettings(_Strict):
+    server: ServerSettings = ServerSettings()
+    upstreams: tuple[UpstreamSettings, ...] = ()
+    engine: EngineSettings = EngineSettings()
+
+
+def load_settings(path: str | Path | None) -> GatewaySettings:
+    """The I/O sections of a config file (the QoS ones are read by ``config.load_config``)."""
+    if path is None:
+        return GatewaySettings()
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {p}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {p}: the top level must be a mapping")
+    data = {k: raw[k] for k in ("server", "upstreams", "engine") if raw.get(k) is not None}
+    return settings_from_mapping(data)
+
+
+def settings_from_mapping(data: dict[str, Any]) -> GatewaySettings:
+    try:
+        return GatewaySettings.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("invalid gateway config:\n" + "\n".join(lines)) from None

@@ -1,0 +1,141 @@
+"""Real servers on free ports: the vLLM stand-in and gateways, each in its own process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PY = sys.executable
+QOSGATE = [PY, "-m", "qosgate.cli"]  # the `qosgate` command, whatever venv runs the tests
+MODEL = "Qwen/Qwen2.5-7B-Instruct"  # what the stand-in serves (the default profile's model)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, args: list[str], port: int, ready_path: str, log: Path) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        self._log_f = log.open("wb")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(args, stdout=self._log_f, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + ready_path, timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server not ready: {log.read_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_f.close()
+        return self.proc.returncode
+
+
+def start_standin(tmp: Path, *args: str) -> Server:
+    port = free_port()
+    return Server(
+        [PY, "-m", "qosgate.engines.standin", "--port", str(port), *args],
+        port,
+        "/health",
+        tmp / f"standin-{port}.log",
+    )
+
+
+def start_gateway(tmp: Path, *args: str) -> Server:
+    port = free_port()
+    return Server(
+        [*QOSGATE, "serve", "--port", str(port), "--log-level", "warning", *args],
+        port,
+        "/readyz",
+        tmp / f"gateway-{port}.log",
+    )
+
+
+@pytest.fixture(scope="session")
+def tmp_session(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gw")
+
+
+@pytest.fixture(scope="session")
+def standin(tmp_session: Path) -> Iterator[Server]:
+    """The vLLM stand-in with priority scheduling, modelled time at real speed."""
+    s = start_standin(tmp_session, "--scheduling-policy", "priority")
+    yield s
+    s.stop()
+
+
+def http(
+    method: str,
+    url: str,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10,
+) -> tuple[int, dict[str, str], bytes]:
+    """A raw HTTP request: (status, lower-case headers, body), errors included."""
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, {k.lower(): v for k, v in r.headers.items()}, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+
+
+def metric_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """Samples of one metric: {sorted label pairs: value}."""
+    out: dict[tuple[tuple[str, str], ...], float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        labels: list[tuple[str, str]] = []
+        if "{" in head:
+            body = head[head.index("{") + 1 : head.rindex("}")]
+            for part in body.split('",'):
+                if not part:
+                    continue
+                k, _, v = part.partition("=")
+                labels.append((k, v.strip('"')))
+        out[tuple(sorted(labels))] = float(value)
+    return out
+
+
+def wait_until(cond: object, timeout: float = 5.0, every: float = 0.02) -> bool:
+    assert callable(cond)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if cond():
+                return True
+        time.sleep(every)
+    return False

@@ -1,0 +1,72 @@
+"""``qosgate serve`` with no configuration: open mode, the built-in simulated engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.gateway.conftest import Server, http, start_gateway, wait_until
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_session: Path) -> Iterator[Server]:
+    gw = start_gateway(tmp_session)  # only --port (and --log-level): everything else default
+    yield gw
+    gw.stop()
+
+
+def test_works_at_once_in_open_mode(gateway: Server) -> None:
+    log = gateway.log.read_text()
+    assert "running OPEN" in log
+    c = OpenAI(base_url=gateway.url + "/v1", api_key="anything", max_retries=0)
+    assert [m.id for m in c.models.list().data] == ["qosgate-sim"]
+    r = c.chat.completions.create(
+        model="qosgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert r.choices[0].finish_reason == "length" and r.usage and r.usage.completion_tokens == 4
+    chunks = list(c.chat.completions.create(
+        model="qosgate-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+        stream=True, stream_options={"include_usage": True},
+    ))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert len(text.split()) == 5
+    t = c.completions.create(model="qosgate-sim", prompt="abc", max_tokens=3)
+    assert len(t.choices[0].text.split()) == 3
+    parts = list(c.completions.create(model="qosgate-sim", prompt="abc", max_tokens=3,
+                                      stream=True))
+    assert len("".join(p.choices[0].text for p in parts).split()) == 3
+
+
+def test_health_ready_status_metrics(gateway: Server) -> None:
+    assert http("GET", gateway.url + "/healthz")[0] == 200
+    assert http("GET", gateway.url + "/readyz")[0] == 200
+    code, _, body = http("GET", gateway.url + "/v1/qos/status")
+    view = json.loads(body)
+    assert code == 200 and view["replicas"]["sim-0"]["capacity"] == 64
+    code, hdrs, body = http("GET", gateway.url + "/metrics")
+    assert code == 200 and hdrs["content-type"].startswith("text/plain")
+    assert b'qosgate_requests_total{class="api",outcome="completed"' in body
+    assert http("GET", gateway.url + "/nope")[0] == 404
+
+
+def test_cancel_running_in_process(gateway: Server) -> None:
+    c = OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
+    s = c.completions.create(model="qosgate-sim", prompt="abc", max_tokens=5000, stream=True)
+    next(iter(s))
+
+    def inflight() -> int:
+        return int(json.loads(http("GET", gateway.url + "/v1/qos/status")[2])
+                   ["replicas"]["sim-0"]["inflight"])
+
+    assert inflight() == 1
+    s.close()
+    assert wait_until(lambda: inflight() == 0, 2)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="other", prompt="x")

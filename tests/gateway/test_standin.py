@@ -1,0 +1,38 @@
+"""The vLLM stand-in on its own: vLLM's priority rule under fcfs, its metric names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.gateway.conftest import MODEL, Server, http, start_standin
+
+
+def test_fcfs_refuses_nonzero_priority_like_vllm(tmp_session: Path) -> None:
+    s = start_standin(tmp_session, "--time-scale", "0.1", "--record",
+                      str(tmp_session / "bodies.jsonl"))
+    try:
+        ok = b'{"prompt":"x","max_tokens":2,"priority":0}'
+        assert http("POST", s.url + "/v1/completions", ok)[0] == 200
+        code, _, body = http("POST", s.url + "/v1/completions",
+                             b'{"prompt":"x","max_tokens":2,"priority":1}')
+        assert code == 400 and b"Priority scheduling is not enabled" in body
+        code, _, body = http("POST", s.url + "/v1/completions",
+                             b'{"model":"other","prompt":"x"}')
+        assert code == 404
+        lines = (tmp_session / "bodies.jsonl").read_text().splitlines()
+        assert len(lines) == 3 and json.loads(lines[0])["path"] == "/v1/completions"
+    finally:
+        s.stop()
+
+
+def test_metrics_use_vllm_names(standin: Server) -> None:
+    http("POST", standin.url + "/v1/chat/completions",
+         json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                     "max_tokens": 2}).encode())
+    _, _, text = http("GET", standin.url + "/metrics")
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+                 "vllm:request_success_total"):
+        assert name.encode() in text, name

@@ -209,3 +209,13 @@ def test_every_decision_kind_names_its_request() -> None:
         0,
     )
     assert all(isinstance(d, Dispatch | Preempt | Finished) and d.req for d in out)
+
+
+def test_pausable_engine_pauses_even_before_the_first_token() -> None:
+    """In-process engines keep a partial prefill: pausing it loses no work, aborting would."""
+    h = make(capacity=1, pausable=True)
+    off = h.submit("offline", prompt=5000, output=100)
+    out = h.sched.submit(h.sched.make_request("rt", QosInputs(qos_class="realtime"), 0, 10, 10), 0)
+    pre = [d for d in out if isinstance(d, Preempt)]
+    assert len(pre) == 1 and pre[0].req is off and pre[0].pause
+    assert off.state is State.QUEUED and off.replica == "r0"

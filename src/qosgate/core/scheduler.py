@@ -429,7 +429,9 @@ class Scheduler:
         if victim is None:
             return
         rep = self.replicas[victim.replica or ""]
-        pause = rep.pausable and victim.state is State.RUNNING
+        # a pausable engine keeps what the victim computed so far (even a partial prefill), so
+        # pausing loses no work; elsewhere the engine call is aborted and its prefill redone
+        pause = rep.pausable
         self._release_slot(victim)
         victim.move(State.PREEMPTED, "preempted")
         victim.preemptions += 1

@@ -253,7 +253,9 @@ def show_config(config: ConfigOpt = None) -> None:
         console.print(tenants)
 
 
+from qosgate.sim.cli import simulate_command  # noqa: E402
 
+app.command("simulate")(simulate_command)
 
 
 def main() -> None:

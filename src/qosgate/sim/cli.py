@@ -1,0 +1,171 @@
+"""``qosgate simulate``: compare policies on a scenario, in virtual time."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from qosgate.sim.driver import SIM_POLICIES
+from qosgate.sim.report import document, dumps, ledger_ok, print_report, write_files
+from qosgate.sim.scenarios import (
+    Run,
+    ScenarioError,
+    available_scenarios,
+    load_scenario,
+    override,
+    prepare,
+    run_scenario,
+)
+
+
+def simulate_command(
+    scenario: Annotated[
+        str,
+        typer.Option(
+            "--scenario",
+            "-s",
+            help=f"Built-in scenario ({', '.join(available_scenarios())}) or a YAML file.",
+        ),
+    ] = "seed-classes",
+    policies: Annotated[
+        str | None,
+        typer.Option(help=f"Comma-separated, from: {', '.join(SIM_POLICIES)}."),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
+    profile: Annotated[str | None, typer.Option(help="Engine profile name or YAML file.")] = None,
+    replicas: Annotated[int | None, typer.Option(min=1, help="Engine replicas.")] = None,
+    window: Annotated[
+        int | None, typer.Option(min=1, help="qosgate window per replica (default: auto).")
+    ] = None,
+    load: Annotated[
+        float | None,
+        typer.Option(help="Offered load (x capacity); replaces a scenario's sweep."),
+    ] = None,
+    time_scale: Annotated[
+        float | None, typer.Option(help="Trace replay speed-up (2 = twice the load).")
+    ] = None,
+    duration: Annotated[
+        float | None, typer.Option(help="Arrival window in virtual seconds.")
+    ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Trace CSV (default: shared/traces/azure_llm_conv_2023.csv)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Directory for the JSON, CSV and PNG files.")
+    ] = None,
+    plots: Annotated[bool, typer.Option(help="Write PNG plots (with --out).")] = True,
+    json_only: Annotated[
+        bool, typer.Option("--json-only", help="Print only the JSON document on stdout.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="No progress bar and no tables.")
+    ] = False,
+    list_scenarios: Annotated[
+        bool, typer.Option("--list", help="List the built-in scenarios and exit.")
+    ] = False,
+) -> None:
+    """Compare policies on a workload in virtual time (the gateway's core and engine model)."""
+    console = Console()
+    if not console.is_terminal:  # redirected: do not squeeze the tables into 80 columns
+        console = Console(width=150)
+    err = Console(stderr=True)
+    if list_scenarios:
+        for name in available_scenarios():
+            sc = load_scenario(name)
+            console.print(f"[bold]{name}[/bold]: {sc.description}")
+        return
+    try:
+        sc = load_scenario(scenario)
+        given = {
+            "seed": seed,
+            "profile": profile,
+            "replicas": replicas,
+            "window": window,
+            "duration_s": duration,
+        }
+        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        if policies is not None:
+            changes["policies"] = [p.strip() for p in policies.split(",") if p.strip()]
+        arrivals: dict[str, Any] = {}
+        if time_scale is not None:
+            arrivals["time_scale"] = time_scale
+        if load is not None:
+            arrivals.update(load=load, rate=None)
+            changes["sweep"] = None
+        if arrivals:
+            changes["arrivals"] = arrivals
+        if changes:
+            sc = override(sc, **changes)
+        prep = prepare(sc, trace)
+    except (ScenarioError, ValueError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+
+    n_loads = len(sc.sweep.loads) if sc.sweep else 1
+    total_runs = n_loads * len(sc.policies)
+    show = not (quiet or json_only)
+    started = time.perf_counter()
+    done_runs = 0
+    simulated = 0
+
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not show or not err.is_terminal,
+    )
+
+    with progress:
+        task = progress.add_task(sc.name, total=total_runs)
+
+        def on_progress(policy: str, ld: float | None, frac: float) -> None:
+            label = f"{sc.name}: {policy}" + (f" @ {100 * ld:.0f}%" if ld is not None else "")
+            progress.update(task, completed=done_runs + frac, description=label)
+
+        def on_run(run: Run) -> None:
+            nonlocal done_runs, simulated
+            done_runs += 1
+            simulated += run.result.arrivals
+            progress.update(task, completed=done_runs)
+
+        res = run_scenario(prep, on_progress, on_run)
+    wall = time.perf_counter() - started
+
+    doc = document(res)
+    if json_only:
+        sys.stdout.write(dumps(doc))
+    elif not quiet:
+        print_report(res, console)
+        console.print(
+            f"[dim]{total_runs} run(s), {simulated} simulated requests in {wall:.1f} s wall "
+            f"({simulated / wall if wall > 0 else 0:.0f} requests/s)[/dim]",
+            highlight=False,
+        )
+    if out is not None:
+        paths = write_files(res, out, doc)
+        if plots:
+            from qosgate.sim.plots import write_plots
+
+            paths += write_plots(res, out)
+        if not (json_only or quiet):
+            for p in paths:
+                console.print(f"wrote {p}")
+    if not ledger_ok(res):
+        err.print("[red]the outcome ledger does not balance: some request has no outcome[/red]")
+        raise typer.Exit(1)

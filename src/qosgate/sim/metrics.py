@@ -1,0 +1,291 @@
+"""Metrics of a simulated run: latency percentiles, SLO attainment, goodput, throughput, fairness.
+
+Definitions (times from the client's side, in virtual seconds; ``D`` = the arrival window):
+
+- TTFT = first token - arrival (queueing included); E2E = finish - arrival; TPOT = (finish - first
+  token) / (output tokens - 1), over requests with at least 2 output tokens (vLLM's benchmark
+  definition). A paused-and-resumed request's pause counts in its TPOT and E2E. Percentiles are
+  over *completed* requests, by linear interpolation between closest ranks (numpy's default,
+  Hyndman & Fan type 7): the p-th percentile of sorted x_0..x_{n-1} is at rank h = (n-1)p/100.
+- SLO: a request meets its class's SLO when it *completed* with TTFT <= the TTFT SLO and TPOT <=
+  the TPOT SLO (a request with one output token has no TPOT and meets that half). SLO attainment =
+  requests meeting it / *all* requests of the group: rejected and timed-out requests count against
+  it, as refusing work is not serving it.
+- Goodput = requests meeting their SLO per second of the arrival window (requests/s meeting both
+  TTFT and TPOT SLOs: DistServe, OSDI'24). Completed/s likewise over ``D``.
+- Output tokens/s = output tokens generated during the arrival window [0, D] / D: tokens of
+  requests that finished by D plus, for those still running at D, the tokens generated so far
+  (to within the engine step running at D). Measuring over the window, not until the last
+  backlogged request drains, gives the sustained throughput under the offered load.
+- Fairness between the tenants of one class, over [W, D] where W is the scenario's ``warmup_s``
+  (while the windows fill nobody waits, so there is nothing to be fair about yet). A tenant's
+  demand is the VTC cost (the scheduler's own measure of service: prompt_weight x prompt tokens +
+  output_weight x output tokens, 1 and 2 by default) of its requests that wanted service in
+  [W, D]: those that arrived in it, and those still waiting for their first token at W. Its
+  service is the cost of its requests *granted* service in [W, D], i.e. whose first token came
+  in it (continuous batching then serves all running requests at the same token rate, so
+  who gets started is what the scheduler decides; counting tokens only as they are generated
+  would make a fair schedule look unfair by the requests still decoding at D). The fair outcome
+  with unequal demand is weighted max-min fairness: water-filling the class's granted service C,
+  tenants asking less than the fair level get their whole demand and the others share the rest
+  by weight (a flooding tenant gets what the others leave). Jain's index (Jain, Chiu & Hawe 1984)
+  is taken over each tenant's service relative to its max-min fair share, J = (sum r_i)^2 /
+  (n sum r_i^2) with r_i = x_i / f_i: 1 when every tenant gets exactly its fair share, 1/n when
+  one tenant gets all. The service gap is max r_i - min r_i (0 = fair; 0.5 = one tenant got half
+  its fair share less than another). ``jain_raw``, over service per weight without regard to
+  demand, is kept for reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from qosgate.sim.driver import RequestRecord, RunResult
+
+PERCENTILES = (50, 90, 99)
+OUTCOMES = ("completed", "rejected", "timed_out", "cancelled", "failed")
+
+
+@dataclass(slots=True, frozen=True)
+class Slo:
+    ttft_s: float
+    tpot_s: float
+
+
+def percentile(sorted_xs: Sequence[float], p: float) -> float | None:
+    """Linear interpolation between closest ranks (type 7); ``sorted_xs`` must be sorted."""
+    n = len(sorted_xs)
+    if n == 0:
+        return None
+    if not 0 <= p <= 100:
+        raise ValueError("p must be in [0, 100]")
+    h = (n - 1) * p / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    return sorted_xs[lo] + (h - lo) * (sorted_xs[hi] - sorted_xs[lo])
+
+
+def mean(xs: Sequence[float]) -> float | None:
+    return math.fsum(xs) / len(xs) if xs else None
+
+
+def jain(xs: Sequence[float]) -> float | None:
+    """Jain's fairness index (sum x)^2 / (n sum x^2); None for no values or all zeros."""
+    n = len(xs)
+    sq = math.fsum(x * x for x in xs)
+    if n == 0 or sq == 0:
+        return None
+    s = math.fsum(xs)
+    return s * s / (n * sq)
+
+
+def max_min_fair(
+    demands: Sequence[float], capacity: float, weights: Sequence[float] | None = None
+) -> list[float]:
+    """Weighted max-min fair allocation of ``capacity`` (water-filling): a party asking less than
+    its weighted share of what is left gets its whole demand; the rest share by weight."""
+    n = len(demands)
+    w = list(weights) if weights is not None else [1.0] * n
+    if any(x <= 0 for x in w):
+        raise ValueError("weights must be > 0")
+    alloc = [0.0] * n
+    order = sorted(range(n), key=lambda i: (demands[i] / w[i], i))
+    remaining = max(0.0, capacity)
+    wsum = math.fsum(w)
+    for k, i in enumerate(order):
+        level = remaining / wsum
+        if demands[i] / w[i] <= level:
+            alloc[i] = float(demands[i])
+            remaining -= demands[i]
+            wsum -= w[i]
+        else:
+            for j in order[k:]:
+                alloc[j] = level * w[j]
+            break
+    return alloc
+
+
+# ------------------------------------------------------------------------------ per request
+def ttft(r: RequestRecord) -> float | None:
+    return None if r.first_token_at is None else r.first_token_at - r.arrival
+
+
+def e2e(r: RequestRecord) -> float:
+    return r.finished_at - r.arrival
+
+
+def tpot(r: RequestRecord) -> float | None:
+    if r.first_token_at is None or r.output_tokens < 2:
+        return None
+    return (r.finished_at - r.first_token_at) / (r.output_tokens - 1)
+
+
+def meets_slo(r: RequestRecord, slo: Slo) -> bool:
+    if r.state != "completed" or r.first_token_at is None:
+        return False
+    if r.first_token_at - r.arrival > slo.ttft_s:
+        return False
+    t = tpot(r)
+    return t is None or t <= slo.tpot_s
+
+
+def _dist(prefix: str, xs: list[float]) -> dict[str, float | None]:
+    xs.sort()
+    out: dict[str, float | None] = {}
+    for p in PERCENTILES:
+        v = percentile(xs, p)
+        out[f"{prefix}_p{p}_ms"] = None if v is None else v * 1000.0
+    m = mean(xs)
+    out[f"{prefix}_mean_ms"] = None if m is None else m * 1000.0
+    return out
+
+
+def group_stats(
+    records: Iterable[RequestRecord], slo_of: Callable[[RequestRecord], Slo], window: float
+) -> dict[str, Any]:
+    """Counts, latency percentiles, SLO attainment, goodput and throughput of a set of requests."""
+    recs = list(records)
+    counts = dict.fromkeys(OUTCOMES, 0)
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    e2es: list[float] = []
+    met = 0
+    win_tokens = 0
+    preempted = 0
+    for r in recs:
+        counts[r.state] = counts.get(r.state, 0) + 1
+        win_tokens += r.win_output
+        preempted += r.preemptions > 0
+        if r.state == "completed":
+            t = ttft(r)
+            if t is not None:
+                ttfts.append(t)
+            tp = tpot(r)
+            if tp is not None:
+                tpots.append(tp)
+            e2es.append(e2e(r))
+            if meets_slo(r, slo_of(r)):
+                met += 1
+    n = len(recs)
+    out: dict[str, Any] = {"count": n, **counts}
+    out.update(_dist("ttft", ttfts))
+    out.update(_dist("tpot", tpots))
+    out.update(_dist("e2e", e2es))
+    out["slo_met"] = met
+    out["slo_attainment"] = met / n if n else None
+    out["goodput_rps"] = met / window if window > 0 else None
+    out["completed_rps"] = counts["completed"] / window if window > 0 else None
+    out["output_tok_s"] = win_tokens / window if window > 0 else None
+    out["preempted"] = preempted
+    return out
+
+
+def tenant_fairness(
+    records: Iterable[RequestRecord],
+    window: float,
+    prompt_weight: float,
+    output_weight: float,
+    tenant_weight: Callable[[str], float],
+    warmup: float = 0.0,
+) -> dict[str, Any] | None:
+    """Jain's index and service gap between the tenants of one class over [warmup, window]
+    (see the module doc); None with fewer than two tenants."""
+    service: dict[str, float] = {}
+    demand: dict[str, float] = {}
+    for r in records:
+        ft = r.first_token_at
+        cost = prompt_weight * r.prompt_tokens
+        # wanting service during [warmup, window]: arrived in it, or alive and not started at
+        # its start
+        if r.arrival < window and (
+            r.arrival >= warmup or (r.finished_at >= warmup and (ft is None or ft >= warmup))
+        ):
+            asked = cost + output_weight * r.target_output
+            demand[r.tenant] = demand.get(r.tenant, 0.0) + asked
+            service.setdefault(r.tenant, 0.0)
+        if ft is not None and warmup <= ft <= window:
+            got = cost + output_weight * r.output_tokens
+            service[r.tenant] = service.get(r.tenant, 0.0) + got
+    tenants = sorted(service)
+    if len(tenants) < 2:
+        return None
+    x = [service[t] for t in tenants]
+    d = [demand.get(t, 0.0) for t in tenants]
+    w = [tenant_weight(t) for t in tenants]
+    fair = max_min_fair(d, math.fsum(x), w)
+    ratios = [xi / fi for xi, fi in zip(x, fair, strict=True) if fi > 0]
+    j = jain(ratios)
+    return {
+        "jain": j,
+        "service_gap": (max(ratios) - min(ratios)) if ratios else None,
+        "jain_raw": jain([xi / wi for xi, wi in zip(x, w, strict=True)]),
+        "tenants": {
+            t: {
+                "weight": wi,
+                "demand": di,
+                "service": xi,
+                "fair_share": fi,
+                "ratio": (xi / fi) if fi > 0 else None,
+            }
+            for t, wi, di, xi, fi in zip(tenants, w, d, x, fair, strict=True)
+        },
+    }
+
+
+def queue_depth_mean(result: RunResult) -> float | None:
+    """Time-average (over the samples in the arrival window) of the requests waiting for their
+    first step anywhere: in qosgate's queue or in the engines' waiting queues."""
+    xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.window_end]
+    return mean([float(x) for x in xs])
+
+
+def analyze(
+    result: RunResult,
+    slos: dict[str, Slo],
+    tier_of: Callable[[str], str],
+    prompt_weight: float,
+    output_weight: float,
+    tenant_weight: Callable[[str], float],
+    stream_names: Sequence[str] = (),
+    warmup: float = 0.0,
+) -> dict[str, Any]:
+    """Everything the report shows for one run."""
+    window = result.window_end
+    recs = result.records
+
+    def slo_of(r: RequestRecord) -> Slo:
+        return slos[r.service_class]
+
+    by_class: dict[str, list[RequestRecord]] = {c: [] for c in result.classes}
+    by_tenant: dict[str, list[RequestRecord]] = {}
+    by_tier: dict[str, list[RequestRecord]] = {}
+    by_stream: dict[int, list[RequestRecord]] = {}
+    for r in recs:
+        by_class.setdefault(r.service_class, []).append(r)
+        by_tenant.setdefault(r.tenant, []).append(r)
+        by_tier.setdefault(tier_of(r.tenant), []).append(r)
+        by_stream.setdefault(r.stream, []).append(r)
+    fairness: dict[str, Any] = {}
+    for c, rs in by_class.items():
+        f = tenant_fairness(rs, window, prompt_weight, output_weight, tenant_weight, warmup)
+        if f is not None:
+            fairness[c] = f
+    totals = group_stats(recs, slo_of, window)
+    totals["makespan_s"] = result.makespan
+    totals["queue_depth_mean"] = queue_depth_mean(result)
+    return {
+        "totals": totals,
+        "classes": {c: group_stats(rs, slo_of, window) for c, rs in by_class.items() if rs},
+        "tenants": {t: group_stats(by_tenant[t], slo_of, window) for t in sorted(by_tenant)},
+        "tiers": {t: group_stats(by_tier[t], slo_of, window) for t in sorted(by_tier)},
+        "streams": {
+            (stream_names[i] if i < len(stream_names) else str(i)): group_stats(
+                by_stream[i], slo_of, window
+            )
+            for i in sorted(by_stream)
+        },
+        "fairness": fairness,
+    }

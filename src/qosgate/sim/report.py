@@ -1,0 +1,349 @@
+"""The simulator's report: one JSON document (byte-identical for the same seed), a CSV of every
+group's metrics, and rich tables for the terminal.
+
+The JSON holds no wall-clock time, no absolute path and no host detail, and its floats are
+rounded to 6 significant digits, so the same scenario and seed give the same bytes anywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from qosgate.sim.scenarios import Run, ScenarioResult, attribution
+
+FORMAT_VERSION = 1
+GROUP_KINDS = {"classes": "class", "tenants": "tenant", "tiers": "tier", "streams": "stream"}
+
+
+def _round(x: Any) -> Any:
+    if isinstance(x, float):
+        if math.isnan(x) or math.isinf(x):
+            return None
+        return float(f"{x:.6g}")
+    if isinstance(x, dict):
+        return {str(k): _round(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_round(v) for v in x]
+    return x
+
+
+def _timeseries(run: Run) -> dict[str, Any]:
+    r = run.result
+    classes = r.classes
+    return {
+        "t": [s.t for s in r.samples],
+        "queued": {c: [s.queued[i] for s in r.samples] for i, c in enumerate(classes)},
+        "inflight": [s.inflight for s in r.samples],
+        "engine_running": [s.engine_running for s in r.samples],
+        "engine_waiting": [s.engine_waiting for s in r.samples],
+        "engine_paused": [s.engine_paused for s in r.samples],
+        "kv_usage": [s.kv_usage for s in r.samples],
+    }
+
+
+def run_document(run: Run) -> dict[str, Any]:
+    r = run.result
+    m = run.metrics
+    return {
+        "policy": run.policy,
+        "load": run.load,
+        "offered_rps": run.offered_rps,
+        "arrivals": r.arrivals,
+        "outcomes": r.outcomes,
+        "recorded": len(r.records),
+        "lost": r.arrivals - len(r.records),
+        "unfinished": r.unfinished,
+        "preemptions": {"pause": r.pauses, "abort": r.aborts},
+        "late_finishes": r.late_finishes,
+        "scheduler_calls": r.scheduler_calls,
+        "engine": r.engine,
+        "engine_at_window_end": r.engine_window,
+        "totals": m["totals"],
+        "classes": m["classes"],
+        "tenants": m["tenants"],
+        "tiers": m["tiers"],
+        "streams": m["streams"],
+        "fairness": m["fairness"],
+        "timeseries": _timeseries(run),
+    }
+
+
+def document(res: ScenarioResult) -> dict[str, Any]:
+    prep = res.prep
+    s = prep.scenario
+    prof = prep.profile
+    doc: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "scenario": {
+            "name": s.name,
+            "description": s.description,
+            "profile": {"name": prof.name, "model": prof.model, "gpu": prof.gpu},
+            "profile_overrides": dict(s.profile_overrides),
+            "replicas": s.replicas,
+            "window": prep.window,
+            "window_setting": s.window,
+            "engine_queue": s.engine_queue,
+            "policies": list(s.policies),
+            "seed": s.seed,
+            "duration_s": res.runs[0].result.window_end if res.runs else s.duration_s,
+            "warmup_s": s.warmup_s,
+            "arrivals": s.arrivals.model_dump(),
+            "sweep": list(s.sweep.loads) if s.sweep else None,
+            "mix": [st.label() for st in s.mix],
+            "mean_request_tokens": prep.mean_tokens,
+            "capacity_rps": prep.capacity_rps,
+            "capacity_measured": prep.capacity_measured,
+            "trace": prep.trace_path.name if prep.trace_path is not None else None,
+            "attribution": attribution(prep),
+        },
+        "slo": {
+            c: {"ttft_ms": v.ttft_s * 1000.0, "tpot_ms": v.tpot_s * 1000.0}
+            for c, v in prep.slos.items()
+        },
+        "runs": [run_document(r) for r in res.runs],
+    }
+    return _round(doc)  # type: ignore[no-any-return]
+
+
+def dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1, sort_keys=False, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+# ------------------------------------------------------------------------------ CSV
+def csv_rows(res: ScenarioResult) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for run in res.runs:
+        m = run.metrics
+        base = {"policy": run.policy, "load": run.load, "offered_rps": run.offered_rps}
+        rows.append({**base, "group_kind": "total", "group": "all", **m["totals"]})
+        for kind, singular in GROUP_KINDS.items():
+            for name, g in m[kind].items():
+                row = {**base, "group_kind": singular, "group": name, **g}
+                if kind == "classes" and name in m["fairness"]:
+                    f = m["fairness"][name]
+                    row["jain"] = f["jain"]
+                    row["service_gap"] = f["service_gap"]
+                rows.append(row)
+    return [_round(r) for r in rows]
+
+
+def to_csv(res: ScenarioResult) -> str:
+    rows = csv_rows(res)
+    fields: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in fields:
+                fields.append(k)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue()
+
+
+def write_files(res: ScenarioResult, out: Path, doc: dict[str, Any] | None = None) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    name = res.scenario.name
+    jp = out / f"{name}.json"
+    jp.write_text(dumps(doc if doc is not None else document(res)), encoding="utf-8")
+    cp = out / f"{name}.csv"
+    cp.write_text(to_csv(res), encoding="utf-8")
+    return [jp, cp]
+
+
+# ------------------------------------------------------------------------------ terminal
+def _ms(x: float | None) -> str:
+    """Compact: 356ms, 1.25s, 13.9s, 62s."""
+    if x is None:
+        return "-"
+    if x < 1000:
+        return f"{x:.0f}ms"
+    if x < 10_000:
+        return f"{x / 1000:.2f}s"
+    if x < 100_000:
+        return f"{x / 1000:.1f}s"
+    return f"{x / 1000:.0f}s"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in (
+        "policy",
+        label,
+        "n",
+        "done",
+        "rej",
+        "t/o",
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "E2E p99",
+        "SLO",
+        "goodput",
+        "tok/s",
+    ):
+        t.add_column(col, justify="left" if col in ("policy", label) else "right")
+    for run in runs:
+        groups = [*run.metrics[kind].items(), ("all", run.metrics["totals"])]
+        for i, (name, g) in enumerate(groups):
+            t.add_row(
+                run.policy if i == 0 else "",
+                f"[bold]{name}[/bold]" if name == "all" else name,
+                str(g["count"]),
+                str(g["completed"]),
+                str(g["rejected"]),
+                str(g["timed_out"]),
+                _ms(g["ttft_p50_ms"]),
+                _ms(g["ttft_p99_ms"]),
+                _ms(g["tpot_p50_ms"]),
+                _ms(g["tpot_p99_ms"]),
+                _ms(g["e2e_p99_ms"]),
+                _pct(g["slo_attainment"]),
+                _num(g["goodput_rps"], ".2f"),
+                _num(g["output_tok_s"], ".0f"),
+                end_section=i == len(groups) - 1,
+            )
+    return t
+
+
+def _fairness_table(runs: Iterable[Run]) -> Table | None:
+    t = Table(
+        title="fairness between the tenants of a class (service / max-min fair share)",
+        title_justify="left",
+    )
+    for col in ("policy", "class", "Jain", "gap", "tenants (service / fair share)"):
+        t.add_column(col, justify="left" if col in ("policy", "class") else "right")
+    any_row = False
+    for run in runs:
+        for i, (c, f) in enumerate(run.metrics["fairness"].items()):
+            any_row = True
+            ratios = "  ".join(
+                f"{name} {v['ratio']:.2f}" if v["ratio"] is not None else f"{name} -"
+                for name, v in f["tenants"].items()
+            )
+            t.add_row(
+                run.policy if i == 0 else "",
+                c,
+                _num(f["jain"], ".3f"),
+                _num(f["service_gap"], ".3f"),
+                ratios,
+            )
+    return t if any_row else None
+
+
+def _sweep_table(res: ScenarioResult) -> Table:
+    classes = res.runs[0].result.classes if res.runs else ()
+    top = classes[0] if classes else "realtime"
+    t = Table(
+        title="latency against offered load (TTFT = time to first token, E2E = response time)",
+        title_justify="left",
+    )
+    for col in (
+        "load",
+        "policy",
+        "req/s in",
+        "req/s done",
+        "out tok/s",
+        "TTFT mean",
+        "TTFT p99",
+        "E2E mean",
+        "queue (mean)",
+        f"{top} TTFT p99",
+        f"{top} SLO",
+        "t/o+rej",
+    ):
+        t.add_column(col, justify="right")
+    last: float | None = None
+    for run in res.runs:
+        m = run.metrics
+        g = m["totals"]
+        rt = m["classes"].get(top, {})
+        t.add_row(
+            f"{100 * run.load:.0f}%" if run.load is not None and run.load != last else "",
+            run.policy,
+            f"{run.offered_rps:.1f}",
+            _num(g["completed_rps"]),
+            _num(g["output_tok_s"], ".0f"),
+            _ms(g["ttft_mean_ms"]),
+            _ms(g["ttft_p99_ms"]),
+            _ms(g["e2e_mean_ms"]),
+            _num(g["queue_depth_mean"], ".0f"),
+            _ms(rt.get("ttft_p99_ms")),
+            _pct(rt.get("slo_attainment")),
+            str(g["timed_out"] + g["rejected"]),
+        )
+        last = run.load
+    return t
+
+
+def print_report(res: ScenarioResult, console: Console) -> None:
+    prep = res.prep
+    s = prep.scenario
+    cap = f"{prep.capacity_rps:.2f} req/s" if prep.capacity_rps else "not measured"
+    console.print(
+        f"[bold]{s.name}[/bold] — {s.description}\n"
+        f"engine {prep.profile.name} x{s.replicas}, window {prep.window}/replica, "
+        f"capacity {cap}, seed {s.seed}"
+    )
+    slos = ", ".join(
+        f"{c} TTFT {v.ttft_s * 1000:g} ms / TPOT {v.tpot_s * 1000:g} ms"
+        for c, v in prep.slos.items()
+    )
+    console.print(f"SLOs: {slos}")
+    if s.sweep:
+        console.print(_sweep_table(res))
+    else:
+        head = res.runs[0] if res.runs else None
+        if head is not None:
+            load = f", offered load {head.load:.2f}x" if head.load is not None else ""
+            console.print(
+                f"{head.result.arrivals} requests at {head.offered_rps:.2f} req/s{load}, "
+                f"arrival window {head.result.window_end:.0f} s"
+            )
+        console.print(_group_table("per class", res.runs, "classes", "class"))
+        if any(len(r.metrics["tenants"]) > 1 for r in res.runs):
+            console.print(_group_table("per tenant", res.runs, "tenants", "tenant"))
+            if any(len(r.metrics["tiers"]) > 1 for r in res.runs):
+                console.print(_group_table("per tier", res.runs, "tiers", "tier"))
+        ft = _fairness_table(res.runs)
+        if ft is not None:
+            console.print(ft)
+    for run in res.runs:
+        r = run.result
+        bad = r.arrivals - len(r.records)
+        if bad or r.unfinished:
+            console.print(
+                f"[red]{run.policy}: {bad} requests without an outcome "
+                f"({r.unfinished} unfinished)[/red]"
+            )
+    note = attribution(prep)
+    if note:
+        console.print(f"[dim]Request data: {note}[/dim]", highlight=False)
+
+
+def ledger_ok(res: ScenarioResult) -> bool:
+    """Every request has exactly one outcome in every run."""
+    for run in res.runs:
+        r = run.result
+        if r.unfinished or len(r.records) != r.arrivals or sum(r.outcomes.values()) != r.arrivals:
+            return False
+    return True

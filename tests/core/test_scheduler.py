@@ -219,3 +219,29 @@ def test_pausable_engine_pauses_even_before_the_first_token() -> None:
     pre = [d for d in out if isinstance(d, Preempt)]
     assert len(pre) == 1 and pre[0].req is off and pre[0].pause
     assert off.state is State.QUEUED and off.replica == "r0"
+
+
+def test_reject_queued_for_shutdown_leaves_running_alone() -> None:
+    h = make(capacity=1)
+    running = h.submit("api")
+    queued = [h.submit("batch"), h.submit("offline")]
+    h.apply(h.sched.reject_queued(h.now))
+    assert all(r.state is State.REJECTED and r.reason == "shutting_down" for r in queued)
+    assert all(r.retry_after is not None for r in queued)
+    assert running.state is State.DISPATCHED
+    h.run_until(10)
+    assert running.state is State.COMPLETED
+
+
+def test_completion_rate_is_unbiased_while_warming_up() -> None:
+    from qosgate.core.scheduler import DecayingRate
+
+    rate = DecayingRate(tau=10.0)
+    for i in range(20):  # 10 completions per second for 2 s: far less than tau
+        rate.add(i * 0.1)
+    assert rate.value(1.9) == pytest.approx(10.0, rel=0.1)
+    steady = DecayingRate(tau=10.0)
+    for i in range(1000):
+        steady.add(i * 0.1)
+    assert steady.value(99.9) == pytest.approx(10.0, rel=0.05)
+    assert DecayingRate().value(5.0) == 0.0  # nothing seen: nothing known

@@ -45,23 +45,39 @@ class Replica:
 
 
 class DecayingRate:
-    """Events per second, exponentially decayed with time constant ``tau`` (seconds)."""
+    """Events per second, exponentially decayed with time constant ``tau`` (seconds).
 
-    __slots__ = ("_stamp", "_value", "tau")
+    Until ``min_events`` have been seen it knows nothing (0). Early on, the decayed sum has only
+    covered ``elapsed`` seconds, not the whole window, so it is divided by the part of the window
+    it has seen (1 - e^(-elapsed/tau)); without that, a busy gateway would under-read its own
+    throughput for the first ``tau`` seconds and refuse feasible deadlines.
+    """
 
-    def __init__(self, tau: float = 10.0) -> None:
+    __slots__ = ("_count", "_first", "_stamp", "_value", "min_events", "tau")
+
+    def __init__(self, tau: float = 10.0, min_events: int = 5) -> None:
         self.tau = tau
+        self.min_events = min_events
         self._value = 0.0
-        self._stamp: float | None = None
+        self._stamp = 0.0
+        self._first: float | None = None
+        self._count = 0
 
     def add(self, now: float) -> None:
-        self._value = self.value(now) + 1.0 / self.tau
+        if self._first is None:
+            self._first = now
+        self._value = self._decayed(now) + 1.0 / self.tau
         self._stamp = now
+        self._count += 1
+
+    def _decayed(self, now: float) -> float:
+        return self._value * math.exp(-max(0.0, now - self._stamp) / self.tau)
 
     def value(self, now: float) -> float:
-        if self._stamp is None:
+        if self._count < self.min_events or self._first is None:
             return 0.0
-        return self._value * math.exp(-max(0.0, now - self._stamp) / self.tau)
+        seen = 1.0 - math.exp(-max(0.0, now - self._first) / self.tau)
+        return self._decayed(now) / seen if seen > 1e-9 else 0.0
 
 
 class Scheduler:
@@ -211,6 +227,19 @@ class Scheduler:
             self._fill(now, out)
             return out
         return self._end_running(rid, now, State.CANCELLED, reason, output_tokens, None)
+
+    def reject_queued(self, now: float, reason: str = "shutting_down") -> list[Decision]:
+        """Refuse everything still queued (graceful shutdown): each ends ``rejected`` with a
+        ``retry_after`` hint; running requests are left to finish."""
+        out: list[Decision] = []
+        for bucket in self.queued:
+            for req in list(bucket.values()):
+                self._unqueue(req)
+                req.retry_after = self._clamp_retry(0.0)
+                req.move(State.REJECTED, reason)
+                self._release_tenant(req, 0)
+                self._record(req, now, out)
+        return out
 
     def tick(self, now: float) -> list[Decision]:
         out: list[Decision] = []

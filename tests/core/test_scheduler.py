@@ -245,3 +245,29 @@ def test_completion_rate_is_unbiased_while_warming_up() -> None:
         steady.add(i * 0.1)
     assert steady.value(99.9) == pytest.approx(10.0, rel=0.05)
     assert DecayingRate().value(5.0) == 0.0  # nothing seen: nothing known
+
+
+def test_deadline_admission_counts_preemptible_slots_as_room() -> None:
+    """A realtime request is not refused as infeasible while it could preempt its way in."""
+    h = make(capacity=1, pausable=True)
+    for _ in range(10):  # learn a slow completion rate: one per 2.5 s
+        h.submit("api", output=10)
+        h.run_until(h.now + 2.5)
+    off = h.submit("offline", output=10**5)
+    h.run_until(h.now + 1)
+    assert off.state is State.RUNNING
+    rt = h.submit("realtime", output=10)
+    assert rt.state is State.DISPATCHED and off.state is State.QUEUED
+
+
+def test_reject_queued_spares_a_paused_stream_which_then_finishes() -> None:
+    h = make(capacity=1, pausable=True)
+    off = h.submit("offline", output=50)
+    h.run_until(0.2)  # offline streams
+    rt = h.submit("realtime", output=10)  # pauses it
+    waiting = h.submit("batch")
+    assert off.state is State.QUEUED and rt.state is State.DISPATCHED
+    h.apply(h.sched.reject_queued(h.now))
+    assert waiting.state is State.REJECTED and off.state is State.QUEUED
+    h.run_until(10)
+    assert rt.state is State.COMPLETED and off.state is State.COMPLETED

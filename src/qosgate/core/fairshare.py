@@ -18,7 +18,14 @@ K = TypeVar("K", bound=Hashable)
 
 
 class FairShare(Generic[K]):
-    """Counters for a set of keys; O(log k) activate/charge/pick for k backlogged keys."""
+    """Counters for a set of keys; O(log k) activate/charge/pick for k backlogged keys.
+
+    The heap holds one live row per backlogged key, ``(counter, order, version, key)``. A row may
+    show a counter *lower* than the key's current one: charging only raises the counter, and
+    ``pick`` re-files a row whose counter is out of date before trusting the top, so the common
+    charge costs no heap operation at all. A *decrease* (a refund or a correction downwards)
+    could hide a key under others, so it files a fresh row and retires the old one (version).
+    """
 
     __slots__ = ("_active", "_heap", "_last_left", "_order", "_version", "_weight", "counter")
 
@@ -52,33 +59,28 @@ class FairShare(Generic[K]):
 
     def deactivate(self, key: K) -> None:
         self._active.discard(key)
-        self._version[key] = self._version.get(key, 0) + 1
+        self._version[key] = self._version.get(key, 0) + 1  # its row is stale from now on
         self._last_left = self.counter.get(key, 0.0)
 
     def charge(self, key: K, cost: float) -> None:
         """Account ``cost`` of service to ``key`` (negative corrects an over-estimate)."""
         self.counter[key] = self.counter.get(key, 0.0) + cost / self._weight.get(key, 1.0)
-        if key in self._active:
+        if cost < 0 and key in self._active:
             self._push(key)
-
-    def charge_picked(self, key: K, cost: float) -> None:
-        """``charge`` for the key ``pick`` just returned, while it stays backlogged: its row is
-        the heap's top, so it is replaced in place (no stale row left behind)."""
-        c = self.counter[key] + cost / self._weight.get(key, 1.0)
-        self.counter[key] = c
-        v = self._version[key] + 1
-        self._version[key] = v
-        heapq.heapreplace(self._heap, (c, self._order[key], v, key))
 
     def pick(self) -> K | None:
         """The backlogged key with the least weighted service, or None."""
         heap = self._heap
         version = self._version
+        counter = self.counter
         while heap:
-            _c, _, v, key = heap[0]
-            if v == version.get(key, 0) and key in self._active:
+            c, order, v, key = heap[0]
+            if v != version[key]:
+                heapq.heappop(heap)  # a retired row
+            elif c != counter[key]:
+                heapq.heapreplace(heap, (counter[key], order, v, key))  # charged since filed
+            else:
                 return key
-            heapq.heappop(heap)
         return None
 
     def _min_active(self) -> float:
@@ -90,9 +92,7 @@ class FairShare(Generic[K]):
         self._version[key] = v
         heap = self._heap
         heapq.heappush(heap, (self.counter[key], self._order[key], v, key))
-        if len(heap) > 4 * len(self._active) + 64:  # drop stale rows so memory stays O(k)
-            live = [
-                row for row in heap if row[2] == self._version[row[3]] and row[3] in self._active
-            ]
+        if len(heap) > 4 * len(self._active) + 64:  # drop retired rows so memory stays O(k)
+            live = [row for row in heap if row[2] == self._version[row[3]]]
             heapq.heapify(live)
             self._heap = live

@@ -15,7 +15,7 @@ ahead inside the more urgent class while its own class pays, so the 5:3:2 shares
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 from qosgate.config import QosConfig
 from qosgate.core.queues import FairSplit, KeyedQueue, Node, StrictBands
@@ -39,13 +39,19 @@ def _class_level(req: Request) -> int:
 
 
 class Policy:
-    """The root of a queue tree plus what the scheduler needs to know about it."""
+    """The root of a queue tree plus what the scheduler needs to know about it.
 
-    __slots__ = ("class_aware", "name", "preemptive", "root")
+    ``push``/``pop``/``remove`` are the root's own bound methods (no wrapper call on the hot path).
+    """
+
+    __slots__ = ("class_aware", "name", "pop", "preemptive", "push", "remove", "root")
 
     def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool) -> None:
         self.name = name
         self.root = root
+        self.push: Callable[[Request], None] = root.push
+        self.pop: Callable[[], Request | None] = root.pop
+        self.remove: Callable[[Request], None] = root.remove
         # whether levels mean anything (aging, displacement, deadline admission need it)
         self.class_aware = class_aware
         # whether a more urgent request is always served first, so pulling a less urgent one
@@ -54,15 +60,6 @@ class Policy:
 
     def __len__(self) -> int:
         return self.root.n
-
-    def push(self, req: Request) -> None:
-        self.root.push(req)
-
-    def pop(self) -> Request | None:
-        return self.root.pop()
-
-    def remove(self, req: Request) -> None:
-        self.root.remove(req)
 
     def settle(self, req: Request, delta_cost: float) -> None:
         if delta_cost:

@@ -147,14 +147,9 @@ class FairSplit:
         req = child.pop()
         assert req is not None, "a backlogged key always has a live request"
         self.n -= 1
-        payer = self._charge_of(req)
         if child.n == 0:
             self.share.deactivate(key)
-            self.share.charge(payer, req.cost)
-        elif payer == key:
-            self.share.charge_picked(key, req.cost)
-        else:
-            self.share.charge(payer, req.cost)
+        self.share.charge(self._charge_of(req), req.cost)
         return req
 
     def remove(self, req: Request) -> None:

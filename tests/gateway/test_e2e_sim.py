@@ -15,7 +15,9 @@ from tests.gateway.conftest import Server, http, start_gateway, wait_until
 
 @pytest.fixture(scope="module")
 def gateway(tmp_session: Path) -> Iterator[Server]:
-    gw = start_gateway(tmp_session)  # only --port (and --log-level): everything else default
+    # the simulated engine by flag (llama.cpp is the default: tests/llama covers it); the rest
+    # is the zero-config default
+    gw = start_gateway(tmp_session, "--engine", "sim")
     yield gw
     gw.stop()
 

@@ -10,6 +10,17 @@ Tokens fan out to one small channel per request; the request's own coroutine (``
 them as OpenAI chunks and writes them to the client. The scheduler's decisions map onto the engine:
 pause/resume keep the sequence's state (a paused request resumes at the next token), cancelling
 ``run`` aborts the sequence and frees its slot at once.
+
+Pause, as the client sees it: from the moment the scheduler pauses a request until it resumes it,
+nothing more reaches that client. A token (or the finish) that the step in flight still produced
+for it waits in its channel and goes out, in order, on resume. So a request paused before its first
+token keeps its sequence (and its prefill) instead of being aborted and restarted, and a request
+whose last token was in flight is completed only once the scheduler has it running again (the
+core accepts ``complete``/``fail`` only from a dispatched or running request).
+
+``text=True`` is for engines that run a real model (llama.cpp): ``run`` decodes the body's
+messages/prompt and sampling (``engines/textreq.py``) into the ``SeqSpec``; a bad value is answered
+with a 400 in OpenAI's error format. The simulated engine only needs the counts (``text=False``).
 """
 
 from __future__ import annotations
@@ -24,9 +35,12 @@ from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
 from qosgate.engines.base import Call
 from qosgate.engines.openai_format import Formatter
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
+from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
 
 # a step that ends this little behind schedule (timer granularity) still starts on schedule
 _CATCH_UP_S = 0.002
+# paused ids kept before those of calls that never started are dropped (see ``pause``)
+_PRUNE_PAUSED = 4096
 
 
 class _Channel:
@@ -47,8 +61,6 @@ class _Channel:
 class InProcessEngine:
     """Runs ``engine`` in real time and serves OpenAI requests from it (see the module doc)."""
 
-    pausable = True
-
     def __init__(
         self,
         engine: StepEngine,
@@ -58,6 +70,8 @@ class InProcessEngine:
         models: list[str] | None = None,
         modelled_time: bool = True,
         time_scale: float = 1.0,
+        text: bool = False,
+        pausable: bool = True,
     ) -> None:
         self.engine = engine
         self.name = name
@@ -65,14 +79,21 @@ class InProcessEngine:
         self._models = models or ["qosgate-sim"]
         self.modelled_time = modelled_time
         self.time_scale = time_scale
+        self.text = text
+        # False: the core never pauses here; it pulls a request back only before its first token
+        # (by cancelling the call), as it would in front of an external engine
+        self.pausable = pausable
         self._chans: dict[str, _Channel] = {}
+        self._paused: set[str] = set()
         self._stepping = False
-        self._in_pending = False
         self._pending: list[tuple[Callable[..., None], tuple[Any, ...]]] = []
         self._idle: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.steps = 0
+        self.tokens_out = 0
+        self.pauses = 0
+        self.evictions = 0
 
     # ------------------------------------------------------------------ Engine protocol
     @property
@@ -93,52 +114,110 @@ class InProcessEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        close = getattr(self.engine, "close", None)
+        if callable(close):  # llama.cpp: free the context and the model (waits for a step)
+            await asyncio.to_thread(close)
 
     def pause(self, rid: str) -> None:
+        paused = self._paused
+        if len(paused) > _PRUNE_PAUSED:
+            # a call cancelled before it ever ran cannot discard its id: drop ids without a call
+            paused.intersection_update(self._chans)
+        paused.add(rid)
+        self.pauses += 1
         self._op(self.engine.pause, rid)
 
     def resume(self, rid: str) -> None:
+        self._paused.discard(rid)
         self._op(self.engine.resume, rid)
+        ch = self._chans.get(rid)
+        if ch is not None:
+            ch.wake()
         self._kick()
 
     async def run(self, call: Call) -> None:
         job = call.job
+        if not self.text:
+            spec = SeqSpec(
+                seq_id=job.rid,
+                prompt_tokens=max(1, job.prompt_tokens),
+                max_tokens=job.max_tokens,
+                engine_priority=call.level(),
+            )
+            await self.generate(call, spec)
+            return
+        try:
+            req = parse_text_request(job.body, job.route)
+        except BadTextRequest as exc:
+            await self._unpaused(job.rid)  # a queued request's client must not see anything
+            await self._refuse(call, str(exc), exc.param)
+            return
         spec = SeqSpec(
             seq_id=job.rid,
             prompt_tokens=max(1, job.prompt_tokens),
             max_tokens=job.max_tokens,
+            prompt=req.prompt,
+            messages=req.messages,
+            sampling=req.sampling,
             engine_priority=call.level(),
         )
         await self.generate(call, spec)
 
     # ------------------------------------------------------------------ serving one sequence
+    async def _refuse(self, call: Call, message: str, param: str | None = None) -> None:
+        """Answer 400 in OpenAI's format, then end the request as rejected by the engine."""
+        sink = call.sink
+        if not sink.started:
+            await sink.start(400, JSON_HEADERS)
+            await sink.send(error_body(message, param, "engine_rejected"), False)
+        await self._unpaused(call.job.rid)  # paused while the answer was being written
+        call.failed("engine_rejected")
+
+    async def _unpaused(self, rid: str) -> None:
+        """Wait while the scheduler holds ``rid`` paused (it is queued then: nothing it does may
+        reach the client or end it)."""
+        if rid not in self._paused:
+            return
+        ch = self._chans.get(rid)
+        own = ch is None
+        if ch is None:
+            ch = self._chans[rid] = _Channel()
+        loop = asyncio.get_running_loop()
+        try:
+            while rid in self._paused:
+                ch.waiter = loop.create_future()
+                await ch.waiter
+                ch.waiter = None
+        finally:
+            if own:
+                self._chans.pop(rid, None)
+
     async def generate(self, call: Call, spec: SeqSpec) -> None:
         """Add ``spec`` to the engine and serve its tokens to ``call`` until it finishes."""
         job = call.job
         sink = call.sink
         rid = spec.seq_id
-        ch = self._chans[rid] = _Channel()
-        try:
-            self._op(self._add, spec)
-        except ValueError:
-            self._chans.pop(rid, None)
-            call.failed("engine_rejected")
-            return
-        self._kick()
-        fmt = Formatter(job.route, rid, job.model, job.include_usage)
-        texts: list[str] = []
+        paused = self._paused
         finished = False
-        loop = asyncio.get_running_loop()
         try:
+            # paused between dispatch and this call starting: do not even add it yet
+            await self._unpaused(rid)
+            ch = self._chans[rid] = _Channel()
+            self._op(self._add, spec)
+            self._kick()
+            fmt = Formatter(job.route, rid, job.model, job.include_usage)
+            texts: list[str] = []
+            loop = asyncio.get_running_loop()
             while True:
-                if not ch.tokens and ch.finish is None:
+                if rid in paused or (not ch.tokens and ch.finish is None and ch.error is None):
                     ch.waiter = loop.create_future()
                     await ch.waiter
                     ch.waiter = None
+                    continue
                 if ch.error is not None:
                     finished = True
                     self._chans.pop(rid, None)
-                    call.failed("engine_rejected")
+                    await self._refuse(call, ch.error)
                     return
                 toks = ch.tokens
                 if toks:
@@ -154,8 +233,9 @@ class InProcessEngine:
                         await sink.send(out)
                     else:
                         texts.extend(toks)
+                    continue
                 fin = ch.finish
-                if fin is not None and not ch.tokens:
+                if fin is not None:
                     finished = True
                     self._chans.pop(rid, None)
                     reason = "length" if fin.reason == "length" else "stop"
@@ -172,12 +252,17 @@ class InProcessEngine:
                         )
                         await sink.start(200, JSON_HEADERS)
                         await sink.send(body, False)
+                    # paused while the end was being written (the send waited for the client):
+                    # the core completes only a running request
+                    await self._unpaused(rid)
                     call.done(fin.completion_tokens, fin.prompt_tokens)
                     return
         finally:
+            paused.discard(rid)
             if not finished:
                 self._chans.pop(rid, None)
                 self._op(self.engine.abort, rid)
+                self._kick()  # a freed slot may let a waiting sequence run
 
     # ------------------------------------------------------------------ the step loop
     def _op(self, fn: Callable[..., None], *args: Any) -> None:
@@ -187,14 +272,14 @@ class InProcessEngine:
             fn(*args)
 
     def _add(self, spec: SeqSpec) -> None:
+        """Add to the engine; a refusal (e.g. the prompt does not fit the context, a chat template
+        error) goes to the request's channel, never up into the step loop."""
         try:
             self.engine.add(spec)
-        except ValueError as exc:
-            if not self._in_pending:  # called directly: the caller reports it
-                raise
+        except Exception as exc:  # any refusal is this request's, not the step loop's
             ch = self._chans.get(spec.seq_id)
             if ch is not None:
-                ch.error = str(exc)
+                ch.error = str(exc) or type(exc).__name__
                 ch.wake()
 
     def _kick(self) -> None:
@@ -240,12 +325,13 @@ class InProcessEngine:
                         for fn, args in pending:
                             fn(*args)
                     finally:
-                        self._in_pending = False
-            self.steps += 1
+                            self.steps += 1
             self._deliver(res)
 
     def _deliver(self, res: StepResult) -> None:
         chans = self._chans
+        self.tokens_out += len(res.tokens)
+        self.evictions += len(res.evicted)
         for tok in res.tokens:
             ch = chans.get(tok.seq_id)
             if ch is not None:

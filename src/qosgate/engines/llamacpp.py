@@ -113,8 +113,9 @@ class LlamaCppEngine:
     """StepEngine over one llama.cpp context with ``max_num_seqs`` sequence slots.
 
     ``step()`` builds one batch: one token for every running decoding sequence, then prefill
-    chunks of admitted sequences (smallest ``engine_priority`` first, then FIFO) until ``n_batch``
-    tokens. A sequence whose prefill completes samples its first token in that same step.
+    chunks of admitted sequences (FIFO among those of the smallest ``engine_priority`` that has
+    a prompt to prefill: less urgent prompts wait a step) until ``n_batch`` tokens. A sequence
+    whose prefill completes samples its first token in that same step.
 
     Thread-safety: the engine is synchronous, but a driver typically calls ``step()`` in a worker
     thread while add/pause/resume/abort arrive from elsewhere; one lock serialises them, so a
@@ -533,6 +534,12 @@ class LlamaCppEngine:
                 (s for s in running if len(s.tokens) - s.n_past > 1),
                 key=lambda s: (s.spec.engine_priority, s.order),
             )
+            # Prefill is compute-bound (on 2 CPU cores a 40-token prompt costs as much as ~5
+            # decode steps of 4 sequences): a more urgent prompt prefills without less urgent
+            # ones in its step, so its first token is not delayed by their prompts.
+            if prefilling:
+                top = prefilling[0].spec.engine_priority
+                prefilling = [s for s in prefilling if s.spec.engine_priority == top]
             # Budget: decode tokens first, then prefill chunks by priority; lay the batch out in
             # slot order because with per-sequence KV streams llama.cpp only keeps consecutive
             # seq ids together in one ubatch.

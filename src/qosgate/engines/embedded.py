@@ -1,0 +1,75 @@
+"""The embedded engine of ``qosgate serve``: llama.cpp in-process, as one pausable replica.
+
+Window and slots: the core dispatches at most ``capacity`` (the window) requests to the replica,
+and those decode together. A request the core pauses leaves the window (its slot in the core is
+given to the more urgent request) but keeps its llama.cpp *slot*: its KV cells stay where they are,
+so resuming costs nothing. The engine therefore needs more slots than the window -- by default
+twice as many (window 4, 8 slots): up to ``window`` paused sequences keep their KV while
+``window`` others run. When more are paused than that, the engine evicts the least important
+paused sequence's KV (``evict_paused``) and recomputes it by prefill when it resumes; with one KV
+stream per sequence that recomputation gives bit-identical logits (see ``engines/llamacpp.py``),
+so the stream goes on exactly as it would have. Without eviction, a window full of requests that
+wait for slots held by paused ones could never make progress.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from qosgate.engines.inprocess import InProcessEngine
+
+DEFAULT_WINDOW = 4
+# tokens one step may prefill (llama.cpp's n_batch): bounds how long a step runs, and so how long
+# a realtime arrival waits for the step in flight (~0.5 s for 128 prompt tokens on 2 CPU cores)
+PREFILL_CHUNK = 128
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+REPLICA_NAME = "llamacpp-0"
+
+
+def default_threads() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def llamacpp_replica(
+    *,
+    model: str | Path | None = None,
+    capacity: int | None = None,
+    max_num_seqs: int | None = None,
+    n_ctx: int = 2048,
+    n_threads: int | None = None,
+    served_model_name: str | None = None,
+    evict_paused: bool = True,
+    pausable: bool = True,
+    name: str = REPLICA_NAME,
+) -> InProcessEngine:
+    """Load the model (FileNotFoundError if the GGUF is missing, ImportError without
+    llama-cpp-python) and wrap it as a replica that steps in a worker thread in real time."""
+    from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
+
+    path = Path(model) if model is not None else default_model_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"model file not found: {path}")
+    window = capacity or DEFAULT_WINDOW
+    slots = max_num_seqs or 2 * window
+    if slots < window:
+        raise ValueError(f"max_num_seqs ({slots}) must be at least the window ({window})")
+    engine = LlamaCppEngine(
+        path,
+        max_num_seqs=slots,
+        n_ctx_per_seq=n_ctx,
+        n_batch=max(PREFILL_CHUNK, slots),
+        n_threads=n_threads or default_threads(),
+        evict_paused=evict_paused,
+    )
+    if served_model_name is None:
+        served_model_name = DEFAULT_MODEL_NAME if model is None else path.stem.lower()
+    return InProcessEngine(
+        engine,
+        name=name,
+        capacity=window,
+        models=[served_model_name],
+        modelled_time=False,
+        text=True,
+        pausable=pausable,
+    )

@@ -8,7 +8,7 @@ realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -237,6 +237,42 @@ class ConfigError(ValueError):
     """A config file that cannot be used, with a message a person can act on."""
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
+def validated(
+    model: type[M], data: Any, what: str, error: type[ValueError] = ConfigError
+) -> M:
+    """``data`` as a ``model``; a failure becomes one ``error`` listing each bad field by its
+    path, which is what a person editing the YAML needs (pydantic's own text is for developers)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"  {where}: {err['msg']}")
+        raise error(f"invalid {what}:\n" + "\n".join(lines)) from None
+
+
+def read_yaml_mapping(
+    path: str | Path, what: str = "config", error: type[ValueError] = ConfigError
+) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (an empty file is an empty mapping)."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"cannot read {what} {p}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} {p} is not valid YAML: {exc}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise error(f"{what} {p}: the top level must be a mapping")
+    return raw
+
+
 def config_from_mapping(data: dict[str, Any]) -> QosConfig:
     """Missing sections fall back to the defaults: a file that only lists tenants is valid."""
     merged: dict[str, Any] = {
@@ -245,28 +281,11 @@ def config_from_mapping(data: dict[str, Any]) -> QosConfig:
         "task_types": dict(DEFAULT_TASK_TYPES),
     }
     merged.update(data)
-    try:
-        return QosConfig.model_validate(merged)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError("invalid qosgate config:\n" + "\n".join(lines)) from None
+    return validated(QosConfig, merged, "qosgate config")
 
 
 def load_config(path: str | Path) -> QosConfig:
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"cannot read config {p}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config {p} is not valid YAML: {exc}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {p}: the top level must be a mapping")
+    raw = read_yaml_mapping(path)
     # the I/O layers' own sections live beside the QoS ones and are validated by those layers;
     # anything else goes to validation, so a misspelt key is an error rather than ignored
     return config_from_mapping({k: v for k, v in raw.items() if k not in IO_SECTIONS})

@@ -26,10 +26,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from qosgate.config import ConfigError
+from qosgate.config import read_yaml_mapping, validated
 from qosgate.engines.openai_upstream import UpstreamSettings
 
 __all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
@@ -93,23 +92,10 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     """The I/O sections of a config file (the QoS ones are read by ``config.load_config``)."""
     if path is None:
         return GatewaySettings()
-    p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {p}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {p}: the top level must be a mapping")
+    raw = read_yaml_mapping(path)
     data = {k: raw[k] for k in ("server", "upstreams", "engine") if raw.get(k) is not None}
     return settings_from_mapping(data)
 
 
 def settings_from_mapping(data: dict[str, Any]) -> GatewaySettings:
-    try:
-        return GatewaySettings.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError("invalid gateway config:\n" + "\n".join(lines)) from None
+    return validated(GatewaySettings, data, "gateway config")

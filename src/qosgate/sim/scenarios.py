@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from qosgate.config import QosConfig, config_from_mapping
+from qosgate.config import QosConfig, config_from_mapping, read_yaml_mapping, validated
 from qosgate.engines.simmodel import EngineProfile, load_profile
 from qosgate.sim.driver import (
     SIM_POLICIES,
@@ -143,24 +142,12 @@ def load_scenario(name_or_path: str | Path) -> Scenario:
                 f"unknown scenario {str(name_or_path)!r}: not a file, and not one of "
                 f"{', '.join(available_scenarios())}"
             )
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"scenario {path} is not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ScenarioError(f"scenario {path}: the top level must be a mapping")
+    raw = read_yaml_mapping(path, "scenario", ScenarioError)
     return scenario_from_mapping(raw, str(path))
 
 
 def scenario_from_mapping(raw: dict[str, Any], where: str = "scenario") -> Scenario:
-    try:
-        return Scenario.model_validate(raw)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            lines.append(f"  {loc}: {err['msg']}")
-        raise ScenarioError(f"invalid scenario {where}:\n" + "\n".join(lines)) from None
+    return validated(Scenario, raw, f"scenario {where}", ScenarioError)
 
 
 def override(scenario: Scenario, **changes: Any) -> Scenario:

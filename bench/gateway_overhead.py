@@ -1,19 +1,35 @@
-"""Gateway overhead: latency added over going straight to the engine, and max requests/s.
+"""Gateway overhead: latency added over going straight to the engine, CPU per request, max req/s.
 
-    .venv/bin/python bench/gateway_overhead.py [--quick]
+    .venv/bin/python bench/gateway_overhead.py [--quick] [--no-pin]
 
 Starts the vLLM stand-in (simulated 7B model on an H100, real-time step durations) and a gateway
 in front of it (window 1024 so that it never queues: this measures the proxy path, not
-scheduling), then drives both with the same aiohttp client, streaming chat requests in closed
-loops of 1, 64 and 256 concurrent clients. Reported per level: TTFT (to the first streamed bytes)
-and end-to-end p50/p99, direct and through the gateway, and the difference. Each client pauses a
+scheduling), then drives both with the same client, streaming chat requests in closed loops of 1,
+64 and 256 concurrent clients. Reported per level: TTFT (to the first streamed body bytes) and
+end-to-end p50/p99, direct and through the gateway, and the difference. Each client pauses a
 random 0-50 ms between requests, so that arrivals do not fall into lockstep with the engine's
 steps (in lockstep, one step's phase would swamp the sub-millisecond differences measured).
 Then max requests/s: 256 concurrent clients, short streamed requests (4 tokens) with the stand-in
 sped up x100, direct vs through the gateway.
 
-Everything (client, gateway, stand-in) shares this machine's cores, as in the targets' setting;
-on a 2-core box the gateway's CPU competes with the engine's and the client's.
+Fairness and noise:
+
+- the same client, the same stand-in process (same engine speed) for both paths; direct and
+  gateway runs alternate in rounds (D G G D D G ...) so that load from other jobs on the machine
+  falls on both alike;
+- the client is a minimal HTTP/1.1 client (an ``asyncio.Protocol`` around httptools, one
+  kept-alive connection per simulated user, the request bytes built once): it timestamps a
+  response's first body bytes in the socket callback itself, and costs the shared CPU little;
+- wall-clock latencies on a shared machine are noisy, so the gateway's **CPU time per request**
+  (its process's CPU time from ``/proc/<pid>/schedstat``, or ``utime + stime`` from
+  ``/proc/<pid>/stat``, divided by the requests it served) is reported as well: it depends much
+  less on what else runs, and on a machine where the client, the engine and the gateway share
+  cores it is what turns into added latency. At 1 client it is mostly the cost of waking up for
+  every streamed chunk (on the development VM a sleep-to-wake-up round trip alone costs ~90 us
+  of CPU), at 64 and more the cost of the work itself.
+
+Pinned (default with >= 2 CPUs): the client and the stand-in share one CPU, the gateway has
+another, as in production where the gateway does not take CPU from the engine host or the clients.
 """
 
 from __future__ import annotations
@@ -28,15 +44,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import aiohttp
+import httptools
 import uvloop
 
 PY = sys.executable
 QOSGATE = [PY, "-m", "qosgate.cli"]
 MODEL = "Qwen/Qwen2.5-7B-Instruct"
 THINK_S = 0.05  # each client pauses uniform(0, THINK_S) between requests
+ROUNDS = 6  # direct and gateway runs alternate, each level split in this many rounds
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -69,71 +87,173 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process (user + system), in seconds: the scheduler's own count in ns
+    (``/proc/<pid>/schedstat``) where there is one, else ``utime + stime`` (clock ticks)."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
 
 
+# ---------------------------------------------------------------------- the client
+class _Conn(asyncio.Protocol):
+    """One simulated user's kept-alive connection: a request at a time."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future[tuple[int, float | None, float]] | None = None
+        self.first: float | None = None
+        self.now = 0.0
+        self.lost = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.now = time.perf_counter()
+        self.parser.feed_data(data)
+
+    def on_body(self, body: bytes) -> None:
+        if self.first is None:
+            self.first = self.now
+
+    def on_message_complete(self) -> None:
+        done = self.done
+        if done is not None and not done.done():
+            done.set_result((self.parser.get_status_code(), self.first, self.now))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        done = self.done
+        if done is not None and not done.done():
+            done.set_exception(ConnectionError("connection lost"))
+
+    def send(self, request: bytes) -> asyncio.Future[tuple[int, float | None, float]]:
+        self.first = None
+        self.done = self.loop.create_future()
+        assert self.transport is not None
+        self.transport.write(request)
+        return self.done
+
+
 @dataclass
 class Run:
-    ttft: list[float]
-    e2e: list[float]
-    wall: float
-    errors: int
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    errors: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)  # process -> CPU seconds in the runs
 
     @property
     def rps(self) -> float:
-        return len(self.e2e) / self.wall
+        return len(self.e2e) / self.wall if self.wall else 0.0
+
+    def add(self, other: Run) -> None:
+        self.ttft += other.ttft
+        self.e2e += other.e2e
+        self.wall += other.wall
+        self.errors += other.errors
+        for k, v in other.cpu.items():
+            self.cpu[k] = self.cpu.get(k, 0.0) + v
 
 
-async def drive(url: str, conc: int, total: int, max_tokens: int, think: float) -> Run:
+def request_bytes(port: int, max_tokens: int) -> bytes:
     body = (
         b'{"model":"' + MODEL.encode() + b'","messages":[{"role":"user","content":"'
         + b"Tell me something interesting about queues."
         + b'"}],"stream":true,"max_tokens":' + str(max_tokens).encode() + b"}"
     )
-    headers = {"Content-Type": "application/json", "Authorization": "Bearer bench"}
-    ttft: list[float] = []
-    e2e: list[float] = []
-    errors = 0
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nAuthorization: Bearer bench\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+async def drive(port: int, conc: int, total: int, max_tokens: int, think: float, seed: int) -> Run:
+    request = request_bytes(port, max_tokens)
+    loop = asyncio.get_running_loop()
+    run = Run()
     left = total
-    rng = random.Random(conc)
-    conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-    async with aiohttp.ClientSession(connector=conn) as s:
+    rng = random.Random(seed)
 
-        async def worker() -> None:
-            nonlocal left, errors
-            while left > 0:
-                left -= 1
-                t0 = time.perf_counter()
-                first = None
-                async with s.post(url, data=body, headers=headers) as r:
-                    if r.status != 200:
-                        errors += 1
-                        await r.read()
-                        continue
-                    async for _ in r.content.iter_any():
-                        if first is None:
-                            first = time.perf_counter()
-                t1 = time.perf_counter()
-                ttft.append((first or t1) - t0)
-                e2e.append(t1 - t0)
-                if think:  # a random pause keeps the clients out of lockstep with the steps
-                    await asyncio.sleep(rng.uniform(0, think))
+    async def connect() -> _Conn:
+        _, conn = await loop.create_connection(_Conn, "127.0.0.1", port)
+        return conn
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        wall = time.perf_counter() - t0
-    return Run(ttft, e2e, wall, errors)
+    async def worker() -> None:
+        nonlocal left
+        conn = await connect()
+        if think:  # users arrive spread out, not all in the same engine step
+            await asyncio.sleep(rng.uniform(0, think))
+        while left > 0:
+            left -= 1
+            if conn.lost:
+                conn = await connect()
+            t0 = time.perf_counter()
+            try:
+                status, first, t1 = await conn.send(request)
+            except ConnectionError:
+                run.errors += 1
+                continue
+            if status != 200:
+                run.errors += 1
+                continue
+            run.ttft.append((first or t1) - t0)
+            run.e2e.append(t1 - t0)
+            if think:  # a random pause keeps the clients out of lockstep with the steps
+                await asyncio.sleep(rng.uniform(0, think))
+        assert conn.transport is not None
+        conn.transport.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(conc)))
+    run.wall = time.perf_counter() - t0
+    return run
 
 
-def run(url: str, conc: int, total: int, max_tokens: int, think: float = THINK_S) -> Run:
-    uvloop.run(drive(url, conc, min(conc, 16), max_tokens, think))  # warm up
-    return uvloop.run(drive(url, conc, total, max_tokens, think))
+def measured(port: int, conc: int, total: int, max_tokens: int, think: float, seed: int,
+             procs: dict[str, int]) -> Run:
+    before = {k: cpu_seconds(pid) for k, pid in procs.items()}
+    c0 = time.process_time()
+    run = uvloop.run(drive(port, conc, total, max_tokens, think, seed))
+    run.cpu = {k: cpu_seconds(pid) - before[k] for k, pid in procs.items()}
+    run.cpu["client"] = time.process_time() - c0
+    return run
+
+
+def compare(direct: int, gateway: int, conc: int, total: int, max_tokens: int, think: float,
+            procs: dict[str, int]) -> tuple[Run, Run]:
+    """Direct and gateway runs of ``total`` requests each, alternating in ROUNDS rounds."""
+    for port in (direct, gateway):  # warm up: connections, caches, the engine's batch
+        uvloop.run(drive(port, conc, max(conc, 16), max_tokens, think, 0))
+    d, g = Run(), Run()
+    per = max(1, total // ROUNDS)
+    for r in range(ROUNDS):
+        order = [(direct, d), (gateway, g)] if r % 2 == 0 else [(gateway, g), (direct, d)]
+        for port, acc in order:
+            acc.add(measured(port, conc, per, max_tokens, think, 1000 * r + conc, procs))
+    return d, g
 
 
 def ms(x: float) -> str:
     return f"{x * 1000:8.2f}"
+
+
+def us_per(run: Run, who: str) -> str:
+    n = len(run.e2e)
+    return f"{run.cpu.get(who, 0.0) / n * 1e6:7.0f}" if n else "      -"
 
 
 def main() -> None:
@@ -145,48 +265,44 @@ def main() -> None:
     args = ap.parse_args()
     ncpu = len(os.sched_getaffinity(0))
     pin = not args.no_pin and ncpu >= 2
-    # pinned: the client and the engine stand-in share CPU 0, the gateway has CPU 1 -- as in
+    # pinned: the client and the engine stand-in share one CPU, the gateway has another -- as in
     # production, where the gateway does not take CPU from the engine host or the clients
     cpu_load = {min(os.sched_getaffinity(0))} if pin else None
     cpu_gw = {max(os.sched_getaffinity(0))} if pin else None
     if cpu_load:
         os.sched_setaffinity(0, cpu_load)
     scale = 0.5 if args.quick else 1.0
-    levels = [(1, int(100 * scale)), (64, int(640 * scale)), (256, int(1536 * scale))]
+    levels = [(1, int(400 * scale)), (64, int(3600 * scale)), (256, int(7200 * scale))]
 
-    sp, gp = free_port(), free_port()
-    standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp),
-                     "--scheduling-policy", "priority"], f"http://127.0.0.1:{sp}/health", cpu_load)
-    gateway = start([*QOSGATE, "serve", "--port", str(gp), "--upstream",
-                     f"http://127.0.0.1:{sp}", "--upstream-capacity", "1024",
-                     "--upstream-polarity", "vllm", "--log-level", "warning"],
-                    f"http://127.0.0.1:{gp}/readyz", cpu_gw)
-    direct_url = f"http://127.0.0.1:{sp}/v1/chat/completions"
-    gw_url = f"http://127.0.0.1:{gp}/v1/chat/completions"
+    def launch(time_scale: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes],
+                                          int, int]:
+        sp, gp = free_port(), free_port()
+        standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp),
+                         "--scheduling-policy", "priority", "--time-scale", time_scale],
+                        f"http://127.0.0.1:{sp}/health", cpu_load)
+        gateway = start([*QOSGATE, "serve", "--port", str(gp), "--upstream",
+                         f"http://127.0.0.1:{sp}", "--upstream-capacity", "1024",
+                         "--upstream-polarity", "vllm", "--log-level", "warning"],
+                        f"http://127.0.0.1:{gp}/readyz", cpu_gw)
+        return standin, gateway, sp, gp
+
     where = (f"client+stand-in pinned to CPU {min(cpu_load)}, gateway to CPU {min(cpu_gw)}"
              if cpu_load and cpu_gw else f"client, stand-in and gateway share {ncpu} CPUs")
+    load0 = os.getloadavg()[0]
     print(f"gateway overhead: {where}; streaming chat, {args.max_tokens} output tokens, "
-          "stand-in at real speed")
+          f"stand-in at real speed; load average {load0:.2f} at start", flush=True)
     rows = []
+    standin, gateway, sp, gp = launch("1.0")
     try:
+        procs = {"gateway": gateway.pid, "standin": standin.pid}
         for conc, total in levels:
-            d = run(direct_url, conc, total, args.max_tokens)
-            g = run(gw_url, conc, total, args.max_tokens)
-            rows.append((conc, total, d, g))
-        sp2 = free_port()
-        gp2 = free_port()
+            d, g = compare(sp, gp, conc, total, args.max_tokens, THINK_S, procs)
+            rows.append((conc, len(g.e2e), d, g))
         stop(gateway)
         stop(standin)
-        standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp2),
-                         "--scheduling-policy", "priority", "--time-scale", "0.01"],
-                        f"http://127.0.0.1:{sp2}/health", cpu_load)
-        gateway = start([*QOSGATE, "serve", "--port", str(gp2), "--upstream",
-                         f"http://127.0.0.1:{sp2}", "--upstream-capacity", "1024",
-                         "--upstream-polarity", "vllm", "--log-level", "warning"],
-                        f"http://127.0.0.1:{gp2}/readyz", cpu_gw)
-        n_tp = int(4000 * scale)
-        d_tp = run(f"http://127.0.0.1:{sp2}/v1/chat/completions", 256, n_tp, 4, 0.0)
-        g_tp = run(f"http://127.0.0.1:{gp2}/v1/chat/completions", 256, n_tp, 4, 0.0)
+        standin, gateway, sp, gp = launch("0.01")
+        procs = {"gateway": gateway.pid, "standin": standin.pid}
+        d_tp, g_tp = compare(sp, gp, 256, int(9000 * scale), 4, 0.0, procs)
     finally:
         stop(gateway)
         stop(standin)
@@ -206,10 +322,17 @@ def main() -> None:
         errs = f"  (errors: {d.errors}/{g.errors})" if d.errors or g.errors else ""
         print(f"{conc:7d} {total:9d}  |" + " |".join(cells) + errs)
     print()
+    print("CPU per request (us)  | gateway | stand-in: direct  via gw | client: direct  via gw")
+    for label, d, g in [*((f"{c:4d} clients", d, g) for c, _, d, g in rows),
+                        ("max req/s run", d_tp, g_tp)]:
+        print(f"{label:<21} | {us_per(g, 'gateway')} |          {us_per(d, 'standin')}"
+              f" {us_per(g, 'standin')} |        {us_per(d, 'client')} {us_per(g, 'client')}")
+    print()
     print("max throughput (256 clients, 4-token streams, stand-in x100 speed)")
     print(f"  direct : {d_tp.rps:8.0f} req/s")
     print(f"  gateway: {g_tp.rps:8.0f} req/s  ({g_tp.rps / d_tp.rps:.0%} of direct)"
           + (f"  errors {g_tp.errors}" if g_tp.errors else ""))
+    print(f"load average {os.getloadavg()[0]:.2f} at the end (2 CPUs; other jobs included)")
 
 
 if __name__ == "__main__":

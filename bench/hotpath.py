@@ -8,7 +8,8 @@ prompt-size estimate) out of a chat body, for a short (~0.6 KB) and a long (~64 
 decode into a typed struct with the messages kept as a raw span. Plus the priority splice.
 
 Client: a tiny SSE server (separate process) sends 16 small chunks per request; each client runs
-N streaming requests at 64 concurrent and reports requests/s and client CPU per request.
+N streaming requests at 64 concurrent and reports requests/s and client CPU per request: the
+gateway's own client (an ``asyncio.Protocol`` around httptools), aiohttp and httpx.
 """
 
 from __future__ import annotations
@@ -115,6 +116,25 @@ async def _run_aiohttp(url: str, n: int, conc: int, body: bytes) -> None:
         await asyncio.gather(*(one() for _ in range(n)))
 
 
+async def _run_qosgate(url: str, n: int, conc: int, body: bytes) -> None:
+    """The gateway's own upstream client (``engines/openai_upstream.py``)."""
+    from qosgate.engines.openai_upstream import _Pool
+
+    pool = _Pool(url.rsplit("/v1/", 1)[0], 5.0, None)
+    head = pool.head("POST", "/v1/chat/completions")
+    sem = asyncio.Semaphore(conc)
+
+    async def one() -> None:
+        async with sem:
+            conn = await pool.request(head, body)
+            while await conn.read_some():
+                pass
+            pool.release(conn)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    pool.close()
+
+
 async def _run_httpx(url: str, n: int, conc: int, body: bytes) -> None:
     import httpx
 
@@ -151,7 +171,7 @@ def bench_clients(n: int = 4000, conc: int = 64) -> list[tuple[str, float, float
     body = _body(1)
     rows = []
     try:
-        clients: list[tuple[str, Any]] = [("aiohttp", _run_aiohttp)]
+        clients: list[tuple[str, Any]] = [("qosgate", _run_qosgate), ("aiohttp", _run_aiohttp)]
         try:
             import httpx  # noqa: F401
 

@@ -1,13 +1,23 @@
 """An OpenAI-compatible engine over HTTP (vLLM, SGLang, llama.cpp server, TGI): one replica.
 
-One aiohttp connection pool per upstream, kept alive. The client's body is forwarded byte for byte
-except the top-level ``priority``, which is set to the request's band in the engine's own polarity
-(``priority_polarity``), or removed for engines that do not schedule by priority:
+One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is forwarded byte for
+byte except the top-level ``priority``, which is set to the request's band in the engine's own
+polarity (``priority_polarity``), or removed for engines that do not schedule by priority:
 
 see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited).
 
 Pulling a request back or a client leaving cancels the call, which closes its connection: vLLM and
 SGLang abort a request whose client disconnected.
+
+The HTTP client is a lean one of its own (an ``asyncio.Protocol`` around httptools' C parser, the
+same parser uvicorn uses), not aiohttp: the gateway relays every streamed event, and aiohttp's
+per-request and per-chunk machinery (request/response objects, multidicts, stream readers, tracing
+hooks) cost more CPU than the rest of the gateway together (``docs/gateway.md``, "Measured"). It
+speaks just what an engine needs: a request written in one go (prebuilt head + body), the response
+parsed as it arrives, and every body part received in one socket read handed on as one piece, so
+an upstream write becomes one downstream write. A streamed response is relayed from the
+connection's own callbacks (``_Relay``): a chunk is written to the client in the callback that
+read it, not a loop turn later by the call's task.
 """
 
 from __future__ import annotations
@@ -16,8 +26,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, cast
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qosgate.engines.base import Call, Job
@@ -29,6 +46,9 @@ _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 _PROBE_EVERY_S = 5.0
+_IDLE_S = 30.0  # a pooled connection idle this long is closed
+_MAX_BUFFERED = 1 << 20  # response bytes held for a slow client before reading pauses
+_SSE_CACHE = (b"cache-control", b"no-cache")
 
 
 class UpstreamSettings(BaseModel):
@@ -58,6 +78,502 @@ class UpstreamSettings(BaseModel):
         return v.rstrip("/").removesuffix("/v1")
 
 
+# ---------------------------------------------------------------------- the HTTP client
+class UpstreamError(ConnectionError):
+    """The upstream could not be reached, closed the connection early or sent broken HTTP."""
+
+
+class _Conn(asyncio.Protocol):
+    """One kept-alive connection; one exchange (request, then its response) at a time.
+
+    The parser's callbacks fill the exchange's state; ``data_received`` wakes the waiting call
+    once per socket read, whatever number of body parts that read held.
+    """
+
+    def __init__(self, pool: _Pool) -> None:
+        self.pool = pool
+        self.loop = asyncio.get_running_loop()  # once: each lookup is a getpid() on 3.11
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.busy = False
+        self.got_bytes = False
+        self.status = 0
+        self.content_type: bytes | None = None
+        self.headers_done = False
+        self.until_eof = True  # neither Content-Length nor chunked: the body ends at EOF
+        self.complete = False
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self.parts: list[bytes] = []
+        self.buffered = 0
+        self.paused = False
+        self.waiter: asyncio.Future[None] | None = None
+        # set while a streamed response is relayed from these callbacks (see _Relay)
+        self.listener: Callable[[], None] | None = None
+
+    # ---- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy:  # bytes nobody asked for: the connection cannot be trusted
+            self.close()
+            return
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.error = UpstreamError(f"invalid HTTP response: {exc}")
+            self.close()
+        if self.buffered > _MAX_BUFFERED:
+            self.pause()
+        if self.listener is not None:
+            self.listener()
+        else:
+            self._wake()
+
+    def eof_received(self) -> bool | None:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.busy and not self.complete and self.error is None:
+            if self.headers_done and self.until_eof:
+                self.complete = True  # a body delimited by the end of the connection
+            else:
+                self.error = UpstreamError(
+                    "the upstream closed the connection" + (f": {exc}" if exc else "")
+                )
+        if self.listener is not None:
+            self.listener()
+        else:
+            self._wake()
+
+    # ---- httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        n = name.lower()
+        if n == b"content-type":
+            self.content_type = value
+        elif n == b"content-length" or (n == b"transfer-encoding" and b"chunked" in value.lower()):
+            self.until_eof = False
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        if self.status < 200:  # 1xx: an interim response, the real one follows
+            self.content_type = None
+            self.until_eof = True
+            return
+        self.headers_done = True
+        if self.status in (204, 304):
+            self.until_eof = False
+
+    def on_body(self, body: bytes) -> None:
+        self.parts.append(body)
+        self.buffered += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.headers_done:
+            self.complete = True
+            self.keep_alive = self.parser.should_keep_alive()
+
+    # ---- the exchange
+    def pause(self) -> None:
+        if not self.paused and not self.closed and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and not self.closed and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def take(self) -> bytes:
+        """The body bytes received so far, as one piece (b"" if none)."""
+        parts = self.parts
+        if not parts:
+            return b""
+        self.parts = []
+        self.buffered = 0
+        self.resume()
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def _wait(self) -> None:
+        self.waiter = self.loop.create_future()
+        try:
+            await self.waiter
+        finally:
+            self.waiter = None
+
+    def begin(self, request: bytes, body: bytes) -> None:
+        self._reset()
+        self.busy = True
+        assert self.transport is not None
+        if len(body) < 65536:
+            self.transport.write(request + body)
+        else:
+            self.transport.write(request)
+            self.transport.write(body)
+
+    async def wait_headers(self) -> None:
+        while not self.headers_done:
+            if self.error is not None:
+                raise self.error
+            if self.closed:
+                raise UpstreamError("the upstream closed the connection")
+            await self._wait()
+
+    async def read_some(self) -> bytes:
+        """The body bytes received so far (one piece), b"" once the response is complete."""
+        while not self.parts:
+            if self.error is not None:
+                raise self.error
+            if self.complete:
+                return b""
+            await self._wait()
+        return self.take()
+
+    async def read_all(self) -> bytes:
+        out: list[bytes] = []
+        while True:
+            data = await self.read_some()
+            if not data:
+                return b"".join(out)
+            out.append(data)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class _Pool:
+    """Kept-alive connections to one upstream, the most recently used first."""
+
+    def __init__(self, url: str, connect_timeout_s: float, api_key: str | None) -> None:
+        u = urlsplit(url)
+        self.host = u.hostname or "127.0.0.1"
+        self.tls = u.scheme == "https"
+        self.port = u.port or (443 if self.tls else 80)
+        self.prefix = u.path.rstrip("/")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default_port = self.port == (443 if self.tls else 80)
+        self.host_header = host if default_port else f"{host}:{self.port}"
+        self.ssl: ssl.SSLContext | None = ssl.create_default_context() if self.tls else None
+        self.connect_timeout_s = connect_timeout_s
+        self.auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
+        self.idle: list[_Conn] = []
+
+    def head(self, method: str, path: str, json_body: bool = True) -> bytes:
+        """A request's head up to (not including) the Content-Length value."""
+        ctype = b"Content-Type: application/json\r\n" if json_body else b""
+        return (
+            f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n".encode()
+            + ctype + self.auth + b"Content-Length: "
+        )
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, proto = await loop.create_connection(
+                    lambda: _Conn(self), self.host, self.port, ssl=self.ssl,
+                    server_hostname=self.host if self.tls else None,
+                )
+        except TimeoutError:
+            raise UpstreamError("connect timed out") from None
+        return proto
+
+    def _take(self) -> _Conn | None:
+        idle = self.idle
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue
+            if now - conn.idle_since > _IDLE_S:
+                conn.close()
+                continue
+            conn.reused = True
+            return conn
+        return None
+
+    def send_now(self, head: bytes, body: bytes) -> _Conn | None:
+        """Write a request at once on a kept-alive connection, if one is free (else None)."""
+        conn = self._take()
+        if conn is not None:
+            conn.begin(head + str(len(body)).encode() + b"\r\n\r\n", body)
+        return conn
+
+    async def request(
+        self,
+        head: bytes,
+        body: bytes,
+        until: Callable[[_Conn], Awaitable[None]] | None = None,
+        sent: _Conn | None = None,
+    ) -> _Conn:
+        """Send a request and await ``until(conn)`` (by default: until the response headers are
+        in); return the connection. On any failure the connection is closed. ``sent``: the
+        request was already written on that (kept-alive) connection by ``send_now``.
+
+        A kept-alive connection the upstream closed meanwhile (its keep-alive timeout) fails
+        before any response byte arrives: the request is then sent once more, on a new one.
+        """
+        wait = until or _Conn.wait_headers
+        request = head + str(len(body)).encode() + b"\r\n\r\n"
+        conn = sent if sent is not None else self._take()
+        if conn is not None:
+            try:
+                if sent is None:
+                    conn.begin(request, body)
+                await wait(conn)
+                return conn
+            except UpstreamError:
+                conn.close()
+                if conn.got_bytes:
+                    raise
+            except BaseException:
+                conn.close()
+                raise
+        conn = await self._connect()
+        try:
+            conn.begin(request, body)
+            await wait(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def release(self, conn: _Conn) -> None:
+        """Back to the pool if the exchange ended cleanly, else closed."""
+        if conn.complete and conn.keep_alive and not conn.closed and not conn.parts:
+            conn.busy = False
+            conn.waiter = None
+            conn.listener = None
+            conn.idle_since = time.monotonic()
+            self.idle.append(conn)
+        else:
+            conn.close()
+
+    def prune(self) -> None:
+        now = time.monotonic()
+        keep = []
+        for conn in self.idle:
+            if conn.closed:
+                continue
+            if now - conn.idle_since > _IDLE_S:
+                conn.close()
+            else:
+                keep.append(conn)
+        self.idle = keep
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.close()
+        self.idle = []
+
+
+class _Relay:
+    """Relays a streamed response from the connection's own callbacks, as it arrives.
+
+    Each socket read's body bytes are written to the client within that read's callback: no
+    hand-over to the call's task, no wait for the loop's next turn. (With the hand-over, a burst
+    of 64 streams' tokens from one engine step queued every chunk behind all the other reads:
+    0.3 ms at the median and 1-2 ms at p90 between reading a chunk and writing it.) The call's
+    task only waits for the end. A write that cannot complete at once (a slow client: the ASGI
+    server's flow control) is handed to the task, which finishes it while the connection stops
+    reading (backpressure on the engine), then relaying goes on. An error status is left to the
+    task too (``outcome == "status"``).
+    """
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+        self.sink = call.sink
+        self.task: asyncio.Task[Any] | None = None
+        self.conn: _Conn | None = None
+
+    def counts(self) -> tuple[int, int | None]:
+        if self.usage is not None:
+            return self.usage
+        return max(0, self.events - 2), None  # data events less the role chunk and [DONE]
+
+    async def run(self, conn: _Conn) -> None:
+        """Relay ``conn``'s response (its request just sent) until it ends; raises its error."""
+        self.conn = conn
+        self.task = asyncio.current_task(conn.loop)
+        self.first = True
+        self.events = 0
+        self.usage: tuple[int, int | None] | None = None
+        self.outcome: str | None = None  # "complete" | "abandoned" | "status"
+        self.exc: BaseException | None = None
+        self.stalled: tuple[Coroutine[Any, Any, None], Any] | None = None
+        self.pending: tuple[bytes, bool] | None = None  # to send once a stalled start is done
+        self.turn: asyncio.Future[None] = conn.loop.create_future()  # the task's turn
+        conn.listener = self.push
+        try:
+            self.push()  # anything already there
+            while True:
+                await self.turn
+                if self.exc is not None:
+                    raise self.exc
+                if self.stalled is not None:
+                    coro, awaited = self.stalled
+                    await _finish(coro, awaited)
+                    self.stalled = None
+                    if self.pending is not None:
+                        data, last = self.pending
+                        self.pending = None
+                        await self.sink.send(data, not last)
+                if self.outcome is not None:
+                    return
+                if conn.error is not None:
+                    raise conn.error
+                self.turn = conn.loop.create_future()
+                conn.resume()
+                self.push()
+        finally:
+            if conn.listener == self.push:  # not if the pool gave it to another call since
+                conn.listener = None
+            if self.stalled is not None:
+                self.stalled[0].close()
+
+    def _yield_turn(self) -> None:
+        if not self.turn.done():
+            self.turn.set_result(None)
+
+    def _drive(self, coro: Coroutine[Any, Any, None]) -> bool:
+        """Run a sink call as far as it goes now; True if it must wait (the task finishes it)."""
+        try:
+            awaited = coro.send(None)
+        except StopIteration:
+            return False
+        self.stalled = (coro, awaited)
+        assert self.conn is not None
+        self.conn.pause()
+        self._yield_turn()
+        return True
+
+    def push(self) -> None:
+        """The connection has news (headers, body bytes, the end, an error): forward what can
+        be."""
+        if self.turn.done():
+            return  # the task has the turn
+        task = self.task
+        if task is not None and (task.cancelling() or task.done()):
+            return  # pulled back: nothing more may reach the client
+        conn = self.conn
+        assert conn is not None
+        try:
+            if self.first:
+                if not conn.headers_done:
+                    if conn.error is not None:
+                        self._yield_turn()
+                    return
+                if conn.status >= 400:
+                    self.outcome = "status"
+                    self._yield_turn()
+                    return
+            while True:
+                data = conn.take()
+                last = conn.complete and not conn.parts
+                if not data and not last:
+                    if conn.error is not None:
+                        self._yield_turn()
+                    return
+                if self.first:
+                    if not self.call.first_token():
+                        self.outcome = "abandoned"
+                        self._yield_turn()
+                        return
+                    self.first = False
+                    headers = [(b"content-type", conn.content_type or b"application/json")]
+                    if data:
+                        headers.append(_SSE_CACHE)
+                    if self._drive(self.sink.start(conn.status, headers)):
+                        self.pending = (data, last)
+                        self._count(data)
+                        if last:
+                            self._end()
+                        return
+                self._count(data)
+                if last:
+                    self._end()
+                if self._drive(self.sink.send(data, not last)):
+                    return
+                if last:
+                    self._yield_turn()
+                    return
+        except Exception as exc:  # handed to the task, which raises it
+            self.exc = exc
+            self._yield_turn()
+
+    def _count(self, data: bytes) -> None:
+        self.events += data.count(b"data:")
+        if b'"completion_tokens"' in data:
+            m = _COMPLETION_TOKENS.search(data)
+            p = _PROMPT_TOKENS.search(data)
+            if m:
+                self.usage = (int(m.group(1)), int(p.group(1)) if p else None)
+
+    def _end(self) -> None:
+        conn = self.conn
+        assert conn is not None
+        self.outcome = "complete"
+        conn.listener = None
+        conn.pool.release(conn)
+
+
+class _Suspend:
+    """``await _SUSPEND`` suspends once, a bare yield as ``asyncio.sleep(0)`` makes, with one
+    generator frame instead of its two."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield
+
+
+_SUSPEND = _Suspend()
+
+
+async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
+    """Go on with a coroutine that was run by hand up to a suspension, as its task would."""
+    while True:
+        try:
+            if awaited is None:  # a bare yield: asyncio.sleep(0)
+                await asyncio.sleep(0)
+            else:  # a future, flagged as a task takes it: unflag it, as the task would
+                awaited._asyncio_future_blocking = False
+                await awaited
+        except BaseException as exc:
+            try:
+                awaited = coro.throw(exc)
+            except StopIteration:
+                return
+            continue
+        try:
+            awaited = coro.send(None)
+        except StopIteration:
+            return
+
+
+_models_decoder = msgspec.json.Decoder()
+
+
 class OpenAIUpstream:
     pausable = False
 
@@ -68,10 +584,9 @@ class OpenAIUpstream:
         self.polarity: Polarity = cfg.priority_polarity
         self.base = cfg.url
         self._models: list[str] = list(cfg.models)
-        self._session: aiohttp.ClientSession | None = None
-        self._headers = {"Content-Type": "application/json"}
-        if cfg.api_key:
-            self._headers["Authorization"] = f"Bearer {cfg.api_key}"
+        self._pool = _Pool(cfg.url, cfg.connect_timeout_s, cfg.api_key)
+        self._heads = {route: self._pool.head("POST", path) for route, path in _PATHS.items()}
+        self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
         self._healthy = False
         self._probe: asyncio.Task[None] | None = None
 
@@ -84,13 +599,6 @@ class OpenAIUpstream:
         return list(self._models)
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.cfg.connect_timeout_s),
-            auto_decompress=False,
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-        )
         await self.check()
         self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
 
@@ -99,27 +607,28 @@ class OpenAIUpstream:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
 
     async def check(self) -> bool:
         """Probe ``GET /v1/models``; learn the model ids if none were configured."""
-        assert self._session is not None
+        conn: _Conn | None = None
         try:
-            async with self._session.get(
-                self.base + "/v1/models",
-                headers=self._headers,
-                timeout=aiohttp.ClientTimeout(total=self.cfg.connect_timeout_s),
-            ) as resp:
-                ok = resp.status == 200
-                if ok and not self.cfg.models:
-                    data = await resp.json()
-                    ids = [m["id"] for m in data.get("data", []) if "id" in m]
-                    if ids:
-                        self._models = ids
-        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError):
+            async with asyncio.timeout(self.cfg.connect_timeout_s):
+                conn = await self._pool.request(self._models_head, b"")
+                data = await conn.read_all()
+            ok = conn.status == 200
+            self._pool.release(conn)
+            conn = None
+            if ok and not self.cfg.models:
+                listed = _models_decoder.decode(data)
+                ids = [m["id"] for m in listed.get("data", []) if "id" in m]
+                if ids:
+                    self._models = ids
+        except (TimeoutError, OSError, ValueError, KeyError, TypeError, AttributeError):
             ok = False
+        finally:
+            if conn is not None:
+                conn.close()
         if ok != self._healthy:
             log.log(logging.INFO if ok else logging.WARNING,
                     "upstream %s %s", self.base, "is up" if ok else "is unreachable")
@@ -129,6 +638,7 @@ class OpenAIUpstream:
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(_PROBE_EVERY_S)
+            self._pool.prune()
             await self.check()
 
     # ------------------------------------------------------------------ one call
@@ -144,67 +654,80 @@ class OpenAIUpstream:
         raise NotImplementedError
 
     async def run(self, call: Call) -> None:
-        assert self._session is not None
+        await self._run(call, None, None)
+
+    def start_call(self, call: Call) -> Coroutine[Any, Any, None]:
+        """``run(call)``, for the driver to make a task of, with its request written *now*.
+
+        While the scheduler dispatches the request, if a kept-alive connection is free, the
+        request goes out at once: not a loop turn later when the call's task first runs (which,
+        under load, is behind a burst of relayed tokens: 0.2 ms at the median, 1-2 ms at p90).
+        The coroutine is started up to a first suspension inside its ``try``, so that a call
+        cancelled before its task ever ran still closes that connection (the engine aborts).
+        Only a task can drive it (``await`` refuses a coroutine started this way).
+        """
+        sent: _Conn | None = None
+        body: bytes | None = None
+        try:
+            body = self.body_for(call)
+            sent = self._pool.send_now(self._heads[call.job.route], body)
+        except Exception:  # raised again by the task, where it is reported as before
+            body = None
+        coro = self._run(call, body, sent)
+        if sent is not None:
+            coro.send(None)  # to the first suspension: the ``try`` below is entered
+        return coro
+
+    async def _run(self, call: Call, body: bytes | None, sent: _Conn | None) -> None:
         job = call.job
         sink = call.sink
-        body = self.body_for(call)
-        url = self.base + _PATHS[job.route]
-        resp: aiohttp.ClientResponse | None = None
+        conn: _Conn | None = sent
         try:
-            resp = await self._session.post(url, data=body, headers=self._headers)
-            ctype = resp.headers.get("Content-Type", "application/json").encode()
-            if resp.status >= 400:
-                data = await resp.read()
-                await sink.start(resp.status, [(b"content-type", ctype)])
+            if sent is not None:
+                await _SUSPEND  # where the eager start stops (see start_call)
+            if body is None:
+                body = self.body_for(call)
+            if job.stream:
+                relay = _Relay(call)
+                conn = await self._pool.request(self._heads[job.route], body, relay.run, sent)
+                if relay.outcome == "complete":
+                    conn = None  # back in the pool (or closed) already
+                    call.done(*relay.counts())
+                    return
+                if relay.outcome == "abandoned":
+                    return
+                # an error status: passed through below
+            else:
+                conn = await self._pool.request(self._heads[job.route], body, None, sent)
+            status = conn.status
+            ctype = conn.content_type or b"application/json"
+            if status >= 400:
+                data = await conn.read_all()
+                await sink.start(status, [(b"content-type", ctype)])
                 await sink.send(data, False)
-                call.failed(f"upstream_{resp.status}")
+                call.failed(f"upstream_{status}")
                 return
-            headers = [(b"content-type", ctype)]
             if not job.stream:
-                data = await resp.read()
+                data = await conn.read_all()
                 if not call.first_token():
                     return
-                await sink.start(resp.status, headers)
+                await sink.start(status, [(b"content-type", ctype)])
                 await sink.send(data, False)
                 m = _COMPLETION_TOKENS.search(data)
                 p = _PROMPT_TOKENS.search(data)
                 call.done(int(m.group(1)) if m else 0, int(p.group(1)) if p else None)
                 return
-            events = 0
-            usage: tuple[int, int | None] | None = None
-            first = True
-            async for chunk in resp.content.iter_any():
-                if first:
-                    if not call.first_token():
-                        return
-                    await sink.start(resp.status, [*headers, (b"cache-control", b"no-cache")])
-                    first = False
-                events += chunk.count(b"data:")
-                if b'"completion_tokens"' in chunk:
-                    m = _COMPLETION_TOKENS.search(chunk)
-                    p = _PROMPT_TOKENS.search(chunk)
-                    if m:
-                        usage = (int(m.group(1)), int(p.group(1)) if p else None)
-                await sink.send(chunk)
-            if first and not call.first_token():
-                return
-            if first:
-                await sink.start(resp.status, headers)
-            await sink.send(b"", False)
-            if usage is not None:
-                call.done(*usage)
-            else:  # without usage: data events less the role chunk and [DONE]
-                call.done(max(0, events - 2))
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except (TimeoutError, OSError) as exc:
             self._healthy = self._healthy and sink.started
             log.warning("upstream %s: %s", self.base, exc)
-            if resp is not None:
-                resp.close()
+            if conn is not None:
+                conn.close()
+                conn = None
             call.failed("upstream_disconnected" if sink.started else "upstream_unreachable")
-        except BaseException:
-            if resp is not None:
-                resp.close()  # cancelled: drop the connection so the engine aborts at once
-            raise
         finally:
-            if resp is not None:
-                resp.release()
+            if conn is not None:
+                # cancelled, or left early: drop the connection so that the engine aborts at once
+                if conn.complete and not conn.parts:
+                    self._pool.release(conn)
+                else:
+                    conn.close()

@@ -41,7 +41,7 @@ class Ticket:
         self.sink = sink
         self.task: asyncio.Task[None] | None = None
         # resolved once the request reached its terminal state (req.state / req.reason)
-        self.finished: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.finished: asyncio.Future[None] = driver.loop().create_future()
 
     # ---- engines.base.Call
     def level(self) -> int:
@@ -96,6 +96,15 @@ class Driver:
         self.accepting = True
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop, looked up once: on Python 3.11 every ``get_running_loop()`` costs a
+        ``getpid()`` system call."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
@@ -159,7 +168,10 @@ class Driver:
         if d.resume and t.task is not None and not t.task.done():
             eng.resume(d.req.id)
             return
-        task = asyncio.get_running_loop().create_task(eng.run(t))
+        # an engine that can start a call at once (its request written during this dispatch,
+        # not a loop turn later) says so with ``start_call``
+        start = getattr(eng, "start_call", None)
+        task = self.loop().create_task(start(t) if start is not None else eng.run(t))
         t.task = task
         task.add_done_callback(functools.partial(self._call_ended, t))
 
@@ -211,7 +223,7 @@ class Driver:
             self._timer.cancel()
         self._timer_at = nt
         delay = max(0.0, nt - self.clock()) + _TIMER_SLACK_S
-        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+        self._timer = self.loop().call_later(delay, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None

@@ -1,0 +1,487 @@
+"""The upstream engine's own HTTP/1.1 client, against a scripted server: framing (chunked,
+Content-Length, end of connection), keep-alive reuse, the one retry on a stale kept-alive
+connection, errors, and what ``OpenAIUpstream.run`` hands the sink and the call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from qosgate.engines.base import Job
+from qosgate.engines.openai_upstream import OpenAIUpstream, UpstreamError, UpstreamSettings, _Pool
+
+Script = Callable[["Scripted", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":", 1)[1])
+    body = await reader.readexactly(length) if length else b""
+    return head + body
+
+
+class Scripted:
+    """A server whose n-th connection is handled by ``script(reader, writer, n)``."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.eof_seen = asyncio.Event()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> Scripted:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            n = self.connections
+            self.connections += 1
+            try:
+                await self.script(self, reader, writer, n)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                writer.close()
+
+        self.server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+SSE = [
+    b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
+    b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
+    b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+async def _sse_response(writer: asyncio.StreamWriter) -> None:
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+    # the head split mid-line, then events one by one (as an engine writes them) and the end
+    writer.write(head[:20])
+    await writer.drain()
+    await asyncio.sleep(0.01)
+    writer.write(head[20:])
+    for ev in SSE:
+        await asyncio.sleep(0.005)
+        writer.write(_chunk(ev))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+
+
+def run(coro: Awaitable[None]) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- the pool
+def test_chunked_and_content_length_bodies_on_one_kept_alive_connection() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        srv.requests.append(await _read_request(reader))
+        await _sse_response(writer)
+        srv.requests.append(await _read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: 11\r\n\r\n{\"ok\":true}")
+        await writer.drain()
+        await reader.read()  # until the client closes
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            pool = _Pool(s.url, 2.0, "sk-up")
+            conn = await pool.request(pool.head("POST", "/v1/chat/completions"), b'{"a":1}')
+            assert conn.status == 200 and conn.content_type == b"text/event-stream"
+            got = []
+            while chunk := await conn.read_some():
+                got.append(chunk)
+            assert b"".join(got) == b"".join(SSE)
+            assert len(got) >= 3  # handed on as it arrived, not at the end
+            pool.release(conn)
+            conn2 = await pool.request(pool.head("POST", "/v1/completions"), b"{}")
+            assert conn2 is conn and await conn2.read_all() == b'{"ok":true}'
+            pool.release(conn2)
+            assert s.connections == 1
+            first = s.requests[0]
+            assert first.startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+            assert b"Authorization: Bearer sk-up\r\n" in first
+            assert b"Content-Length: 7\r\n" in first and first.endswith(b'\r\n\r\n{"a":1}')
+            pool.close()
+
+    run(main())
+
+
+def test_body_delimited_by_the_end_of_the_connection() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nhello ")
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(b"world")
+        await writer.drain()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            pool = _Pool(s.url, 2.0, None)
+            conn = await pool.request(pool.head("GET", "/x", json_body=False), b"")
+            assert await conn.read_all() == b"hello world"
+            pool.release(conn)
+            assert pool.idle == []  # not reusable
+
+    run(main())
+
+
+def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        if n == 0:  # the next request on it crosses the server's keep-alive close: no answer
+            await _read_request(reader)
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            pool = _Pool(s.url, 2.0, None)
+            head = pool.head("POST", "/v1/completions")
+            conn = await pool.request(head, b"{}")
+            assert await conn.read_all() == b"ok"
+            pool.release(conn)
+            conn2 = await pool.request(head, b"{}")
+            assert await conn2.read_all() == b"ok"
+            assert conn2 is not conn and s.connections == 2
+            pool.close()
+
+    run(main())
+
+
+def test_a_connection_broken_mid_body_fails_without_retry() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(b"data: x"))
+        await writer.drain()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            pool = _Pool(s.url, 2.0, None)
+            conn = await pool.request(pool.head("POST", "/v1/completions"), b"{}")
+            assert await conn.read_some() == b"data: x"
+            with pytest.raises(UpstreamError):
+                await conn.read_some()
+            assert s.connections == 1
+
+    run(main())
+
+
+def test_unreachable_upstream_raises_an_oserror() -> None:
+    async def main() -> None:
+        pool = _Pool("http://127.0.0.1:9", 1.0, None)  # discard port: nothing listens
+        with pytest.raises(OSError):
+            await pool.request(pool.head("POST", "/v1/completions"), b"{}")
+
+    run(main())
+
+
+# ---------------------------------------------------------------------- the engine call
+class FakeSink:
+    def __init__(self) -> None:
+        self.started = False
+        self.complete = False
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.sends: list[tuple[bytes, bool]] = []
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        self.status = status
+        self.headers = headers
+
+    async def send(self, data: bytes, more: bool = True) -> None:
+        self.sends.append((data, more))
+        self.complete = not more
+
+
+class FakeCall:
+    def __init__(self, stream: bool) -> None:
+        self.job = Job(rid="r1", route="chat", body=b'{"model":"m","stream":true}', stream=stream,
+                       model="m", max_tokens=5, prompt_tokens=3)
+        self.sink = FakeSink()
+        self.outcome: tuple[str, object] | None = None
+
+    def level(self) -> int:
+        return 1
+
+    def levels(self) -> int:
+        return 4
+
+    def first_token(self) -> bool:
+        return True
+
+    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+        self.outcome = ("done", (output_tokens, prompt_tokens))
+
+    def failed(self, reason: str, output_tokens: int = 0) -> None:
+        self.outcome = ("failed", reason)
+
+
+def _engine(url: str) -> OpenAIUpstream:
+    return OpenAIUpstream(UpstreamSettings(url=url, priority_polarity="vllm", models=("m",)))
+
+
+def test_run_streams_every_byte_and_reports_the_usage() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        srv.requests.append(await _read_request(reader))
+        await _sse_response(writer)
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=True)
+            await eng.run(call)
+            sink = call.sink
+            assert sink.status == 200
+            assert sink.headers == [(b"content-type", b"text/event-stream"),
+                                    (b"cache-control", b"no-cache")]
+            assert b"".join(d for d, _ in sink.sends) == b"".join(SSE)
+            assert [more for _, more in sink.sends][-1] is False
+            assert all(more for _, more in sink.sends[:-1])
+            assert call.outcome == ("done", (2, 7))
+            assert s.requests[0].endswith(b'\r\n\r\n{"priority":1,"model":"m","stream":true}')
+            assert len(eng._pool.idle) == 1  # kept alive for the next call
+            await eng.close()
+
+    run(main())
+
+
+def test_run_passes_an_engine_error_through() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        body = b'{"error":{"message":"nope"}}'
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=True)
+            await eng.run(call)
+            assert call.sink.status == 400
+            assert call.sink.sends == [(b'{"error":{"message":"nope"}}', False)]
+            assert call.outcome == ("failed", "upstream_400")
+            await eng.close()
+
+    run(main())
+
+
+def test_cancelling_a_call_closes_its_upstream_connection() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + _chunk(SSE[0]))
+        await writer.drain()
+        assert await reader.read() == b""  # EOF: the gateway hung up, the engine aborts
+        srv.eof_seen.set()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=True)
+            task = asyncio.create_task(eng.run(call))
+            while not call.sink.sends:
+                await asyncio.sleep(0.005)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(s.eof_seen.wait(), 2)
+            assert eng._pool.idle == []
+            await eng.close()
+
+    run(main())
+
+
+def test_unreachable_engine_fails_the_call() -> None:
+    async def main() -> None:
+        eng = _engine("http://127.0.0.1:9")
+        call = FakeCall(stream=False)
+        await eng.run(call)
+        assert call.outcome == ("failed", "upstream_unreachable")
+        assert not call.sink.started
+
+    run(main())
+
+
+class SlowSink(FakeSink):
+    """A client that reads slowly: chosen sink calls wait (as the ASGI server's flow control
+    makes them) until the gate opens."""
+
+    def __init__(self, stall_start: bool, stall_send: int | None) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.stall_start = stall_start
+        self.stall_send = stall_send
+        self.stalls = 0
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.stall_start:
+            self.stalls += 1
+            await self.gate.wait()
+        await super().start(status, headers)
+
+    async def send(self, data: bytes, more: bool = True) -> None:
+        if len(self.sends) == self.stall_send:
+            self.stalls += 1
+            await self.gate.wait()
+        await super().send(data, more)
+
+
+@pytest.mark.parametrize(("stall_start", "stall_send"), [(True, None), (False, 1), (False, 3)])
+def test_a_slow_client_gets_every_byte_in_order(stall_start: bool, stall_send: int | None) -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        await _sse_response(writer)
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=True)
+            sink = SlowSink(stall_start, stall_send)
+            call.sink = sink
+            task = asyncio.create_task(eng.run(call))
+            await asyncio.sleep(0.08)  # the engine has sent everything meanwhile
+            assert sink.stalls == 1 and not task.done()
+            sink.gate.set()
+            await asyncio.wait_for(task, 2)
+            assert b"".join(d for d, _ in sink.sends) == b"".join(SSE)
+            assert [more for _, more in sink.sends][-1] is False
+            assert all(more for _, more in sink.sends[:-1])
+            assert sink.headers[0] == (b"content-type", b"text/event-stream")
+            assert call.outcome == ("done", (2, 7))
+            await eng.close()
+
+    run(main())
+
+
+def test_nothing_is_relayed_once_the_call_is_pulled_back() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for ev in SSE:
+            await asyncio.sleep(0.01)
+            writer.write(_chunk(ev))
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=True)
+            task = asyncio.create_task(eng.run(call))
+            while not call.sink.sends:
+                await asyncio.sleep(0.002)
+            task.cancel()  # the relay sees it at once, before the task runs again
+            n = len(call.sink.sends)
+            await asyncio.sleep(0.06)
+            assert len(call.sink.sends) == n
+            assert task.cancelled()
+            await eng.close()
+
+    run(main())
+
+
+def test_a_stream_on_a_stale_kept_alive_connection_is_retried_once() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        await _sse_response(writer)
+        if n == 0:  # closed by its keep-alive timeout as the next request arrives
+            await _read_request(reader)
+            return
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            for _ in range(2):
+                call = FakeCall(stream=True)
+                await eng.run(call)
+                assert call.outcome == ("done", (2, 7))
+                assert b"".join(d for d, _ in call.sink.sends) == b"".join(SSE)
+            assert s.connections == 2
+            await eng.close()
+
+    run(main())
+
+
+def test_start_call_writes_at_once_and_a_cancel_before_its_task_ran_aborts() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        await _sse_response(writer)
+        srv.requests.append(await _read_request(reader))  # written by start_call itself
+        assert await reader.read() == b""  # then the connection is closed: the engine aborts
+        srv.eof_seen.set()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            first = FakeCall(stream=True)
+            await asyncio.create_task(eng.start_call(first))  # no free connection: a new one
+            assert first.outcome == ("done", (2, 7)) and len(eng._pool.idle) == 1
+            call = FakeCall(stream=True)
+            task = asyncio.create_task(eng.start_call(call))
+            assert eng._pool.idle == []  # taken, the request written: before the task runs
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(s.eof_seen.wait(), 2)
+            assert len(s.requests) == 1 and call.outcome is None and not call.sink.sends
+            await eng.close()
+
+    run(main())
+
+
+def test_a_large_body_is_sent_whole() -> None:
+    body = b'{"messages":"' + b"x" * 300_000 + b'"}'
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        srv.requests.append(await _read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            pool = _Pool(s.url, 2.0, None)
+            conn = await pool.request(pool.head("POST", "/v1/completions"), body)
+            assert await conn.read_all() == b"ok"
+            assert s.requests[0].endswith(b"\r\n\r\n" + body)
+            pool.close()
+
+    run(main())

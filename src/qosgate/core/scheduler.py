@@ -190,12 +190,14 @@ class Scheduler:
         limiter.admit(tokens)
         req.charged_tpm = tokens
         self.requests[req.id] = req
-        self._enqueue(req, now)
+        self._enqueue(req, now, arm=False)
         if self.free_slots:
             self._fill(now, out)
         elif self.classes[req.level].can_preempt and self.policy.preemptive:
             self._preempt_for(req, now, out)
             self._fill(now, out)
+        if req.state is QUEUED:  # a request dispatched at once needs no timer
+            self._arm(req)
         return out
 
     def first_token(self, rid: str, now: float) -> list[Decision]:
@@ -367,7 +369,7 @@ class Scheduler:
         adm = self.cfg.admission
         return min(adm.max_retry_after_s, max(adm.min_retry_after_s, seconds))
 
-    def _enqueue(self, req: Request, now: float) -> None:
+    def _enqueue(self, req: Request, now: float, arm: bool = True) -> None:
         req.move(QUEUED)
         req.enqueued_at = now
         self.policy.push(req)
@@ -375,7 +377,8 @@ class Scheduler:
         self.queued_total += 1
         req.expires_at = now + self.classes[req.class_level].queue_timeout_s
         self._set_aging(req, now)
-        self._arm(req)
+        if arm:
+            self._arm(req)
 
     def _set_aging(self, req: Request, now: float) -> None:
         req.ages_at = math.inf

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,24 @@ def test_what_the_model_cannot_do_is_a_400(
             c.completions.create(model=MODEL, max_tokens=4, **body)
     assert err.value.status_code == 400
     assert isinstance(err.value.body, dict) and err.value.body.get("param") == param
+
+
+def test_what_the_model_cannot_do_is_refused_before_admission(serve: Serve) -> None:
+    """It never queues: it is counted as refused before the scheduler (class "none"), not as a
+    request that the engine turned away after it waited for a slot."""
+    with pytest.raises(openai.BadRequestError):
+        serve.client().chat.completions.create(
+            model=MODEL, max_tokens=4, temperature=7.0,
+            messages=[{"role": "user", "content": "hi"}],
+        )
+    with urllib.request.urlopen(serve.url + "/metrics", timeout=10) as r:
+        metrics = r.read().decode()
+    refused = [
+        line for line in metrics.splitlines()
+        if line.startswith("qosgate_requests_total{") and 'reason="invalid_body"' in line
+    ]
+    assert refused and all('class="none"' in line for line in refused), refused
+    assert 'reason="engine_rejected"' not in metrics
 
 
 def test_content_parts_of_text_are_joined(serve: Serve) -> None:

@@ -60,6 +60,14 @@ class Call(Protocol):
     def failed(self, reason: str, output_tokens: int = 0) -> None: ...
 
 
+@dataclass(slots=True, frozen=True)
+class Unservable:
+    """A body an engine cannot serve: answered 400, ``param`` naming the member at fault."""
+
+    message: str
+    param: str | None = None
+
+
 class Engine(Protocol):
     name: str
     capacity: int
@@ -69,6 +77,11 @@ class Engine(Protocol):
     def ready(self) -> bool: ...
 
     def models(self) -> list[str]: ...
+
+    def check_body(self, body: bytes, route: Route) -> Unservable | None:
+        """Why this engine could not serve ``body`` (None if it can): asked before admission,
+        so a request that can never run is refused with 400 instead of queueing first."""
+        ...
 
     async def start(self) -> None: ...
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
-from qosgate.engines.base import Call
+from qosgate.engines.base import Call, Route, Unservable
 from qosgate.engines.openai_format import Formatter
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
@@ -99,6 +99,15 @@ class InProcessEngine:
     @property
     def ready(self) -> bool:
         return self._task is not None and not self._task.done()
+
+    def check_body(self, body: bytes, route: Route) -> Unservable | None:
+        if not self.text:
+            return None
+        try:
+            parse_text_request(body, route)
+        except BadTextRequest as exc:
+            return Unservable(str(exc), exc.param)
+        return None
 
     def models(self) -> list[str]:
         return list(self._models)

@@ -37,7 +37,7 @@ import httptools
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from qosgate.engines.base import Call, Job
+from qosgate.engines.base import Call, Job, Route, Unservable
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
 log = logging.getLogger("qosgate.upstream")
@@ -594,6 +594,9 @@ class OpenAIUpstream:
     @property
     def ready(self) -> bool:
         return self._healthy
+
+    def check_body(self, body: bytes, route: Route) -> Unservable | None:
+        return None  # the engine itself judges what it receives
 
     def models(self) -> list[str]:
         return list(self._models)

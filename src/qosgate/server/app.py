@@ -211,9 +211,10 @@ class Gateway:
         cls: str = _NO_CLASS,
         message: str | None = None,
         headers: Headers | None = None,
+        param: str | None = None,
     ) -> None:
         self.metrics.refused(cls, tenant, reason)
-        status, body = reason_error(reason, message)
+        status, body = reason_error(reason, message, param)
         hdrs: Headers = [(b"content-type", b"application/json")]
         if headers:
             hdrs += headers
@@ -264,6 +265,13 @@ class Gateway:
                 message=f"The model `{model}` does not exist (served: {', '.join(models)}).",
             )
             return
+        for eng in self.engines.values():
+            problem = eng.check_body(body, route)
+            if problem is not None:
+                await self._refuse(
+                    send, "invalid_body", tenant, message=problem.message, param=problem.param
+                )
+                return
         qos_class = b.qos_class
         if hc is not None:
             qos_class = hc.decode("latin-1").strip()

@@ -52,10 +52,12 @@ def retry_after_header(seconds: float | None) -> Headers:
     return [(b"retry-after", str(secs).encode())]
 
 
-def reason_error(reason: str, message: str | None = None) -> tuple[int, bytes]:
+def reason_error(
+    reason: str, message: str | None = None, param: str | None = None
+) -> tuple[int, bytes]:
     """(status, body) for a reason refused before or by the scheduler."""
     status, type_, default = _REASONS.get(reason, (400, "invalid_request_error", reason))
-    return status, error_json(message or default, type_, reason)
+    return status, error_json(message or default, type_, reason, param)
 
 
 def outcome_error(req: Request) -> tuple[int, bytes, Headers]:

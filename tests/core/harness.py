@@ -32,11 +32,9 @@ class Harness:
     finished: Counter[str] = field(default_factory=Counter)
     outcomes: dict[str, Request] = field(default_factory=dict)
     inflight: set[str] = field(default_factory=set)
-    dispatch_log: list[Request] = field(default_factory=list)
     dispatch_no: Counter[str] = field(default_factory=Counter)
     dispatches: list[Dispatch] = field(default_factory=list)
     output_of: dict[str, int] = field(default_factory=dict)
-    submitted: int = 0
     ids: int = 0
 
     def submit(
@@ -58,7 +56,6 @@ class Harness:
             max_tokens or min(output, 4096),
         )
         self.output_of[rid] = output
-        self.submitted += 1
         self.apply(self.sched.submit(req, self.now))
         return req
 
@@ -72,7 +69,6 @@ class Harness:
                 assert d.req.id not in self.inflight, f"{d.req.id} dispatched twice at once"
                 assert self.finished[d.req.id] == 0, f"{d.req.id} dispatched after its end"
                 self.inflight.add(d.req.id)
-                self.dispatch_log.append(d.req)
                 self.dispatches.append(d)
                 lower_dispatched |= not self.sched.classes[d.req.level].strict
                 self.dispatch_no[d.req.id] += 1

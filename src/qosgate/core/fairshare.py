@@ -42,9 +42,6 @@ class FairShare(Generic[K]):
     def set_weight(self, key: K, weight: float) -> None:
         self._weight[key] = weight
 
-    def is_active(self, key: K) -> bool:
-        return key in self._active
-
     def activate(self, key: K) -> None:
         """``key`` became backlogged: lift it so idle time earns no credit (VTC)."""
         floor = self._min_active() if self._active else self._last_left

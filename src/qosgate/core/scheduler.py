@@ -301,17 +301,17 @@ class Scheduler:
         )
         if verdict is not None:
             reason, wait = verdict
-            return reason, self._clamp_retry(wait or self._slot_wait(req.level, now))
+            return reason, self._clamp_retry(wait or self._slot_wait(now))
         cls = self.classes[req.level]
         if len(self.queued[req.class_level]) >= cls.max_queue:
-            return "class_queue_full", self._clamp_retry(self._slot_wait(req.level, now))
+            return "class_queue_full", self._clamp_retry(self._slot_wait(now))
         if cls.deadline_admission and self.policy.class_aware:
             predicted = self.predicted_wait(req.level, now)
             budget = req.deadline - now
             if predicted is not None and predicted > budget:
                 return "deadline_infeasible", self._clamp_retry(predicted - budget)
         if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
-            return "queue_full", self._clamp_retry(self._slot_wait(req.level, now))
+            return "queue_full", self._clamp_retry(self._slot_wait(now))
         return None
 
     def _displace_for(self, req: Request, now: float, out: list[Decision]) -> bool:
@@ -325,7 +325,7 @@ class Scheduler:
             if bucket:
                 victim = bucket[next(reversed(bucket))]
                 self._unqueue(victim)
-                victim.retry_after = self._clamp_retry(self._slot_wait(victim.level, now))
+                victim.retry_after = self._clamp_retry(self._slot_wait(now))
                 victim.move(REJECTED, "displaced")
                 self._release_tenant(victim, 0)
                 self._record(victim, now, out)
@@ -361,7 +361,7 @@ class Scheduler:
             return None
         return (ahead + 1 - room) / rate
 
-    def _slot_wait(self, level: int, now: float) -> float:
+    def _slot_wait(self, now: float) -> float:
         rate = self.completions.value(now)
         return 1.0 / rate if rate > 0 else 0.0
 
@@ -554,30 +554,3 @@ class Scheduler:
         # the state is a StrEnum: it is its own label string
         self.outcomes[(req.service_class, req.tenant, req.state, req.reason)] += 1
         out.append(Finished(req))
-
-    # ---------------------------------------------------------------- introspection
-    def snapshot(self, now: float) -> dict[str, object]:
-        """Queue depth, oldest wait and in-flight per class, tenant and replica."""
-        classes: dict[str, dict[str, float]] = {}
-        tenants: dict[str, dict[str, float]] = {}
-        for cls, bucket in zip(self.classes, self.queued, strict=False):
-            oldest = max((now - r.arrival for r in bucket.values()), default=0.0)
-            classes[cls.name] = {"queued": len(bucket), "inflight": 0, "oldest_wait_s": oldest}
-            for r in bucket.values():
-                t = tenants.setdefault(r.tenant, {"queued": 0, "inflight": 0})
-                t["queued"] += 1
-        replicas: dict[str, dict[str, int]] = {}
-        for rep in self.replicas.values():
-            replicas[rep.name] = {"capacity": rep.capacity, "inflight": len(rep.inflight)}
-            for r in rep.inflight.values():
-                classes[r.service_class]["inflight"] += 1
-                t = tenants.setdefault(r.tenant, {"queued": 0, "inflight": 0})
-                t["inflight"] += 1
-        return {
-            "policy": self.policy.name,
-            "classes": classes,
-            "tenants": tenants,
-            "replicas": replicas,
-            "queued_total": self.queued_total,
-            "free_slots": self.free_slots,
-        }

@@ -31,6 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from qosgate.core import Request, Scheduler, State
+from qosgate.server.status import status_view
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
@@ -75,12 +76,10 @@ class _StateCollector:
             total.add_metric([cls, tenant, outcome, reason], n)
         yield total
 
-        snap = sched.snapshot(self.clock())
-        classes = snap["classes"]
-        tenants = snap["tenants"]
-        replicas = snap["replicas"]
-        assert isinstance(classes, dict) and isinstance(tenants, dict)
-        assert isinstance(replicas, dict)
+        view = status_view(sched, self.clock())  # the same view /v1/qos/status serves
+        classes = view["classes"]
+        tenants = view["tenants"]
+        replicas = view["replicas"]
         depth = GaugeMetricFamily("qosgate_queue_depth", "Queued requests.", labels=["class"])
         oldest = GaugeMetricFamily(
             "qosgate_queue_oldest_wait_seconds", "Wait of the oldest queued request.",

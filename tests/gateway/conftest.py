@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +28,26 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, args: list[str], port: int, ready_path: str, log: Path) -> None:
+    """A server process on ``port``, ready once ``ready_path`` answers 200; ``stop`` sends SIGTERM
+    (a model that loads, or requests that drain, may want the longer timeouts)."""
+
+    def __init__(
+        self,
+        args: list[str],
+        port: int,
+        ready_path: str,
+        log: Path,
+        ready_timeout: float = 30.0,
+        stop_timeout: float = 10.0,
+    ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
+        self.stop_timeout = stop_timeout
         self._log_f = log.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
         self.proc = subprocess.Popen(args, stdout=self._log_f, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {log.read_text()}")
@@ -54,7 +66,7 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -72,14 +84,13 @@ def start_standin(tmp: Path, *args: str) -> Server:
     )
 
 
+def gateway_args(port: int, *args: str) -> list[str]:
+    return [*QOSGATE, "serve", "--port", str(port), "--log-level", "warning", *args]
+
+
 def start_gateway(tmp: Path, *args: str) -> Server:
     port = free_port()
-    return Server(
-        [*QOSGATE, "serve", "--port", str(port), "--log-level", "warning", *args],
-        port,
-        "/readyz",
-        tmp / f"gateway-{port}.log",
-    )
+    return Server(gateway_args(port, *args), port, "/readyz", tmp / f"gateway-{port}.log")
 
 
 @pytest.fixture(scope="session")
@@ -130,8 +141,7 @@ def metric_values(text: str, name: str) -> dict[tuple[tuple[str, str], ...], flo
     return out
 
 
-def wait_until(cond: object, timeout: float = 5.0, every: float = 0.02) -> bool:
-    assert callable(cond)
+def wait_until(cond: Callable[[], object], timeout: float = 5.0, every: float = 0.02) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):

@@ -8,15 +8,7 @@ Everything is kept small (max_tokens <= 64, a few requests): the folder runs on 
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +26,7 @@ from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
 from qosgate.server.app import Gateway
 from qosgate.server.run import build_gateway
 from qosgate.server.settings import settings_from_mapping
+from tests.gateway.conftest import Server, free_port, gateway_args, wait_until
 
 try:
     MODEL_PATH = default_model_path()
@@ -43,20 +36,6 @@ except FileNotFoundError as exc:  # pragma: no cover - depends on the environmen
 MODEL = "smollm2-135m-instruct"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 20.0, every: float = 0.01) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if cond():
-                return True
-        time.sleep(every)
-    return False
 
 
 class InProcGateway:
@@ -121,48 +100,14 @@ def gateway_factory() -> Iterator[Callable[..., InProcGateway]]:
         gw.stop()
 
 
-class Serve:
-    """``qosgate serve`` as a subprocess on a free port."""
+class Serve(Server):
+    """``qosgate serve`` as a subprocess on a free port (loading the model takes a while)."""
 
     def __init__(self, log: Path, *args: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self._f = log.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
-        cmd = [sys.executable, "-m", "qosgate.cli", "serve", "--port", str(self.port),
-               "--log-level", "warning", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._f, stderr=subprocess.STDOUT, env=env)
-
-        def ready() -> bool:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"qosgate serve exited: {log.read_text()}")
-            with urllib.request.urlopen(self.url + "/readyz", timeout=1) as r:
-                return bool(r.status == 200)
-
-        ok = False
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not ok:
-            try:
-                ok = ready()
-            except RuntimeError:
-                raise
-            except OSError:
-                time.sleep(0.05)
-        if not ok:
-            self.stop()
-            raise RuntimeError(f"qosgate serve not ready: {log.read_text()}")
+        port = free_port()
+        super().__init__(
+            gateway_args(port, *args), port, "/readyz", log, ready_timeout=60, stop_timeout=20
+        )
 
     def client(self, **kw: Any) -> OpenAI:
         return OpenAI(base_url=self.url + "/v1", api_key="test", max_retries=0, **kw)
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._f.close()
-        return self.proc.returncode

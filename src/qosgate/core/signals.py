@@ -1,0 +1,21 @@
+"""What an engine says about its own load: the facts ``Scheduler.observe`` takes.
+
+The runtime fills one from a scrape of an upstream's ``/metrics`` (vLLM, SGLang, llama.cpp
+server), the simulator and the in-process engines from their own state. Every field is optional:
+an engine that does not export a figure leaves it None, and a controller that needs it does
+nothing with that sample. ``at`` is the driver's clock when the figures were read, so that stale
+data can be told from fresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSignals:
+    at: float
+    running: int | None = None  # sequences the engine is running now
+    waiting: int | None = None  # sequences waiting inside the engine (its own queue)
+    kv_usage: float | None = None  # KV cache in use, a fraction 0..1
+    preemptions_total: int | None = None  # engine-side preemptions since it started (a counter)

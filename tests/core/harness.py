@@ -45,6 +45,7 @@ class Harness:
         output: int = 50,
         max_tokens: int | None = None,
         priority: int | None = None,
+        model: str = "",
     ) -> Request:
         self.ids += 1
         rid = f"q{self.ids}"
@@ -54,6 +55,7 @@ class Harness:
             self.now,
             prompt,
             max_tokens or min(output, 4096),
+            model,
         )
         self.output_of[rid] = output
         self.apply(self.sched.submit(req, self.now))
@@ -62,15 +64,21 @@ class Harness:
     def cancel(self, rid: str) -> None:
         self.apply(self.sched.cancel(rid, self.now))
 
+    def fail_attempt(self, rid: str, **kind: object) -> None:
+        """The engine call of a dispatched request failed before its first token."""
+        self.inflight.discard(rid)  # that call is gone, whatever the core decides
+        self.apply(self.sched.attempt_failed(rid, self.now, "upstream_500", **kind))  # type: ignore[arg-type]
+
     def apply(self, decisions: list[object]) -> None:
-        lower_dispatched = False
+        lower_to: set[str] = set()  # replicas a lower band was dispatched to
         for d in decisions:
             if isinstance(d, Dispatch):
                 assert d.req.id not in self.inflight, f"{d.req.id} dispatched twice at once"
                 assert self.finished[d.req.id] == 0, f"{d.req.id} dispatched after its end"
                 self.inflight.add(d.req.id)
                 self.dispatches.append(d)
-                lower_dispatched |= not self.sched.classes[d.req.level].strict
+                if not self.sched.classes[d.req.level].strict:
+                    lower_to.add(d.replica)
                 self.dispatch_no[d.req.id] += 1
                 job = Job(d.req.id, self.output_of[d.req.id], self.dispatch_no[d.req.id])
                 self._at(self.now + self.prefill_s, "first", job)
@@ -85,11 +93,15 @@ class Harness:
                 self.inflight.discard(d.req.id)
                 self.outcomes[d.req.id] = d.req
         self.check()
-        if lower_dispatched and self.sched.policy.preemptive:
-            waiting = [r for r in self.sched.requests.values() if r.state is State.QUEUED]
-            assert not any(self.sched.classes[r.level].strict for r in waiting), (
-                "a lower band was dispatched while realtime waited"
-            )
+        if lower_to and self.sched.policy.preemptive:
+            # ... while a realtime request that replica could have taken waited
+            for r in self.sched.requests.values():
+                if r.state is not State.QUEUED or not self.sched.classes[r.level].strict:
+                    continue
+                for name in lower_to:
+                    rep = self.sched.replicas[name]
+                    could = rep.serves(r.model) and r.replica in (None, name)
+                    assert not could, "a lower band was dispatched while realtime waited"
 
     def _at(self, when: float, kind: str, job: Job) -> None:
         self.seq += 1
@@ -126,11 +138,18 @@ class Harness:
         assert len(queued) == s.queued_total == len(s.policy) == sum(len(q) for q in s.queued)
         assert {r.id for r in running} == self.inflight
         assert all(not r.state.terminal for r in s.requests.values())
-        free = sum(max(0, rep.capacity - len(rep.inflight)) for rep in s.replicas.values())
+        usable = [rep for rep in s.replicas.values() if rep.eligible(self.now)]
+        free = sum(rep.free for rep in usable)
         assert free == s.free_slots
         assert sum(len(rep.inflight) for rep in s.replicas.values()) == len(running)
-        # work-conserving: nothing waits while a slot it could use is free (a request paused on
-        # an in-process engine can only resume on that replica, where its state lives)
+        for r in running:  # never sent to a replica that does not serve its model
+            assert s.replicas[r.replica or ""].serves(r.model)
+        # work-conserving: nothing waits while a slot it could use is free -- on a replica
+        # that may take work now and serves its model (a request paused on an in-process
+        # engine can only resume on that replica, where its state lives)
         for r in queued:
-            usable = s.free_slots if r.replica is None else s.replicas[r.replica].free
-            assert usable == 0, f"{r.id} waits while a slot it could use is free"
+            if r.replica is not None:
+                room = s.replicas[r.replica].free if s.replicas[r.replica] in usable else 0
+            else:
+                room = sum(rep.free for rep in usable if rep.serves(r.model))
+            assert room == 0, f"{r.id} waits while a slot it could use is free"

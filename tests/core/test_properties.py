@@ -249,3 +249,89 @@ def test_qos_inputs_are_all_reachable() -> None:
     s = Scheduler(default_config(), "qos", [ReplicaSpec("r0", 1)])
     got = {s.make_request(c, QosInputs(qos_class=c), 0, 1, 1).service_class for c in CLASSES}
     assert got == set(CLASSES)
+
+
+fleet_op = st.one_of(
+    st.tuples(
+        st.just("submit"),
+        st.integers(0, 3),  # class
+        st.integers(0, 2),  # tenant
+        st.integers(1, 2000),  # prompt tokens
+        st.integers(1, 400),  # output tokens
+        st.sampled_from(["m1", "m2", ""]),  # model
+    ),
+    st.tuples(st.just("advance"), st.floats(0.0, 5.0)),
+    st.tuples(st.just("cancel"), st.integers(0, 10_000)),
+    st.tuples(st.just("capacity"), st.integers(0, 3), st.integers(0, 4)),
+    st.tuples(st.just("probe"), st.integers(0, 3), st.booleans()),
+    st.tuples(
+        st.just("fail"),
+        st.integers(0, 10_000),
+        st.sampled_from(["fault", "unreachable", "backpressure", "final"]),
+    ),
+)
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(fleet_op, min_size=1, max_size=150))
+def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
+    policy: str, ops: list[tuple[object, ...]]
+) -> None:
+    """Two models on four replicas (one pausable, one serving both); replicas go down and come
+    back, windows change, attempts fail (faults that eject, back-pressure that cools, refused
+    connections) and are retried: every request still ends exactly once, the books balance,
+    nothing is sent to a replica that does not serve its model or may not take work, and
+    nothing waits while a replica that could take it has room."""
+    from qosgate.config import Fleet, Outlier, Retries
+
+    cfg = default_config(
+        policy=policy,
+        tenants=_config(policy).tenants,  # type: ignore[attr-defined]
+        admission=Admission(max_queue_total=25, max_prompt_tokens=1800),
+        fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=3.0),
+                    retries=Retries(max_attempts=3, min_retries=2)),
+    )
+    names = ["r0", "r1", "r2", "r3"]
+    sched = Scheduler(
+        cfg,
+        policy,
+        [
+            ReplicaSpec("r0", 2, models=("m1",)),
+            ReplicaSpec("r1", 1, models=("m1",), pausable=True),
+            ReplicaSpec("r2", 2, models=("m2",)),
+            ReplicaSpec("r3", 1, models=("m1", "m2")),
+        ],
+    )
+    h = Harness(sched)
+    keys = ["ka", "kb", "kc"]
+    for o in ops:
+        kind = o[0]
+        if kind == "submit":
+            _, c, t, prompt, output, model = o
+            h.submit(CLASSES[c], keys[t], prompt=prompt, output=output,  # type: ignore[index]
+                     model=model)  # type: ignore[arg-type]
+        elif kind == "advance":
+            h.run_until(h.now + o[1])  # type: ignore[operator]
+        elif kind == "cancel" and h.ids:
+            h.cancel(f"q{o[1] % h.ids + 1}")  # type: ignore[operator]
+        elif kind == "capacity":
+            h.apply(sched.set_capacity(names[o[1]], o[2], h.now))  # type: ignore[index,arg-type]
+        elif kind == "probe":
+            h.apply(sched.observe(names[o[1]], h.now, up=o[2]))  # type: ignore[index,arg-type]
+        elif kind == "fail":
+            # a running one too: after its first byte it is never retried, it fails
+            dispatched = sorted(r.id for r in sched.requests.values()
+                                if r.state in (State.DISPATCHED, State.RUNNING))
+            if dispatched:
+                rid = dispatched[o[1] % len(dispatched)]  # type: ignore[operator]
+                how = {"fault": {}, "unreachable": {"unreachable": True},
+                       "backpressure": {"backpressure": True, "retry_after": 2.0},
+                       "final": {"retryable": False}}[o[2]]  # type: ignore[index]
+                h.fail_attempt(rid, **how)
+    for name in names:  # everything comes back
+        h.apply(sched.observe(name, h.now, up=True))
+        h.apply(sched.set_capacity(name, 2, h.now))
+    h.run_until(h.now + 10_000)  # everything ends: completed, failed or timed out
+    assert not sched.requests and sched.queued_total == 0
+    assert sched._retrying == 0

@@ -63,10 +63,10 @@ def test_realtime_pauses_batch_and_batch_resumes_without_loss() -> None:
     batch, rt, preemptions = asyncio.run(run())
     assert rt.req.state is State.COMPLETED and batch.req.state is State.COMPLETED
     assert preemptions == 1
-    assert isinstance(batch.sink, Sink)
+    assert isinstance(batch.client, Sink)
     # every token exactly once: 60 token chunks, then the finish chunk and [DONE]
-    assert batch.sink.data.count(b'"finish_reason":null') == 60
-    assert batch.sink.data.endswith(b"data: [DONE]\n\n")
+    assert batch.client.data.count(b'"finish_reason":null') == 60
+    assert batch.client.data.endswith(b"data: [DONE]\n\n")
     assert batch.req.output_tokens == 60
     assert rt.req.finished_at is not None and batch.req.finished_at is not None
     assert rt.req.finished_at < batch.req.finished_at

@@ -233,14 +233,20 @@ class FakeCall:
     def levels(self) -> int:
         return 4
 
-    def first_token(self) -> bool:
-        return True
+    def progress(self, tokens: int) -> None:
+        self.streamed = tokens
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         self.outcome = ("done", (output_tokens, prompt_tokens))
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         self.outcome = ("failed", reason)
+
+    def attempt_failed(self, reason: str, **how: object) -> None:
+        self.outcome = ("attempt_failed", (reason, how))
+
+    def timed_out(self, reason: str) -> None:
+        self.outcome = ("timed_out", reason)
 
 
 def _engine(url: str) -> OpenAIUpstream:
@@ -323,12 +329,13 @@ def test_cancelling_a_call_closes_its_upstream_connection() -> None:
     run(main())
 
 
-def test_unreachable_engine_fails_the_call() -> None:
+def test_unreachable_engine_is_a_failed_attempt_that_marks_it_down() -> None:
     async def main() -> None:
         eng = _engine("http://127.0.0.1:9")
         call = FakeCall(stream=False)
         await eng.run(call)
-        assert call.outcome == ("failed", "upstream_unreachable")
+        assert call.outcome == ("attempt_failed", ("upstream_unreachable",
+                                                   {"unreachable": True}))
         assert not call.sink.started
 
     run(main())

@@ -130,9 +130,9 @@ def check_against_alone(victim: Ticket, rt: Ticket | None, gated: Gated, alone: 
     assert victim.req.state is State.COMPLETED and rt.req.state is State.COMPLETED
     assert victim.req.preemptions == 1
     assert gated.adds == ["v", "r"]  # paused, not aborted and added again
-    assert isinstance(victim.sink, Sink) and isinstance(alone.sink, Sink)
-    assert victim.sink.contents() == alone.sink.contents()  # each token once, in order
-    assert victim.sink.data.count(b"data: [DONE]") == 1
+    assert isinstance(victim.client, Sink) and isinstance(alone.client, Sink)
+    assert victim.client.contents() == alone.client.contents()  # each token once, in order
+    assert victim.client.data.count(b"data: [DONE]") == 1
     assert victim.req.output_tokens == alone.req.output_tokens == N
 
 

@@ -54,6 +54,7 @@ _LEGAL: dict[State, frozenset[State]] = {
     State.QUEUED: frozenset({State.DISPATCHED, State.REJECTED, State.TIMED_OUT, State.CANCELLED}),
     State.DISPATCHED: frozenset(
         {
+            State.QUEUED,  # its attempt failed before the first byte: re-queued for a retry
             State.RUNNING,
             State.PREEMPTED,
             State.COMPLETED,
@@ -76,8 +77,10 @@ class IllegalTransition(RuntimeError):
 class Request:
     """One inference request.
 
-    ``level`` is the queue band the request currently waits in (aging lowers it); ``service_class``
-    (level ``class_level``) is the class it is served, charged and counted as. ``deadline`` is the
+    ``first_token_at`` is when the first byte reached the client (the line after which it is
+    never retried, nor preempted by abort). ``level`` is the queue band the request currently
+    waits in (aging lowers it); ``service_class`` (level ``class_level``) is the class it is
+    served, charged and counted as. ``deadline`` is the
     absolute time its first token is due. ``gen`` changes on every transition, so timers set in an
     earlier state are recognised as stale without searching for them.
     """
@@ -85,6 +88,7 @@ class Request:
     __slots__ = (
         "ages_at",
         "arrival",
+        "avoid",
         "charged_tpm",
         "class_level",
         "cost",
@@ -93,12 +97,14 @@ class Request:
         "enqueued_at",
         "est_output_tokens",
         "expires_at",
+        "failures",
         "finished_at",
         "first_token_at",
         "gen",
         "id",
         "level",
         "max_tokens",
+        "model",
         "output_tokens",
         "preemptions",
         "promotions",
@@ -110,6 +116,7 @@ class Request:
         "seq",
         "service_class",
         "state",
+        "streamed",
         "tenant",
     )
 
@@ -126,6 +133,7 @@ class Request:
         *,
         requested_class: str | None = None,
         est_output_tokens: int | None = None,
+        model: str = "",
     ) -> None:
         self.id = id
         self.tenant = tenant
@@ -155,6 +163,10 @@ class Request:
         self.promotions = 0
         self.retry_after: float | None = None
         self.charged_tpm = 0
+        self.model = model  # "" = any replica may serve it
+        self.failures = 0  # attempts that failed before the first byte
+        self.avoid: str | None = None  # the replica its last attempt failed on
+        self.streamed = 0  # output tokens sent to the client so far (``progress``)
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in _LEGAL.get(self.state, frozenset()):

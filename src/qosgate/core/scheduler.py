@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from qosgate.config import QosConfig, ServiceClass, TenantLimits
@@ -20,6 +20,16 @@ from qosgate.core.classifier import Classifier, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.policies import Policy, build_policy
 from qosgate.core.ratelimit import TenantLimiter
+from qosgate.core.replica import (
+    AlwaysClosed,
+    Breaker,
+    FixedLimit,
+    Limit,
+    OutlierDetector,
+    Replica,
+    Router,
+    build_router,
+)
 from qosgate.core.request import (
     CANCELLED,
     COMPLETED,
@@ -33,6 +43,8 @@ from qosgate.core.request import (
     Request,
     State,
 )
+from qosgate.core.signals import LoadSignals
+from qosgate.core.snapshot import ClassView, ReplicaView, Snapshot, TenantView
 
 
 @dataclass(slots=True)
@@ -40,20 +52,11 @@ class ReplicaSpec:
     name: str
     capacity: int
     pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
+    models: tuple[str, ...] = ()  # model ids it serves; empty = any
+    up: bool = True  # until its first health probe says otherwise
 
 
-class Replica:
-    __slots__ = ("capacity", "inflight", "name", "pausable")
-
-    def __init__(self, spec: ReplicaSpec) -> None:
-        self.name = spec.name
-        self.capacity = spec.capacity
-        self.pausable = spec.pausable
-        self.inflight: dict[str, Request] = {}
-
-    @property
-    def free(self) -> int:
-        return max(0, self.capacity - len(self.inflight))
+_HOLD_MAX = 256  # requests set aside in one fill because no replica of theirs has room
 
 
 class DecayingRate:
@@ -98,6 +101,7 @@ class Scheduler:
         cfg: QosConfig,
         policy: str | None = None,
         replicas: Iterable[ReplicaSpec] = (),
+        router: Router | None = None,
     ) -> None:
         self.cfg = cfg
         self.policy: Policy = build_policy(cfg, policy)
@@ -114,7 +118,22 @@ class Scheduler:
         self.queued: list[dict[str, Request]] = [{} for _ in self.classes]
         self.queued_total = 0
         self.replicas: dict[str, Replica] = {}
+        self.router: Router = router if router is not None else build_router(cfg.fleet.router)
+        # replicas that may take work now; free_slots counts only their room
+        self._usable: list[Replica] = []
+        self._usable_names: set[str] = set()
+        self._any_model = True  # every usable replica serves every model: no model filter
+        # models some up replica serves (None: one serves any model, or there is no replica)
+        self._up_models: frozenset[str] | None = None
+        self._next_change = math.inf  # when a cooling or an ejection ends
         self.free_slots = 0
+        self._retrying = 0  # live requests on a retry (for the retry budget)
+        self._seed = cfg.fleet.seed
+        # (class, replica, reason) -> count of attempts that failed before the first byte, and of
+        # those that were retried; preemptions per class
+        self.attempt_failures: Counter[tuple[str, str, str]] = Counter()
+        self.retries: Counter[tuple[str, str, str]] = Counter()
+        self.preemptions: Counter[str] = Counter()
         self._preemptible: dict[str, Request] = {}
         self._timers: list[tuple[float, int, Request, int]] = []
         self._aging = cfg.aging.enabled and self.policy.class_aware
@@ -135,6 +154,7 @@ class Scheduler:
         now: float,
         prompt_tokens: int,
         max_tokens: int,
+        model: str = "",
     ) -> Request:
         """Classify and build a request; raises QosInputError for unusable QoS inputs."""
         c = self.classifier.classify(inputs)
@@ -150,33 +170,103 @@ class Scheduler:
             max_tokens,
             requested_class=c.requested_class,
             est_output_tokens=int(est),
+            model=model,
         )
         req.cost = self._wp * prompt_tokens + self._wq * est
         return req
 
     # ---------------------------------------------------------------- replicas
-    def add_replica(self, spec: ReplicaSpec) -> None:
+    def add_replica(self, spec: ReplicaSpec, limit: Limit | None = None) -> None:
         if spec.name in self.replicas:
             raise ValueError(f"replica {spec.name!r} exists")
-        self.replicas[spec.name] = Replica(spec)
-        self.free_slots += spec.capacity
+        o = self.cfg.fleet.outlier
+        breaker: Breaker = (
+            OutlierDetector(
+                o.consecutive_failures, o.base_ejection_s, o.max_ejection_s, o.jitter,
+                seed=self._seed + len(self.replicas),
+            )
+            if o.enabled
+            else AlwaysClosed()
+        )
+        self.replicas[spec.name] = Replica(
+            spec.name,
+            limit if limit is not None else FixedLimit(spec.capacity),
+            models=spec.models,
+            pausable=spec.pausable,
+            breaker=breaker,
+            up=spec.up,
+        )
+        self._refresh(-math.inf)
 
     def set_capacity(self, name: str, capacity: int, now: float) -> list[Decision]:
-        """Change a replica's window (adaptive concurrency); in-flight work is never cut."""
+        """Set a fixed window (tests, operators); in-flight work is never cut."""
         rep = self.replicas[name]
-        self.free_slots -= rep.free
-        rep.capacity = max(0, capacity)
-        self.free_slots += rep.free
+        if not isinstance(rep.limit, FixedLimit):
+            raise TypeError(f"replica {name!r} has an adaptive window")
+        rep.limit.set(capacity)
         out: list[Decision] = []
         self._advance(now, out)
+        self._refresh(now)
         self._fill(now, out)
         return out
+
+    def observe(
+        self,
+        name: str,
+        now: float,
+        *,
+        up: bool | None = None,
+        models: Sequence[str] | None = None,
+        signals: LoadSignals | None = None,
+    ) -> list[Decision]:
+        """What a health probe or a metrics scrape found out about a replica."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        rep = self.replicas.get(name)
+        if rep is None:
+            return out
+        if up is not None:
+            rep.up = up
+        if models is not None:
+            rep.models = frozenset(models)
+        if signals is not None:
+            rep.signals = signals
+        self._refresh(now)
+        self._fill(now, out)
+        return out
+
+    def _refresh(self, now: float) -> None:
+        """Recount which replicas may take work (and their room) after a change of health,
+        cooling, ejection or window."""
+        usable = [r for r in self.replicas.values() if r.eligible(now)]
+        self._usable = usable
+        self._usable_names = {r.name for r in usable}
+        self._any_model = all(not r.models for r in usable)
+        up = [r for r in self.replicas.values() if r.up]
+        if not self.replicas or any(not r.models for r in up):
+            self._up_models = None
+        else:
+            self._up_models = frozenset(m for r in up for m in r.models)
+        self.free_slots = sum(r.free for r in usable)
+        nxt = math.inf
+        for r in self.replicas.values():
+            t = r.next_change()
+            if t is not None and now < t < nxt:
+                nxt = t
+        self._next_change = nxt
+
+    def _sampled(self, rep: Replica, now: float, latency: float, dropped: bool) -> None:
+        """Tell a replica's window how an attempt went; its room changes with it."""
+        before = rep.free
+        rep.limit.on_sample(now, latency, len(rep.inflight), dropped)
+        if rep.name in self._usable_names:
+            self.free_slots += rep.free - before
 
     # ---------------------------------------------------------------- events
     def submit(self, req: Request, now: float) -> list[Decision]:
         out: list[Decision] = []
         timers = self._timers
-        if timers and timers[0][0] <= now:
+        if (timers and timers[0][0] <= now) or now >= self._next_change:
             self._advance(now, out)
         limiter = self._limiter(req.tenant, now)
         refusal = self._admission(req, limiter, now, out)
@@ -200,22 +290,122 @@ class Scheduler:
             self._arm(req)
         return out
 
-    def first_token(self, rid: str, now: float) -> list[Decision]:
-        """The engine produced the first token since (re)dispatch. Ignored if the request was
-        pulled back meanwhile: the driver checks ``req.state`` before forwarding anything."""
-        out: list[Decision] = []
-        timers = self._timers
-        if timers and timers[0][0] <= now:
-            self._advance(now, out)
+    def first_byte(self, rid: str, now: float) -> bool:
+        """The first byte of ``rid``'s response is about to reach its client: from here on it is
+        never retried, nor preempted by abort. False if it may not be sent (the request was
+        pulled back or ended meanwhile): the caller then sends nothing.
+
+        On a pausable engine a request paused after its first byte still delivers the tokens
+        of its last step, in order; that is no new first byte and is allowed."""
         req = self.requests.get(rid)
-        if req is not None and req.state is DISPATCHED:
+        if req is None:
+            return False
+        state = req.state
+        if state is RUNNING:
+            return True
+        if state is DISPATCHED:
             req.move(RUNNING)
             if req.first_token_at is None:
                 req.first_token_at = now
             rep = self.replicas.get(req.replica or "")
-            if rep is None or not rep.pausable:
-                self._preemptible.pop(rid, None)
+            if rep is not None:
+                if not rep.pausable:
+                    self._preemptible.pop(rid, None)
+                rep.breaker.on_result(now, True)
+                self._sampled(rep, now, now - (req.dispatched_at or now), False)
+            return True
+        return state is QUEUED and req.replica is not None and req.first_token_at is not None
+
+    def first_token(self, rid: str, now: float) -> list[Decision]:
+        """``first_byte`` for drivers with no client (the simulator, tests): the first token is
+        the first byte."""
+        out: list[Decision] = []
+        timers = self._timers
+        if (timers and timers[0][0] <= now) or now >= self._next_change:
+            self._advance(now, out)
+        self.first_byte(rid, now)
         return out
+
+    def progress(self, rid: str, tokens: int) -> None:
+        """``tokens`` output tokens have reached the client so far: what a cancel or a failure
+        mid-stream charges the tenant."""
+        req = self.requests.get(rid)
+        if req is not None and tokens > req.streamed:
+            req.streamed = tokens
+
+    def attempt_failed(
+        self,
+        rid: str,
+        now: float,
+        reason: str,
+        *,
+        retryable: bool = True,
+        unreachable: bool = False,
+        backpressure: bool = False,
+        retry_after: float | None = None,
+    ) -> list[Decision]:
+        """An engine call failed before the first byte reached the client. The replica learns
+        of it (``unreachable``: it is down until a probe says otherwise; ``backpressure``: the
+        engine said 429/503, it is cooled for ``retry_after`` and its window told, not counted
+        as a fault). The request is re-queued in its place (same deadline) for another replica
+        while its attempts and the retry budget allow; else it ends ``failed`` (or
+        ``timed_out`` for a timeout reason)."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        req = self.requests.get(rid)
+        if req is None or req.state is not DISPATCHED:
+            if req is not None and req.state is RUNNING:  # a byte went out: never retried
+                return self._end_running(rid, now, FAILED, reason, 0, None)
+            self._fill(now, out)
+            return out
+        rep = self.replicas.get(req.replica or "")
+        name = req.replica or ""
+        self.attempt_failures[(req.service_class, name, reason)] += 1
+        if rep is not None:
+            if backpressure:
+                wait = retry_after if retry_after is not None else self.cfg.fleet.cooldown_s
+                rep.cooled_until = max(rep.cooled_until, now + wait)
+                rep.limit.on_sample(now, now - (req.dispatched_at or now), len(rep.inflight), True)
+            else:
+                rep.breaker.on_result(now, False)
+            if unreachable:
+                rep.up = False
+        self._release_slot(req)
+        self._refresh(now)
+        req.failures += 1
+        retry = retryable and req.failures < self.cfg.fleet.retries.max_attempts and (
+            req.avoid is not None or self._retry_budget_left()
+        )
+        if not retry:
+            state = TIMED_OUT if reason.endswith("timeout") else FAILED
+            self.policy.settle(req, -req.cost)  # served nothing
+            req.move(state, reason)
+            req.retry_after = retry_after
+            self._release_tenant(req, 0)
+            self._record(req, now, out)
+            self._fill(now, out)
+            return out
+        if req.avoid is None:
+            self._retrying += 1
+        req.avoid = name
+        self.retries[(req.service_class, name, reason)] += 1
+        self.policy.settle(req, -req.cost)  # refunded: charged again when re-dispatched
+        req.replica = None
+        self._enqueue(req, now)
+        self._fill(now, out)
+        return out
+
+    def _retry_budget_left(self) -> bool:
+        r = self.cfg.fleet.retries
+        budget = max(float(r.min_retries), r.budget_percent / 100.0 * len(self.requests))
+        return self._retrying < budget
+
+    def timed_out(
+        self, rid: str, now: float, reason: str, output_tokens: int = 0
+    ) -> list[Decision]:
+        """A dispatched request ran past a bound after its first byte (idle between chunks,
+        total time): it ends ``timed_out`` with that reason."""
+        return self._end_running(rid, now, TIMED_OUT, reason, output_tokens, None)
 
     def complete(
         self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None
@@ -271,14 +461,78 @@ class Scheduler:
         return out
 
     def next_timer(self) -> float | None:
-        """When the driver should call ``tick`` at the latest (a timeout or a promotion is due)."""
+        """When the driver should call ``tick`` at the latest (a timeout or a promotion is due,
+        or a replica's cooling or ejection ends)."""
         timers = self._timers
+        change = self._next_change
         while timers:
             when, _, req, gen = timers[0]
             if req.gen == gen and req.state is QUEUED:
-                return when
+                return when if when < change else change
             heapq.heappop(timers)
-        return None
+        return None if change == math.inf else change
+
+    def snapshot(self, now: float, tenants: bool = False) -> Snapshot:
+        """A frozen view of queues, replicas and counters (see ``core.snapshot``)."""
+        inflight = [0] * len(self.classes)
+        for rep in self.replicas.values():
+            for r in rep.inflight.values():
+                inflight[r.class_level] += 1
+        classes = []
+        for c in self.classes:
+            bucket = self.queued[c.level]
+            oldest = 0.0
+            if bucket:
+                # insertion order is arrival order but for re-queued requests; a few suffice
+                for i, r in enumerate(bucket.values()):
+                    oldest = max(oldest, now - r.arrival)
+                    if i >= 8:
+                        break
+            classes.append(ClassView(c.name, len(bucket), inflight[c.level], oldest))
+        reps = tuple(
+            ReplicaView(
+                name=r.name,
+                models=tuple(sorted(r.models)),
+                window=r.limit.limit,
+                inflight=len(r.inflight),
+                up=r.up,
+                eligible=r.name in self._usable_names and r.eligible(now),
+                breaker=r.breaker.state(now),
+                ejections=r.breaker.ejections,
+                cooling_s=max(0.0, r.cooled_until - now),
+                signals=r.signals,
+            )
+            for r in self.replicas.values()
+        )
+        rows: tuple[TenantView, ...] = ()
+        per_replica: Counter[tuple[str, str]] = Counter()
+        if tenants:
+            acc: dict[tuple[str, str], list[float]] = {}
+            for bucket in self.queued:
+                for r in bucket.values():
+                    row = acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])
+                    row[0] += 1
+                    row[2] = max(row[2], now - r.arrival)
+            for rep in self.replicas.values():
+                for r in rep.inflight.values():
+                    acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])[1] += 1
+                    per_replica[(rep.name, r.tenant)] += 1
+            rows = tuple(
+                TenantView(t, c, int(v[0]), int(v[1]), v[2]) for (t, c), v in sorted(acc.items())
+            )
+        return Snapshot(
+            at=now,
+            policy=self.policy.name,
+            queued_total=self.queued_total,
+            free_slots=self.free_slots,
+            classes=tuple(classes),
+            replicas=reps,
+            tenants=rows,
+            replica_tenants=tuple((*k, v) for k, v in sorted(per_replica.items())),
+            preemptions=tuple(sorted(self.preemptions.items())),
+            attempt_failures=tuple((*k, v) for k, v in sorted(self.attempt_failures.items())),
+            retries=tuple((*k, v) for k, v in sorted(self.retries.items())),
+        )
 
     # ---------------------------------------------------------------- internals
     def _limiter(self, tenant: str, now: float) -> TenantLimiter:
@@ -296,6 +550,11 @@ class Scheduler:
             return "prompt_too_long", None
         if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1:
             return "invalid_max_tokens", None
+        up_models = self._up_models
+        if up_models is not None and (req.model not in up_models if req.model else not up_models):
+            # every replica of its model is down: nothing to wait for in the queue (an ejected
+            # or cooling one comes back by itself, and its requests wait for it instead)
+            return "no_replica_available", self._clamp_retry(0.0)
         verdict = limiter.check(
             req.prompt_tokens + req.est_output_tokens, now
         )
@@ -401,6 +660,8 @@ class Scheduler:
 
     def _advance(self, now: float, out: list[Decision]) -> None:
         """Fire the timers due at ``now`` (the hot handlers check ``timers[0]`` before calling)."""
+        if now >= self._next_change:
+            self._refresh(now)
         timers = self._timers
         while timers and timers[0][0] <= now:
             _, _, req, gen = heapq.heappop(timers)
@@ -438,25 +699,33 @@ class Scheduler:
         while self.free_slots > 0 and policy.root.n:
             req = policy.pop()
             assert req is not None
-            rep = self._choose_replica(req)
+            rep = self._choose_replica(req, now)
             if rep is None:
-                held.append(req)  # paused on a full replica: it can only resume there
+                # paused on a full replica (it can only resume there), or no replica of its
+                # model has room: set aside, the next one in order may fit elsewhere
+                held.append(req)
+                if len(held) >= _HOLD_MAX:
+                    break
                 continue
             self._dispatch(req, rep, now, out)
         for req in held:
             policy.push(req)
 
-    def _choose_replica(self, req: Request) -> Replica | None:
+    def _choose_replica(self, req: Request, now: float) -> Replica | None:
         if req.replica is not None:  # paused: its state lives on that replica
             rep = self.replicas.get(req.replica)
-            return rep if rep is not None and rep.free > 0 else None
-        best: Replica | None = None
-        best_free = 0
-        for rep in self.replicas.values():
-            f = rep.capacity - len(rep.inflight)
-            if f > best_free:
-                best, best_free = rep, f
-        return best
+            ok = rep is not None and rep.free > 0 and rep.name in self._usable_names
+            return rep if ok else None
+        usable = self._usable
+        if not (self._any_model or not req.model):
+            model = req.model
+            usable = [r for r in usable if r.serves(model)]
+        if req.avoid is not None:  # a retry: another replica if one has room, else any
+            avoid = req.avoid
+            rep = self.router.pick(req, [r for r in usable if r.name != avoid], now)
+            if rep is not None:
+                return rep
+        return self.router.pick(req, usable, now)
 
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
         del self.queued[req.class_level][req.id]
@@ -466,7 +735,7 @@ class Scheduler:
         req.replica = rep.name
         req.dispatched_at = now
         rep.inflight[req.id] = req
-        self.free_slots -= 1
+        self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self.classes[req.class_level].preemptible:
             self._preemptible[req.id] = req
         out.append(Dispatch(req, rep.name, resume))
@@ -479,6 +748,8 @@ class Scheduler:
         for cand in self._preemptible.values():
             if cand.level <= req.level:
                 continue
+            if req.model and not self.replicas[cand.replica or ""].serves(req.model):
+                continue  # its slot would be of no use to req
             if victim is None or (cand.level, cand.dispatched_at or 0.0) > (
                 victim.level,
                 victim.dispatched_at or 0.0,
@@ -493,6 +764,7 @@ class Scheduler:
         self._release_slot(victim)
         victim.move(PREEMPTED, "preempted")
         victim.preemptions += 1
+        self.preemptions[victim.service_class] += 1
         self.policy.settle(victim, -victim.cost)  # refunded: charged again when re-dispatched
         victim.replica = rep.name if pause else None
         self._enqueue(victim, now)
@@ -504,7 +776,8 @@ class Scheduler:
         if (
             rep is not None
             and rep.inflight.pop(req.id, None) is not None
-            and len(rep.inflight) < rep.capacity
+            and len(rep.inflight) < rep.limit.limit
+            and rep.name in self._usable_names
         ):
             self.free_slots += 1
 
@@ -519,7 +792,7 @@ class Scheduler:
     ) -> list[Decision]:
         out: list[Decision] = []
         timers = self._timers
-        if timers and timers[0][0] <= now:
+        if (timers and timers[0][0] <= now) or now >= self._next_change:
             self._advance(now, out)
         req = self.requests.get(rid)
         if req is None or req.state not in (DISPATCHED, RUNNING):
@@ -527,6 +800,8 @@ class Scheduler:
             return out
         if prompt_tokens is not None:
             req.prompt_tokens = prompt_tokens
+        if output_tokens < req.streamed:  # a cancel or failure mid-stream: what was sent counts
+            output_tokens = req.streamed
         req.output_tokens = output_tokens
         self._release_slot(req)
         started = req.first_token_at is not None
@@ -549,6 +824,8 @@ class Scheduler:
 
     def _record(self, req: Request, now: float, out: list[Decision]) -> None:
         req.finished_at = now
+        if req.avoid is not None:
+            self._retrying -= 1
         self.requests.pop(req.id, None)
         self._preemptible.pop(req.id, None)
         # the state is a StrEnum: it is its own label string

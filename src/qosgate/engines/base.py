@@ -1,16 +1,25 @@
 """The engine side of the gateway: what the asyncio driver needs from a replica.
 
 A replica runs *engine calls*. The driver starts one (``Engine.run``) when the core dispatches a
-request there, cancels the task to pull it back before its first token or when the client leaves,
-and, on an engine that can (in-process), pauses and resumes it at a token boundary. The call
-reports back through ``Call``: first token (the driver asks the core whether it may still be
-forwarded), done with the token counts, or failed. Response bytes go straight to ``call.sink``.
+request there, cancels the task to pull it back before its first byte or when the client leaves,
+and, on an engine that can (in-process), pauses and resumes it at a token boundary. Response bytes
+go straight to ``call.sink``; its ``start`` is where the first byte leaves, and the driver's sink
+raises the core's ``first_byte`` fact there (raising ``Withdrawn`` if the request may no longer be
+delivered: the call then stops quietly). The call reports facts back through ``Call``: tokens
+streamed so far, done with the token counts, an attempt that failed before the first byte (the
+core may retry it elsewhere), a failure or a timeout after it.
+
+The driver, not the engine, owns the health cadence: it awaits ``Engine.probe()`` on an interval
+and hands what it found to the core.
 """
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from qosgate.core.signals import LoadSignals
 
 Route = Literal["chat", "completions"]
 
@@ -28,20 +37,47 @@ class Job:
     prompt_tokens: int  # estimate (chars/4)
     include_usage: bool = False
     has_priority: bool = False  # the body has a top-level "priority" member
+    first_byte_timeout_s: float = 60.0  # the engine's silence after dispatch that fails an attempt
+
+
+class Withdrawn(Exception):
+    """Raised by the driver's ``Sink.start`` when the request may no longer reach its client
+    (pulled back or ended meanwhile): the engine call stops and sends nothing."""
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """What one probe of a replica found."""
+
+    up: bool
+    models: tuple[str, ...] | None = None  # None: unchanged / not known
+    signals: LoadSignals | None = None
+
+
+class SendFn(Protocol):
+    def __call__(self, data: bytes, more: bool = True) -> Coroutine[Any, Any, None]: ...
 
 
 class Sink(Protocol):
-    started: bool
-    complete: bool
+    @property
+    def started(self) -> bool: ...
+
+    @property
+    def complete(self) -> bool: ...
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None: ...
 
-    async def send(self, data: bytes, more: bool = True) -> None: ...
+    @property
+    def send(self) -> SendFn:
+        """Write body bytes (``more=False``: the last part); a method or a bound one."""
+        ...
 
 
 class Call(Protocol):
     job: Job
-    sink: Sink
+
+    @property
+    def sink(self) -> Sink: ...
 
     def level(self) -> int:
         """The request's queue band now (0 = most urgent), for the engine-side priority."""
@@ -51,13 +87,33 @@ class Call(Protocol):
         """How many bands there are."""
         ...
 
-    def first_token(self) -> bool:
-        """A first token since (re)dispatch; False if the request may not be forwarded."""
+    def progress(self, tokens: int) -> None:
+        """``tokens`` output tokens have been sent to the client so far."""
         ...
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None: ...
 
-    def failed(self, reason: str, output_tokens: int = 0) -> None: ...
+    def failed(self, reason: str, output_tokens: int = 0) -> None:
+        """The call failed after its first byte (or for good): the request ends ``failed``."""
+        ...
+
+    def attempt_failed(
+        self,
+        reason: str,
+        *,
+        retryable: bool = True,
+        unreachable: bool = False,
+        backpressure: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        """The call failed before anything reached the client: the core may retry it on
+        another replica. ``unreachable``: the replica refused the connection;
+        ``backpressure``: it answered 429/503 (``retry_after`` seconds, if it said)."""
+        ...
+
+    def timed_out(self, reason: str) -> None:
+        """A bound ran out after the first byte (idle between chunks, total time)."""
+        ...
 
 
 @dataclass(slots=True, frozen=True)
@@ -86,6 +142,10 @@ class Engine(Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def probe(self) -> Health:
+        """Check the replica once (its models, its load); never raises."""
+        ...
 
     async def run(self, call: Call) -> None:
         """Serve ``call`` to its end; cancellation aborts it in the engine at once."""

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
-from qosgate.engines.base import Call, Route, Unservable
+from qosgate.engines.base import Call, Health, Route, Unservable
 from qosgate.engines.openai_format import Formatter
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
@@ -111,6 +111,9 @@ class InProcessEngine:
 
     def models(self) -> list[str]:
         return list(self._models)
+
+    async def probe(self) -> Health:
+        return Health(up=self.ready, models=tuple(self._models))
 
     async def start(self) -> None:
         if self._task is None:
@@ -216,6 +219,7 @@ class InProcessEngine:
             self._kick()
             fmt = Formatter(job.route, rid, job.model, job.include_usage)
             texts: list[str] = []
+            sent = 0
             loop = asyncio.get_running_loop()
             while True:
                 if rid in paused or (not ch.tokens and ch.finish is None and ch.error is None):
@@ -231,15 +235,15 @@ class InProcessEngine:
                 toks = ch.tokens
                 if toks:
                     ch.tokens = []
-                    if not call.first_token():
-                        return
                     if job.stream:
-                        if not sink.started:
+                        if not sink.started:  # raises Withdrawn if pulled back meanwhile
                             await sink.start(200, SSE_HEADERS)
                             out = fmt.opening() + b"".join([fmt.token(t) for t in toks])
                         else:
                             out = b"".join([fmt.token(t) for t in toks])
                         await sink.send(out)
+                        sent += len(toks)
+                        call.progress(sent)
                     else:
                         texts.extend(toks)
                     continue

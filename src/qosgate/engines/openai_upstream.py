@@ -37,7 +37,7 @@ import httptools
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from qosgate.engines.base import Call, Job, Route, Unservable
+from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
 log = logging.getLogger("qosgate.upstream")
@@ -45,7 +45,6 @@ log = logging.getLogger("qosgate.upstream")
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-_PROBE_EVERY_S = 5.0
 _IDLE_S = 30.0  # a pooled connection idle this long is closed
 _MAX_BUFFERED = 1 << 20  # response bytes held for a slow client before reading pauses
 _SSE_CACHE = (b"cache-control", b"no-cache")
@@ -69,6 +68,11 @@ class UpstreamSettings(BaseModel):
         default=(), description="model ids served; empty = ask the upstream's /v1/models"
     )
     connect_timeout_s: float = Field(default=5.0, gt=0)
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="silence between streamed chunks that ends a request"
+    )
+    total_timeout_s: float = Field(default=900.0, gt=0, description="one engine call at most")
+    probe_timeout_s: float = Field(default=5.0, gt=0, description="one health probe at most")
 
     @field_validator("url")
     @classmethod
@@ -105,6 +109,7 @@ class _Conn(asyncio.Protocol):
         self.got_bytes = False
         self.status = 0
         self.content_type: bytes | None = None
+        self.retry_after: bytes | None = None
         self.headers_done = False
         self.until_eof = True  # neither Content-Length nor chunked: the body ends at EOF
         self.complete = False
@@ -164,6 +169,8 @@ class _Conn(asyncio.Protocol):
         n = name.lower()
         if n == b"content-type":
             self.content_type = value
+        elif n == b"retry-after":
+            self.retry_after = value
         elif n == b"content-length" or (n == b"transfer-encoding" and b"chunked" in value.lower()):
             self.until_eof = False
 
@@ -400,8 +407,9 @@ class _Relay:
     task too (``outcome == "status"``).
     """
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, dog: _Watchdog) -> None:
         self.call = call
+        self.dog = dog
         self.sink = call.sink
         self.task: asyncio.Task[Any] | None = None
         self.conn: _Conn | None = None
@@ -418,7 +426,7 @@ class _Relay:
         self.first = True
         self.events = 0
         self.usage: tuple[int, int | None] | None = None
-        self.outcome: str | None = None  # "complete" | "abandoned" | "status"
+        self.outcome: str | None = None  # "complete" | "status"
         self.exc: BaseException | None = None
         self.stalled: tuple[Coroutine[Any, Any, None], Any] | None = None
         self.pending: tuple[bytes, bool] | None = None  # to send once a stalled start is done
@@ -495,15 +503,14 @@ class _Relay:
                         self._yield_turn()
                     return
                 if self.first:
-                    if not self.call.first_token():
-                        self.outcome = "abandoned"
-                        self._yield_turn()
-                        return
                     self.first = False
                     headers = [(b"content-type", conn.content_type or b"application/json")]
                     if data:
                         headers.append(_SSE_CACHE)
-                    if self._drive(self.sink.start(conn.status, headers)):
+                    # the sink raises Withdrawn here if the request was pulled back meanwhile
+                    stalled = self._drive(self.sink.start(conn.status, headers))
+                    self.dog.delivered = True
+                    if stalled:
                         self.pending = (data, last)
                         self._count(data)
                         if last:
@@ -522,7 +529,9 @@ class _Relay:
             self._yield_turn()
 
     def _count(self, data: bytes) -> None:
+        self.dog.last = self.dog.loop.time()
         self.events += data.count(b"data:")
+        self.call.progress(self.events - 1)  # data events less the role chunk
         if b'"completion_tokens"' in data:
             m = _COMPLETION_TOKENS.search(data)
             p = _PROMPT_TOKENS.search(data)
@@ -574,6 +583,89 @@ async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
 _models_decoder = msgspec.json.Decoder()
 
 
+def _retry_after_s(value: bytes | None) -> float | None:
+    """An HTTP ``Retry-After`` in seconds (the delta-seconds form; a date is not trusted)."""
+    if value is None:
+        return None
+    try:
+        secs = float(value.strip())
+    except ValueError:
+        return None
+    return secs if secs >= 0 else None
+
+
+def _error_body(status: int, data: bytes, ctype: bytes | None) -> bytes:
+    """An engine's error body as the client gets it: passed on if it is already in OpenAI's
+    format, else wrapped in it (an HTML 500 page is no answer for an OpenAI client)."""
+    if ctype is not None and b"json" in ctype.lower():
+        try:
+            doc = msgspec.json.decode(data)
+        except msgspec.DecodeError:
+            doc = None
+        if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+            return data
+        if isinstance(doc, dict) and isinstance(doc.get("message"), str):  # FastAPI-style
+            text = doc["message"]
+        elif isinstance(doc, dict) and "detail" in doc:
+            text = str(doc["detail"])
+        else:
+            text = data.decode("utf-8", "replace")[:500]
+    else:
+        text = data.decode("utf-8", "replace")[:500]
+    kind = "invalid_request_error" if status < 500 else "upstream_error"
+    return msgspec.json.encode(
+        {"error": {"message": f"The engine answered {status}: {text.strip()}", "type": kind,
+                   "param": None, "code": status}}
+    )
+
+
+class _Watchdog:
+    """One timer per engine call for its time bounds: the first byte to the client, silence
+    between streamed chunks, and the whole call. It re-arms itself lazily (a chunk only stamps
+    ``last``), and on expiry cancels the call's task with ``fired`` naming the bound."""
+
+    __slots__ = ("delivered", "fired", "first_at", "handle", "idle_s", "last", "loop", "task",
+                 "total_at")
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any], first_byte_s: float,
+        idle_s: float, total_s: float,
+    ) -> None:
+        now = loop.time()
+        self.loop = loop
+        self.task = task
+        self.first_at = now + first_byte_s
+        self.total_at = now + total_s
+        self.idle_s = idle_s
+        self.last = now
+        self.delivered = False  # the first byte reached the client
+        self.fired: str | None = None
+        self.handle = loop.call_at(min(self.first_at, self.total_at), self._check)
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        if now >= self.total_at:
+            self._fire("total_timeout")
+        elif not self.delivered:
+            if now >= self.first_at:
+                self._fire("first_byte_timeout")
+            else:
+                self.handle = self.loop.call_at(min(self.first_at, self.total_at), self._check)
+        elif now - self.last >= self.idle_s:
+            self._fire("idle_timeout")
+        else:
+            self.handle = self.loop.call_at(min(self.total_at, self.last + self.idle_s),
+                                            self._check)
+
+    def _fire(self, reason: str) -> None:
+        self.fired = reason
+        if not self.task.done():
+            self.task.cancel()
+
+    def stop(self) -> None:
+        self.handle.cancel()
+
+
 class OpenAIUpstream:
     pausable = False
 
@@ -588,7 +680,6 @@ class OpenAIUpstream:
         self._heads = {route: self._pool.head("POST", path) for route, path in _PATHS.items()}
         self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
         self._healthy = False
-        self._probe: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ life
     @property
@@ -602,21 +693,18 @@ class OpenAIUpstream:
         return list(self._models)
 
     async def start(self) -> None:
-        await self.check()
-        self._probe = asyncio.get_running_loop().create_task(self._probe_loop())
+        return None  # nothing to open: the driver probes every replica at start-up
 
     async def close(self) -> None:
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
         self._pool.close()
 
-    async def check(self) -> bool:
-        """Probe ``GET /v1/models``; learn the model ids if none were configured."""
+    async def probe(self) -> Health:
+        """``GET /v1/models`` within the probe timeout; learns the model ids if none were
+        configured. Never raises: anything but a 200 in time is ``up=False``."""
         conn: _Conn | None = None
+        self._pool.prune()
         try:
-            async with asyncio.timeout(self.cfg.connect_timeout_s):
+            async with asyncio.timeout(self.cfg.probe_timeout_s):
                 conn = await self._pool.request(self._models_head, b"")
                 data = await conn.read_all()
             ok = conn.status == 200
@@ -632,17 +720,11 @@ class OpenAIUpstream:
         finally:
             if conn is not None:
                 conn.close()
-        if ok != self._healthy:
-            log.log(logging.INFO if ok else logging.WARNING,
-                    "upstream %s %s", self.base, "is up" if ok else "is unreachable")
         self._healthy = ok
-        return ok
+        return Health(up=ok, models=tuple(self._models) if self._models else None)
 
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(_PROBE_EVERY_S)
-            self._pool.prune()
-            await self.check()
+    async def check(self) -> bool:
+        return (await self.probe()).up
 
     # ------------------------------------------------------------------ one call
     def body_for(self, call: Call) -> bytes:
@@ -685,49 +767,87 @@ class OpenAIUpstream:
         job = call.job
         sink = call.sink
         conn: _Conn | None = sent
+        cfg = self.cfg
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        # a non-streamed answer reaches the client only whole: its first byte is its last
+        first_s = job.first_byte_timeout_s if job.stream else cfg.total_timeout_s
+        dog = _Watchdog(loop, task, first_s, cfg.idle_timeout_s, cfg.total_timeout_s)
+        relay: _Relay | None = None
         try:
             if sent is not None:
                 await _SUSPEND  # where the eager start stops (see start_call)
             if body is None:
                 body = self.body_for(call)
             if job.stream:
-                relay = _Relay(call)
+                relay = _Relay(call, dog)
                 conn = await self._pool.request(self._heads[job.route], body, relay.run, sent)
                 if relay.outcome == "complete":
                     conn = None  # back in the pool (or closed) already
                     call.done(*relay.counts())
                     return
-                if relay.outcome == "abandoned":
-                    return
-                # an error status: passed through below
+                # an error status: handled below
             else:
                 conn = await self._pool.request(self._heads[job.route], body, None, sent)
             status = conn.status
             ctype = conn.content_type or b"application/json"
             if status >= 400:
                 data = await conn.read_all()
-                await sink.start(status, [(b"content-type", ctype)])
-                await sink.send(data, False)
+                if status in (429, 503):  # back-pressure: cool this replica, try another
+                    call.attempt_failed(f"upstream_{status}", backpressure=True,
+                                        retry_after=_retry_after_s(conn.retry_after))
+                    return
+                if status >= 500:
+                    call.attempt_failed(f"upstream_{status}")
+                    return
+                # the engine's judgement of the request itself: the client's answer
+                await sink.start(status, [(b"content-type", b"application/json")])
+                await sink.send(_error_body(status, data, ctype), False)
                 call.failed(f"upstream_{status}")
                 return
             if not job.stream:
                 data = await conn.read_all()
-                if not call.first_token():
-                    return
                 await sink.start(status, [(b"content-type", ctype)])
+                dog.delivered = True
                 await sink.send(data, False)
                 m = _COMPLETION_TOKENS.search(data)
                 p = _PROMPT_TOKENS.search(data)
                 call.done(int(m.group(1)) if m else 0, int(p.group(1)) if p else None)
                 return
-        except (TimeoutError, OSError) as exc:
-            self._healthy = self._healthy and sink.started
-            log.warning("upstream %s: %s", self.base, exc)
+        except Withdrawn:
+            return  # pulled back meanwhile: nothing may reach the client
+        except asyncio.CancelledError:
+            reason = dog.fired
+            if reason is None or task.uncancel() > 0:
+                raise  # pulled back, client gone, or shutdown
+            log.warning("upstream %s: %s for %s", self.base, reason, job.rid)
             if conn is not None:
                 conn.close()
                 conn = None
-            call.failed("upstream_disconnected" if sink.started else "upstream_unreachable")
+            if sink.started:
+                call.timed_out(reason)
+            else:
+                call.attempt_failed(reason)
+        except (TimeoutError, OSError) as exc:
+            log.warning("upstream %s: %s", self.base, exc)
+            got = conn is not None and conn.got_bytes
+            if conn is not None:
+                conn.close()
+                conn = None
+            if sink.started:
+                call.failed("upstream_disconnected")
+            else:
+                refused = isinstance(exc, ConnectionRefusedError) or (
+                    isinstance(exc, UpstreamError) and "connect" in str(exc)
+                )
+                call.attempt_failed(
+                    "upstream_unreachable" if refused else
+                    ("upstream_disconnected" if got else "upstream_unreachable"),
+                    unreachable=refused,
+                )
         finally:
+            dog.stop()
             if conn is not None:
                 # cancelled, or left early: drop the connection so that the engine aborts at once
                 if conn.complete and not conn.parts:

@@ -1,8 +1,11 @@
 """The asyncio driver: the real-time clock and the I/O around the sans-I/O scheduler.
 
-It owns the ``Scheduler`` and feeds it events with ``time.monotonic()`` as the clock; a single
-timer handle wakes it at ``scheduler.next_timer()`` (queue timeouts, aging). Every decision the
-core returns is carried out here:
+It owns the ``Scheduler`` and feeds it facts with ``time.monotonic()`` as the clock; a single
+timer handle wakes it at ``scheduler.next_timer()`` (queue timeouts, aging, a replica's cooling or
+ejection ending). It owns the health cadence too: every ``probe_interval_s`` it probes every
+replica at once and hands the core what it found (``observe``). An engine sees the client through
+the ticket's ``DeliverySink``, whose ``start`` is where the core learns of the first byte.
+Every decision the core returns is carried out here:
 
 - ``Dispatch``: start the engine call on that replica (a task), or resume a paused one;
 - ``Preempt``: pause the sequence in an in-process engine, or cancel the engine call (which aborts
@@ -15,6 +18,7 @@ Everything runs on the event loop thread, so the core needs no locks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -22,23 +26,53 @@ from collections.abc import Callable
 
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
-from qosgate.engines.base import Engine, Job, Sink
+from qosgate.engines.base import Engine, Health, Job, SendFn, Sink, Withdrawn
 
 log = logging.getLogger("qosgate.runtime")
 
 _TIMER_SLACK_S = 0.0005
 
 
+class DeliverySink:
+    """The client's sink as an engine sees it. Its ``start`` -- the first byte leaving for the
+    client -- tells the core (``first_byte``), and raises ``Withdrawn`` instead if the request
+    may no longer be delivered (pulled back or ended meanwhile). ``send`` is the client sink's
+    own method: no extra frame per chunk."""
+
+    __slots__ = ("_ticket", "client", "send")
+
+    def __init__(self, ticket: Ticket, client: Sink) -> None:
+        self._ticket = ticket
+        self.client = client
+        self.send: SendFn = client.send
+
+    @property
+    def started(self) -> bool:
+        return self.client.started
+
+    @property
+    def complete(self) -> bool:
+        return self.client.complete
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        t = self._ticket
+        d = t._driver
+        if not self.client.started and not d.scheduler.first_byte(t.req.id, d.clock()):
+            raise Withdrawn(t.req.id)
+        await self.client.start(status, headers)
+
+
 class Ticket:
     """One client request as the driver tracks it; it is also the engine's ``Call``."""
 
-    __slots__ = ("_driver", "finished", "job", "req", "sink", "task")
+    __slots__ = ("_driver", "client", "finished", "job", "req", "sink", "task")
 
     def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
         self._driver = driver
         self.req = req
         self.job = job
-        self.sink = sink
+        self.client = sink
+        self.sink = DeliverySink(self, sink)
         self.task: asyncio.Task[None] | None = None
         # resolved once the request reached its terminal state (req.state / req.reason)
         self.finished: asyncio.Future[None] = driver.loop().create_future()
@@ -50,23 +84,8 @@ class Ticket:
     def levels(self) -> int:
         return len(self._driver.scheduler.classes)
 
-    def first_token(self) -> bool:
-        req = self.req
-        if req.state is State.RUNNING:
-            return True
-        if req.state is State.DISPATCHED:
-            d = self._driver
-            d.apply(d.scheduler.first_token(req.id, d.clock()))
-            return self._running()
-        # paused at a token boundary (in-process): tokens of its last step still arrive
-        return (
-            req.state is State.QUEUED
-            and req.replica is not None
-            and req.first_token_at is not None
-        )
-
-    def _running(self) -> bool:
-        return self.req.state is State.RUNNING
+    def progress(self, tokens: int) -> None:
+        self._driver.scheduler.progress(self.req.id, tokens)
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         d = self._driver
@@ -78,6 +97,29 @@ class Ticket:
         self.task = None
         d.apply(d.scheduler.fail(self.req.id, d.clock(), reason, output_tokens))
 
+    def attempt_failed(
+        self,
+        reason: str,
+        *,
+        retryable: bool = True,
+        unreachable: bool = False,
+        backpressure: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        d = self._driver
+        self.task = None  # a retry starts a call of its own
+        d.apply(
+            d.scheduler.attempt_failed(
+                self.req.id, d.clock(), reason, retryable=retryable, unreachable=unreachable,
+                backpressure=backpressure, retry_after=retry_after,
+            )
+        )
+
+    def timed_out(self, reason: str) -> None:
+        d = self._driver
+        self.task = None
+        d.apply(d.scheduler.timed_out(self.req.id, d.clock(), reason))
+
 
 class Driver:
     def __init__(
@@ -87,11 +129,15 @@ class Driver:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_finished: Callable[[Request], None] | None = None,
+        probe_interval_s: float = 2.0,
     ) -> None:
         self.scheduler = scheduler
         self.engines = engines
         self.clock = clock
         self.on_finished = on_finished
+        self.probe_interval_s = probe_interval_s
+        self._probing: asyncio.Task[None] | None = None
+        self._up: dict[str, bool] = {}
         self.tickets: dict[str, Ticket] = {}
         self.accepting = True
         self._timer: asyncio.TimerHandle | None = None
@@ -108,16 +154,57 @@ class Driver:
 
     # ------------------------------------------------------------------ life
     async def start(self) -> None:
-        for eng in self.engines.values():
-            await eng.start()
+        """Start every engine, probe them all at once, then keep probing on the interval."""
+        await asyncio.gather(*(eng.start() for eng in self.engines.values()))
+        await self.probe_all()
+        for name, up in self._up.items():
+            if not up:
+                log.warning("replica %s is not ready at start-up: its requests wait (or are "
+                            "refused with 503 and Retry-After) until a probe finds it up", name)
+        self._probing = self.loop().create_task(self._probe_loop())
 
     async def close(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing
         for t in list(self.tickets.values()):
             self.cancel(t, "server_shutdown")
         if self._timer is not None:
             self._timer.cancel()
         for eng in self.engines.values():
             await eng.close()
+
+    async def probe_all(self) -> None:
+        """Probe every replica concurrently and hand the core what each probe found."""
+        names = list(self.engines)
+        found = await asyncio.gather(
+            *(self.engines[n].probe() for n in names), return_exceptions=True
+        )
+        for name, h in zip(names, found, strict=True):
+            if not isinstance(h, Health):
+                if isinstance(h, BaseException) and not isinstance(h, Exception):
+                    raise h
+                log.error("probe of replica %s failed", name, exc_info=h)
+                h = Health(up=False)
+            was = self._up.get(name)
+            if was is not None and was != h.up:
+                log.log(logging.INFO if h.up else logging.WARNING,
+                        "replica %s is %s", name, "up" if h.up else "down")
+            self._up[name] = h.up
+            self.apply(
+                self.scheduler.observe(
+                    name, self.clock(), up=h.up, models=h.models, signals=h.signals
+                )
+            )
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                await self.probe_all()
+            except Exception:  # pragma: no cover - probing must never stop
+                log.exception("probing replicas failed")
 
     def drain(self, reason: str = "shutting_down") -> int:
         """Stop admitting; reject every queued request (running ones go on). Returns how many."""
@@ -143,7 +230,8 @@ class Driver:
         task, t.task = t.task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()  # aborts the engine call at once
-        self.apply(self.scheduler.cancel(t.req.id, self.clock(), reason, t.req.output_tokens))
+        # the core charges what was streamed so far (``progress``)
+        self.apply(self.scheduler.cancel(t.req.id, self.clock(), reason))
         if not t.finished.done():  # the core no longer knew it (cannot happen; be safe)
             self.tickets.pop(t.req.id, None)
             t.finished.set_result(None)
@@ -206,6 +294,8 @@ class Driver:
         if task.cancelled() or t.task is not task:
             return
         exc = task.exception()
+        if isinstance(exc, Withdrawn):
+            return  # the request was pulled back meanwhile; the core has it
         if exc is not None:
             log.error("engine call for %s failed", t.req.id, exc_info=exc)
         t.task = None

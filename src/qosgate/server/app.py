@@ -81,9 +81,13 @@ class Gateway:
         self.scheduler = Scheduler(
             cfg,
             policy,
-            [ReplicaSpec(name, e.capacity, e.pausable) for name, e in engines.items()],
+            [
+                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()))
+                for name, e in engines.items()
+            ],
         )
-        self.metrics = GatewayMetrics(self.scheduler, self.clock, self.replicas_up)
+        self._first_byte_s = [c.first_byte_timeout for c in cfg.classes]
+        self.metrics = GatewayMetrics(self.scheduler, self.clock)
         self.driver = Driver(
             self.scheduler, engines, clock=self.clock, on_finished=self.metrics.observe
         )
@@ -260,9 +264,15 @@ class Gateway:
         models = self.models()
         model = b.model if b.model is not None else (models[0] if models else "")
         if model not in models:
+            if any(not e.ready and not e.models() for e in self.engines.values()):
+                # an engine that has not answered yet may serve it: not a permanent 404
+                await self._refuse(send, "model_unavailable", tenant,
+                                   headers=retry_after_header(self.driver.probe_interval_s))
+                return
             await self._refuse(
                 send, "model_not_found", tenant,
-                message=f"The model `{model}` does not exist (served: {', '.join(models)}).",
+                message=f"The model `{model}` does not exist. Served models: "
+                + (", ".join(models) or "none") + ".",
             )
             return
         for eng in self.engines.values():
@@ -304,6 +314,7 @@ class Gateway:
                 now,
                 prompt_tokens,
                 max_tokens,
+                model,
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message)
@@ -326,6 +337,7 @@ class Gateway:
             prompt_tokens=prompt_tokens,
             include_usage=bool(b.stream_options and b.stream_options.include_usage),
             has_priority=b.priority is not msgspec.UNSET,
+            first_byte_timeout_s=self._first_byte_s[req.class_level],
         )
         sink = AsgiSink(send, qos_headers)
         t = self.driver.ticket(req, job, sink)
@@ -362,7 +374,7 @@ class Gateway:
             self.driver.cancel(t, "server_shutdown")  # cancelled from outside: shutdown
             raise
         state[0] = False
-        if not t.sink.complete:  # the client went away
+        if not t.client.complete:  # the client went away
             self.driver.cancel(t, "client_disconnected")
         if not t.finished.done():  # the response is complete, its end about to be recorded
             try:
@@ -373,7 +385,7 @@ class Gateway:
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""
-        sink = t.sink
+        sink = t.client
         assert isinstance(sink, AsgiSink)
         req = t.req
         if sink.complete:

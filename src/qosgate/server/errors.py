@@ -36,6 +36,19 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "upstream_unreachable": (502, "server_error", "No engine could be reached."),
     "upstream_disconnected": (502, "server_error", "The engine closed the connection."),
     "engine_error": (500, "server_error", "The engine failed."),
+    "no_replica_available": (
+        503,
+        "overloaded_error",
+        "No engine serving this model is up at the moment.",
+    ),
+    "model_unavailable": (
+        503,
+        "overloaded_error",
+        "The engines are not ready yet (still starting or unreachable).",
+    ),
+    "first_byte_timeout": (504, "timeout_error", "The engine sent nothing in time."),
+    "idle_timeout": (504, "timeout_error", "The engine went silent mid-stream."),
+    "total_timeout": (504, "timeout_error", "The engine call ran past its time limit."),
     "engine_rejected": (400, "invalid_request_error", "The engine cannot serve this request."),
     "client_disconnected": (499, "cancelled", "The client went away."),
 }
@@ -64,8 +77,15 @@ def outcome_error(req: Request) -> tuple[int, bytes, Headers]:
     """(status, body, extra headers) for a request that ended without a response."""
     reason = req.reason
     if reason.startswith("upstream_") and reason[9:].isdigit():
-        status = int(reason[9:])
-        return status, error_json("The engine refused the request.", "server_error", reason), []
+        # an engine's error that no retry could get past (a 4xx is passed on by the engine
+        # call itself): 429/503 stay back-pressure with the engine's Retry-After, 5xx are 502
+        code = int(reason[9:])
+        if code in RETRY_STATUSES:
+            msg = f"The engines are overloaded (they answered {code})."
+            body = error_json(msg, "overloaded_error", reason)
+            return 503, body, retry_after_header(req.retry_after)
+        msg = f"The engine failed (it answered {code})."
+        return 502, error_json(msg, "server_error", reason), []
     if reason in _REASONS:
         status, body = reason_error(reason)
     elif req.state is State.TIMED_OUT:

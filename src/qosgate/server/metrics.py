@@ -11,7 +11,18 @@ unknown model, ...) at scrape time, so ``qosgate_requests_total`` equals the out
   ``qosgate_inflight{class}``: gauges per class;
 - ``qosgate_tenant_queued{tenant}``, ``qosgate_tenant_inflight{tenant}``;
 - ``qosgate_replica_inflight{replica}``, ``qosgate_replica_capacity{replica}``,
-  ``qosgate_replica_up{replica}``.
+  ``qosgate_replica_up{replica}`` (its last probe answered), ``qosgate_replica_eligible{replica}``
+  (may take work now: up, not cooling, not ejected), ``qosgate_replica_breaker_open{replica}``,
+  ``qosgate_replica_cooling_seconds{replica}``, ``qosgate_replica_ejections_total{replica}``,
+  ``qosgate_replica_ttft_seconds{replica}`` (histogram);
+- ``qosgate_attempt_failures_total{class,replica,reason}``: engine calls that failed before the
+  first byte (``upstream_unreachable``, ``upstream_503``, ``first_byte_timeout``, ...), and
+  ``qosgate_retries_total{class,replica,reason}`` those of them retried elsewhere;
+- ``qosgate_preemptions_total{class}``: requests pulled back (paused or aborted) for a more
+  urgent one.
+
+Timeouts are outcomes: ``qosgate_requests_total{outcome="timed_out", reason=...}`` with reason
+``queue_timeout``, ``first_byte_timeout``, ``idle_timeout`` or ``total_timeout``.
 """
 
 from __future__ import annotations
@@ -19,7 +30,7 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -31,7 +42,6 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from qosgate.core import Request, Scheduler, State
-from qosgate.server.status import status_view
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
@@ -56,12 +66,10 @@ class _StateCollector:
         scheduler: Scheduler,
         ledger: Ledger,
         clock: Callable[[], float],
-        replica_up: Callable[[], Mapping[str, bool]],
     ) -> None:
         self.scheduler = scheduler
         self.ledger = ledger
         self.clock = clock
-        self.replica_up = replica_up
 
     def collect(self) -> Iterator[Metric]:
         sched = self.scheduler
@@ -76,10 +84,7 @@ class _StateCollector:
             total.add_metric([cls, tenant, outcome, reason], n)
         yield total
 
-        view = status_view(sched, self.clock())  # the same view /v1/qos/status serves
-        classes = view["classes"]
-        tenants = view["tenants"]
-        replicas = view["replicas"]
+        snap = sched.snapshot(self.clock(), tenants=True)
         depth = GaugeMetricFamily("qosgate_queue_depth", "Queued requests.", labels=["class"])
         oldest = GaugeMetricFamily(
             "qosgate_queue_oldest_wait_seconds", "Wait of the oldest queued request.",
@@ -88,35 +93,78 @@ class _StateCollector:
         inflight = GaugeMetricFamily(
             "qosgate_inflight", "Requests at an engine.", labels=["class"]
         )
-        for name, c in classes.items():
-            depth.add_metric([name], c["queued"])
-            oldest.add_metric([name], c["oldest_wait_s"])
-            inflight.add_metric([name], c["inflight"])
+        for c in snap.classes:
+            depth.add_metric([c.name], c.queued)
+            oldest.add_metric([c.name], c.oldest_wait_s)
+            inflight.add_metric([c.name], c.inflight)
         yield depth
         yield oldest
         yield inflight
+        per_tenant: dict[str, list[int]] = {}
+        for row in snap.tenants:
+            acc = per_tenant.setdefault(row.tenant, [0, 0])
+            acc[0] += row.queued
+            acc[1] += row.inflight
         tq = GaugeMetricFamily("qosgate_tenant_queued", "Queued requests.", labels=["tenant"])
         ti = GaugeMetricFamily("qosgate_tenant_inflight", "Requests at an engine.",
                                labels=["tenant"])
-        for name, t in tenants.items():
-            tq.add_metric([name], t["queued"])
-            ti.add_metric([name], t["inflight"])
+        for name, (q, i) in per_tenant.items():
+            tq.add_metric([name], q)
+            ti.add_metric([name], i)
         yield tq
         yield ti
-        ri = GaugeMetricFamily("qosgate_replica_inflight", "Requests in flight.",
-                               labels=["replica"])
-        rc = GaugeMetricFamily("qosgate_replica_capacity", "In-flight window.",
-                               labels=["replica"])
-        ru = GaugeMetricFamily("qosgate_replica_up", "1 if the replica answers.",
-                               labels=["replica"])
-        up = self.replica_up()
-        for name, r in replicas.items():
-            ri.add_metric([name], r["inflight"])
-            rc.add_metric([name], r["capacity"])
-            ru.add_metric([name], 1.0 if up.get(name, False) else 0.0)
-        yield ri
-        yield rc
-        yield ru
+        gauges = {
+            "inflight": GaugeMetricFamily("qosgate_replica_inflight", "Requests in flight.",
+                                          labels=["replica"]),
+            "capacity": GaugeMetricFamily("qosgate_replica_capacity", "In-flight window.",
+                                          labels=["replica"]),
+            "up": GaugeMetricFamily("qosgate_replica_up", "1 if its last health probe answered.",
+                                    labels=["replica"]),
+            "eligible": GaugeMetricFamily(
+                "qosgate_replica_eligible", "1 if it may take work now (up, not cooling, "
+                "not ejected).", labels=["replica"]),
+            "open": GaugeMetricFamily("qosgate_replica_breaker_open",
+                                      "1 while outlier detection has it ejected.",
+                                      labels=["replica"]),
+            "cooling": GaugeMetricFamily(
+                "qosgate_replica_cooling_seconds",
+                "Back-pressure (429/503 Retry-After) left before it takes work again.",
+                labels=["replica"]),
+        }
+        ejections = CounterMetricFamily("qosgate_replica_ejections", "Outlier ejections.",
+                                        labels=["replica"])
+        for r in snap.replicas:
+            gauges["inflight"].add_metric([r.name], r.inflight)
+            gauges["capacity"].add_metric([r.name], r.window)
+            gauges["up"].add_metric([r.name], 1.0 if r.up else 0.0)
+            gauges["eligible"].add_metric([r.name], 1.0 if r.eligible else 0.0)
+            gauges["open"].add_metric([r.name], 1.0 if r.breaker == "open" else 0.0)
+            gauges["cooling"].add_metric([r.name], r.cooling_s)
+            ejections.add_metric([r.name], r.ejections)
+        yield from gauges.values()
+        yield ejections
+        fails = CounterMetricFamily(
+            "qosgate_attempt_failures",
+            "Engine calls that failed before the first byte reached the client.",
+            labels=["class", "replica", "reason"],
+        )
+        for cls, rep, reason, n in snap.attempt_failures:
+            fails.add_metric([cls, rep, reason], n)
+        yield fails
+        retries = CounterMetricFamily(
+            "qosgate_retries", "Failed attempts retried on another replica.",
+            labels=["class", "replica", "reason"],
+        )
+        for cls, rep, reason, n in snap.retries:
+            retries.add_metric([cls, rep, reason], n)
+        yield retries
+        pre = CounterMetricFamily(
+            "qosgate_preemptions", "Requests pulled back for a more urgent one.",
+            labels=["class"],
+        )
+        for cls, n in snap.preemptions:
+            pre.add_metric([cls], n)
+        yield pre
 
 
 class _Histogram:
@@ -128,10 +176,13 @@ class _Histogram:
     the same samples (``_bucket``, ``_count``, ``_sum``, ``_created``).
     """
 
-    __slots__ = ("bounds", "by_class", "doc", "les", "name")
+    __slots__ = ("bounds", "by_class", "doc", "label", "les", "name")
 
-    def __init__(self, name: str, doc: str, bounds: tuple[float, ...]) -> None:
+    def __init__(
+        self, name: str, doc: str, bounds: tuple[float, ...], label: str = "class"
+    ) -> None:
         self.name = name
+        self.label = label
         self.doc = doc
         self.bounds = bounds
         self.les = [floatToGoString(b) for b in bounds] + ["+Inf"]  # type: ignore[no-untyped-call]
@@ -146,7 +197,7 @@ class _Histogram:
         child[1][0] += value
 
     def collect(self) -> Metric:
-        fam = HistogramMetricFamily(self.name, self.doc, labels=["class"])
+        fam = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
         name = self.name + "_created"
         for cls, (counts, (total, created)) in self.by_class.items():
             acc = 0
@@ -155,7 +206,7 @@ class _Histogram:
                 acc += n
                 buckets.append((le, float(acc)))
             fam.add_metric([cls], buckets, total)
-            fam.add_sample(name, {"class": cls}, created)
+            fam.add_sample(name, {self.label: cls}, created)
         return fam
 
 
@@ -164,7 +215,6 @@ class GatewayMetrics:
         self,
         scheduler: Scheduler,
         clock: Callable[[], float],
-        replica_up: Callable[[], Mapping[str, bool]],
     ) -> None:
         self.ledger: Ledger = Counter()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -175,8 +225,14 @@ class GatewayMetrics:
         self.e2e = _Histogram(
             "qosgate_e2e_seconds", "Arrival to completion (completed requests).", LATENCY_BUCKETS
         )
-        self.registry.register(_HistogramCollector((self.queue_wait, self.ttft, self.e2e)))
-        self.registry.register(_StateCollector(scheduler, self.ledger, clock, replica_up))
+        self.replica_ttft = _Histogram(
+            "qosgate_replica_ttft_seconds", "Dispatch to first token, per replica.",
+            LATENCY_BUCKETS, label="replica",
+        )
+        self.registry.register(
+            _HistogramCollector((self.queue_wait, self.ttft, self.e2e, self.replica_ttft))
+        )
+        self.registry.register(_StateCollector(scheduler, self.ledger, clock))
 
     def refused(self, cls: str, tenant: str, reason: str) -> None:
         """A request refused before it reached the scheduler."""
@@ -189,6 +245,8 @@ class GatewayMetrics:
             self.queue_wait.observe(cls, req.dispatched_at - req.arrival)
         if req.first_token_at is not None:
             self.ttft.observe(cls, req.first_token_at - req.arrival)
+            if req.replica is not None and req.dispatched_at is not None:
+                self.replica_ttft.observe(req.replica, req.first_token_at - req.dispatched_at)
             if req.finished_at is not None and req.state is State.COMPLETED:
                 self.e2e.observe(cls, req.finished_at - req.arrival)
 

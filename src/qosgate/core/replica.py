@@ -1,0 +1,224 @@
+"""Replicas as the core sees them: the models each serves, its window, its breaker, its load.
+
+Each varying piece is a small policy object behind one interface, with the clock passed in, so the
+gateway and the simulator run the same ones and a new algorithm is one more small class:
+
+- ``Limit``: the replica's window (requests in flight at most), in the shape of Netflix's
+  concurrency-limits (``on_sample``); ``FixedLimit`` is the default.
+- ``Breaker``: whether the replica may take new work now. ``AlwaysClosed`` is the default;
+  ``OutlierDetector`` ejects a replica after consecutive failures before the first byte, for a time
+  that grows with each ejection (Envoy's outlier detection, with its defaults).
+- ``Router``: which eligible replica a request goes to; ``MostFreeRouter`` is the default.
+
+A ``Replica`` also knows whether its health probe says it is up, until when an upstream's
+back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` it reported.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from qosgate.core.signals import LoadSignals
+
+if TYPE_CHECKING:
+    from qosgate.core.request import Request
+
+
+# ---------------------------------------------------------------------- Limit
+class Limit(Protocol):
+    """A replica's window. ``limit`` is read on every dispatch; ``on_sample`` is told how one
+    request went (``latency`` seconds to its first token, the in-flight count when it was sent,
+    ``dropped`` if the engine refused it with back-pressure)."""
+
+    @property
+    def limit(self) -> int: ...
+
+    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None: ...
+
+
+class FixedLimit:
+    """A window that only changes when told to (``set``): today's behaviour."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+
+    def set(self, limit: int) -> None:
+        self.limit = max(0, limit)
+
+    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
+        return None
+
+
+# ---------------------------------------------------------------------- Breaker
+class Breaker(Protocol):
+    def allow(self, now: float) -> bool:
+        """May the replica take new work at ``now``?"""
+        ...
+
+    def on_result(self, now: float, ok: bool) -> None:
+        """An attempt ended: ``ok`` if it got its first byte, False if it failed before."""
+        ...
+
+    def next_change(self) -> float | None:
+        """When ``allow`` may change by itself (an ejection ends), or None."""
+        ...
+
+    @property
+    def ejections(self) -> int: ...
+
+    def state(self, now: float) -> str:
+        """``closed`` (serving) or ``open`` (ejected)."""
+        ...
+
+
+class AlwaysClosed:
+    __slots__ = ()
+    ejections = 0
+
+    def allow(self, now: float) -> bool:
+        return True
+
+    def on_result(self, now: float, ok: bool) -> None:
+        return None
+
+    def next_change(self) -> float | None:
+        return None
+
+    def state(self, now: float) -> str:
+        return "closed"
+
+
+class OutlierDetector:
+    """Eject after ``consecutive`` failures before the first byte, for ``base_s`` x the number of
+    ejections so far, capped at ``max_s``, plus up to ``jitter`` of that at random (seeded), so
+    that replicas ejected together do not all come back in the same instant. Envoy's defaults:
+    5 consecutive 5xx / gateway failures, 30 s base, 300 s cap."""
+
+    __slots__ = ("_failures", "_rng", "base_s", "consecutive", "ejected_until", "ejections",
+                 "jitter", "max_s")
+
+    def __init__(
+        self,
+        consecutive: int = 5,
+        base_s: float = 30.0,
+        max_s: float = 300.0,
+        jitter: float = 0.1,
+        seed: int = 0,
+    ) -> None:
+        self.consecutive = consecutive
+        self.base_s = base_s
+        self.max_s = max_s
+        self.jitter = jitter
+        self._rng = random.Random(seed)
+        self._failures = 0
+        self.ejections = 0
+        self.ejected_until = float("-inf")
+
+    def allow(self, now: float) -> bool:
+        return now >= self.ejected_until
+
+    def on_result(self, now: float, ok: bool) -> None:
+        if ok:
+            self._failures = 0
+            return
+        if now < self.ejected_until:
+            return  # failures of attempts sent before the ejection do not extend it
+        self._failures += 1
+        if self._failures >= self.consecutive:
+            self._failures = 0
+            self.ejections += 1
+            span = min(self.max_s, self.base_s * self.ejections)
+            self.ejected_until = now + span * (1.0 + self.jitter * self._rng.random())
+
+    def next_change(self) -> float | None:
+        return self.ejected_until if self.ejected_until != float("-inf") else None
+
+    def state(self, now: float) -> str:
+        return "closed" if now >= self.ejected_until else "open"
+
+
+# ---------------------------------------------------------------------- Replica
+class Replica:
+    """One engine replica: what it serves, how much it may hold, whether it may be used now."""
+
+    __slots__ = ("breaker", "cooled_until", "inflight", "limit", "models", "name", "pausable",
+                 "signals", "up")
+
+    def __init__(
+        self,
+        name: str,
+        limit: Limit,
+        *,
+        models: Sequence[str] = (),
+        pausable: bool = False,
+        breaker: Breaker | None = None,
+        up: bool = True,
+    ) -> None:
+        self.name = name
+        self.limit = limit
+        self.models: frozenset[str] = frozenset(models)  # empty: serves any model
+        self.pausable = pausable
+        self.breaker: Breaker = breaker if breaker is not None else AlwaysClosed()
+        self.inflight: dict[str, Request] = {}
+        self.up = up  # the health probe's word; a refused connection also sets it False
+        self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
+        self.signals: LoadSignals | None = None
+
+    @property
+    def capacity(self) -> int:
+        return self.limit.limit
+
+    @property
+    def free(self) -> int:
+        return max(0, self.limit.limit - len(self.inflight))
+
+    def serves(self, model: str) -> bool:
+        return not model or not self.models or model in self.models
+
+    def eligible(self, now: float) -> bool:
+        """May take new work now: up, not cooling, not ejected."""
+        return self.up and now >= self.cooled_until and self.breaker.allow(now)
+
+    def next_change(self) -> float | None:
+        """When ``eligible`` may turn True again by itself (a cooling or an ejection ends)."""
+        times = [t for t in (self.cooled_until, self.breaker.next_change()) if t is not None]
+        return max(times) if times and max(times) != float("-inf") else None
+
+
+# ---------------------------------------------------------------------- Router
+class Router(Protocol):
+    name: str
+
+    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        """One of ``candidates`` (each eligible, serving the request's model, with room) or None
+        to leave the request queued."""
+        ...
+
+
+class MostFreeRouter:
+    """The replica with the most free slots (first listed on ties)."""
+
+    name = "most-free"
+
+    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        best: Replica | None = None
+        best_free = 0
+        for rep in candidates:
+            f = rep.limit.limit - len(rep.inflight)
+            if f > best_free:
+                best, best_free = rep, f
+        return best
+
+
+ROUTERS: dict[str, type[MostFreeRouter]] = {"most-free": MostFreeRouter}
+
+
+def build_router(name: str) -> Router:
+    try:
+        return ROUTERS[name]()
+    except KeyError:
+        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None

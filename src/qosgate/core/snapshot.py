@@ -1,0 +1,59 @@
+"""A frozen read model of the scheduler: what ``/metrics``, ``/v1/qos/status`` and the simulator
+read, instead of walking the scheduler's live objects.
+
+``Scheduler.snapshot(now)`` builds one in O(classes + replicas + in flight); the per-tenant rows
+(``tenants=True``) walk the queued requests too, so a scrape asks for them only where it needs
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qosgate.core.signals import LoadSignals
+
+
+@dataclass(frozen=True, slots=True)
+class ClassView:
+    name: str
+    queued: int
+    inflight: int
+    oldest_wait_s: float  # of the request queued longest (0 when none is)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    tenant: str
+    service_class: str
+    queued: int
+    inflight: int
+    oldest_wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    name: str
+    models: tuple[str, ...]
+    window: int
+    inflight: int
+    up: bool
+    eligible: bool  # may take new work now
+    breaker: str  # closed | open (ejected)
+    ejections: int
+    cooling_s: float  # back-pressure left, seconds (0 when not cooling)
+    signals: LoadSignals | None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    at: float
+    policy: str
+    queued_total: int
+    free_slots: int
+    classes: tuple[ClassView, ...]
+    replicas: tuple[ReplicaView, ...]
+    tenants: tuple[TenantView, ...]  # empty unless asked for
+    replica_tenants: tuple[tuple[str, str, int], ...]  # (replica, tenant, in flight) if asked
+    preemptions: tuple[tuple[str, int], ...]  # (class, count)
+    attempt_failures: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)
+    retries: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)

@@ -31,11 +31,27 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body (one message in the common case, no copy)."""
+class ClientGone(Exception):
+    """The client went away before its request body was complete."""
+
+
+class BodyTimeout(Exception):
+    """The body did not arrive in time (the server's protocol set ``BODY_TIMEOUT``)."""
+
+
+BODY_TIMEOUT = "qosgate.body_timeout"  # in the scope: the body timed out (server/protocol.py)
+
+
+async def read_body(receive: Receive, limit: int, scope: Scope | None = None) -> bytes:
+    """The whole request body (one message in the common case, no copy). ``ClientGone`` if the
+    client leaves first, ``BodyTimeout`` if the server gave up waiting for the rest."""
     msg = await receive()
+    if msg["type"] != "http.request":
+        raise ClientGone
     body: bytes = msg.get("body", b"")
     if not msg.get("more_body", False):
+        if scope is not None and BODY_TIMEOUT in scope:
+            raise BodyTimeout
         if len(body) > limit:
             raise BodyTooLarge
         return body
@@ -43,11 +59,15 @@ async def read_body(receive: Receive, limit: int) -> bytes:
     size = len(body)
     while msg.get("more_body", False):
         msg = await receive()
+        if msg["type"] != "http.request":
+            raise ClientGone
         chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise BodyTooLarge
         parts.append(chunk)
+    if scope is not None and BODY_TIMEOUT in scope:
+        raise BodyTimeout
     return b"".join(parts)
 
 
@@ -59,14 +79,19 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def _with_length(headers: Headers, n: int) -> Headers:
+    return [*headers, (b"content-length", str(n).encode())]
+
+
 async def send_bytes(
     send: Send, status: int, body: bytes, headers: Headers | None = None
 ) -> None:
+    """A whole response, with ``Content-Length``."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": JSON_HEADERS if headers is None else headers,
+            "headers": _with_length(JSON_HEADERS if headers is None else headers, len(body)),
         }
     )
     await send({"type": "http.response.body", "body": body})
@@ -81,42 +106,102 @@ def json_bytes(obj: Any) -> bytes:
     return _json_encode(obj)
 
 
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse_error(body: bytes) -> bytes:
+    """An error body (OpenAI's error JSON) as the last events of an SSE stream: the error event,
+    then ``[DONE]`` (the ``openai`` client raises ``APIError`` on such an event)."""
+    lines = body.strip().splitlines() or [b"{}"]
+    return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n" + SSE_DONE
+
+
 class AsgiSink:
     """A response that an engine call writes into: status and headers once, then body parts.
 
-    ``started`` tells whether the client has seen anything (after that, a request can no longer be
-    pulled back or answered with an error status); ``complete`` that the last part was sent.
+    ``started`` tells whether the engine began its response (after that, a request can no longer
+    be pulled back or answered with an error status); ``complete`` that the last part was sent.
+
+    A response whose first part is also its last goes out with ``Content-Length`` (the head is
+    held back until that first part). A streamed request that waits in the queue may get its
+    head early (200, ``text/event-stream``) and SSE comments (``keepalive``), so that a client
+    with a read timeout does not give up; ``head_sent`` says so. The engine's own ``start`` then
+    sends nothing more, and an error it answers with, or the gateway's own error status, goes
+    out as an SSE error event and ``[DONE]`` instead.
     """
 
-    __slots__ = ("_send", "complete", "extra_headers", "started")
+    __slots__ = (
+        "_error_parts", "_head", "_keepalive", "_send", "complete", "extra_headers", "head_sent",
+        "started",
+    )
 
     def __init__(self, send: Send, extra_headers: Headers | None = None) -> None:
         self._send = send
         self.started = False
         self.complete = False
+        self.head_sent = False
         self.extra_headers = extra_headers or []
+        self._head: tuple[int, Headers] | None = None  # held back until the first part
+        self._error_parts: list[bytes] | None = None  # an error after an early head
+        self._keepalive: asyncio.Task[None] | None = None
 
     async def start(self, status: int, headers: Headers) -> None:
         self.started = True
-        await self._send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": headers + self.extra_headers if self.extra_headers else headers,
-            }
-        )
+        ka = self._keepalive
+        if ka is not None and not ka.done():
+            await ka
+        if self.head_sent:
+            if status >= 400:
+                self._error_parts = []
+            return
+        self._head = (status, headers + self.extra_headers if self.extra_headers else headers)
 
     async def send(self, data: bytes, more: bool = True) -> None:
         if self.complete:
             return
         if not more:
             self.complete = True
+        errors = self._error_parts
+        if errors is not None:
+            errors.append(data)
+            if more:
+                return
+            data = sse_error(b"".join(errors))
+        head = self._head
+        if head is not None:
+            self._head = None
+            status, headers = head
+            if not more:
+                headers = _with_length(headers, len(data))
+            await self._send({"type": "http.response.start", "status": status,
+                              "headers": headers})
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def whole(self, status: int, body: bytes, headers: Headers) -> None:
         """A complete response in one go (errors)."""
         await self.start(status, headers)
         await self.send(body, False)
+
+    def keepalive(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """While the engine has not started: send the SSE head (once) and a comment. False once
+        the response is the engine's (or over): no more keep-alives."""
+        if self.started or self.complete:
+            return False
+        ka = self._keepalive
+        if ka is None or ka.done():
+            self._keepalive = loop.create_task(self._keepalive_write())
+        return True
+
+    async def _keepalive_write(self) -> None:
+        if self.started or self.complete:
+            return
+        if not self.head_sent:
+            self.head_sent = True
+            await self._send({"type": "http.response.start", "status": 200,
+                              "headers": SSE_HEADERS + self.extra_headers})
+        await self._send({"type": "http.response.body", "body": KEEPALIVE_COMMENT,
+                          "more_body": True})
 
 
 async def wait_disconnect(receive: Receive) -> None:

@@ -30,7 +30,6 @@ import msgspec
 
 Polarity = Literal["vllm", "sglang", "none"]
 
-_full_decoder = msgspec.json.Decoder()
 _encode = msgspec.json.Encoder().encode
 
 
@@ -43,22 +42,37 @@ def engine_priority(polarity: Polarity, level: int, levels: int) -> int | None:
     return None
 
 
-# a top-level "priority" member: key, value (an integer, as vLLM/SGLang take it, or null)
-_PRIO = re.compile(rb'"priority"\s*:\s*(?:-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|null)')
+# a member's value as the splice replaces it in place: an integer, as vLLM/SGLang take it, or null
+_VALUE = rb"\s*:\s*(?:-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|null)"
 _LEAD_WS = re.compile(rb"\s*\{(\s*\})?")
-_KEY = b'"priority"'
+# an escape of an ASCII letter or '_': a key could be spelled so
+_ESCAPED_NAME_CHAR = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
+_members: dict[str, tuple[bytes, re.Pattern[bytes]]] = {}
+_top_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
-def set_priority(body: bytes, value: int | None, present: bool) -> bytes:
-    """``body`` with its top-level ``priority`` set to ``value`` (removed when None), every other
+def _member(key: str) -> tuple[bytes, re.Pattern[bytes]]:
+    m = _members.get(key)
+    if m is None:
+        quoted = b'"' + key.encode() + b'"'
+        m = _members[key] = (quoted, re.compile(re.escape(quoted) + _VALUE))
+    return m
+
+
+def set_member(body: bytes, key: str, value: int | None, present: bool) -> bytes:
+    """``body`` with its top-level member ``key`` set to ``value`` (removed when None), every other
     byte unchanged.
 
-    ``present`` says whether the body has a top-level ``priority`` (the decoder knows). Absent: the
+    ``present`` says whether the body has a top-level ``key`` (the decoder knows). Absent: the
     member is inserted right after the opening brace (one copy of the body). Present: if the bytes
-    ``"priority"`` occur exactly once they are that member's key, and its value is replaced in
-    place (two ``bytes.find`` scans at C speed); otherwise (the word also appears nested, e.g. in
-    a tool's JSON schema, or as a string) the body is re-encoded whole, the rare slow path.
+    ``"key"`` occur exactly once, and no key in the body could be spelled with an escape, they are
+    that member's key, and its value is replaced in place (a couple of ``bytes.find`` scans at C
+    speed); otherwise (the word also appears nested, e.g. in a tool's JSON schema, or as a string,
+    or twice) the top level is re-encoded: every member the engine will read once, ours last-set,
+    the nested values' bytes unchanged -- the rare slow path. (The gateway refuses duplicated or
+    escaped keys it acts on before this; the slow path keeps the splice exact on its own.)
     """
+    quoted, pattern = _member(key)
     if not present:
         if value is None:
             return body
@@ -67,20 +81,37 @@ def set_priority(body: bytes, value: int | None, present: bool) -> bytes:
             raise ValueError("The request body must be a JSON object.")
         end = m.start(1) if m.group(1) else m.end()
         sep = b"" if m.group(1) else b","
-        return body[:end] + b'"priority":' + str(value).encode() + sep + body[end:]
-    i = body.find(_KEY)
-    if i >= 0 and body.find(_KEY, i + len(_KEY)) < 0:  # the key's bytes occur once: it is it
-        m = _PRIO.match(body, i)
+        return body[:end] + quoted + b":" + str(value).encode() + sep + body[end:]
+    i = body.find(quoted)
+    if (
+        i >= 0
+        and body.find(quoted, i + len(quoted)) < 0  # the key's bytes occur once: it is it
+        and not (b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body))
+    ):
+        m = pattern.match(body, i)
         if m is not None:
             if value is not None:
-                return body[:i] + b'"priority":' + str(value).encode() + body[m.end() :]
+                return body[:i] + quoted + b":" + str(value).encode() + body[m.end() :]
             return _remove_member(body, i, m.end())
-    obj = _full_decoder.decode(body)
+    obj = _top_decoder.decode(body)  # duplicates collapse: the last one, as engines read them
     if value is None:
-        obj.pop("priority", None)
+        obj.pop(key, None)
     else:
-        obj["priority"] = value
+        obj[key] = msgspec.Raw(str(value).encode())
     return _encode(obj)
+
+
+def set_priority(body: bytes, value: int | None, present: bool) -> bytes:
+    """``body`` with its top-level ``priority`` set to ``value`` (removed when None): see
+    ``set_member``."""
+    return set_member(body, "priority", value, present)
+
+
+def set_max_tokens(body: bytes, value: int, present: bool) -> bytes:
+    """``body`` with its top-level ``max_tokens`` set to ``value``: the cap the gateway admitted
+    the request with, so that an engine cannot apply its own default (vLLM's: the rest of the
+    context) to a request whose client sent none."""
+    return set_member(body, "max_tokens", value, present)
 
 
 def _remove_member(body: bytes, start: int, end: int) -> bytes:

@@ -4,7 +4,9 @@ The hot-path parser (``server/parse.py``) reads only what the scheduler needs an
 ``messages``/``prompt`` as raw JSON spans. An in-process model (llama.cpp) needs the text itself,
 so the engine call decodes the body once more, here, into a typed ``msgspec`` struct: messages
 (role and text content), prompt (a string or a list of one string), ``temperature``, ``top_p``,
-``seed``, ``stop`` and ``n``. Unknown members are ignored, as OpenAI-compatible servers do.
+``seed``, ``stop`` and ``n``. Unknown members are ignored, as OpenAI-compatible servers do --
+except those asking for what this engine cannot do, which are refused rather than silently
+ignored: ``tools``/``functions`` (no tool calling), ``logprobs``/``top_logprobs``.
 
 Values are checked the way the OpenAI API checks them (``temperature`` in [0, 2], ``top_p`` in
 (0, 1], at most 4 ``stop`` strings, ``n`` = 1 only); a bad one is a ``BadTextRequest`` that the
@@ -42,6 +44,15 @@ class TextBody(msgspec.Struct):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
+    # asked for, but not something this engine does: refused (kept raw: only presence matters)
+    tools: msgspec.Raw = msgspec.Raw(b"")
+    functions: msgspec.Raw = msgspec.Raw(b"")
+    logprobs: msgspec.Raw = msgspec.Raw(b"")
+    top_logprobs: msgspec.Raw = msgspec.Raw(b"")
+
+
+# JSON values that ask for nothing: absent, null, false, 0, an empty list
+_NOTHING = frozenset((b"", b"null", b"false", b"0", b"[]"))
 
 
 _decoder = msgspec.json.Decoder(TextBody)
@@ -85,7 +96,19 @@ def parse_text_request(body: bytes, route: Route) -> TextRequest:
     try:
         b = _decoder.decode(body)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise BadTextRequest(f"Invalid request body: {exc}") from None
+        raise BadTextRequest(f"Invalid request body: {exc}", _param(str(exc))) from None
+    except RecursionError:
+        raise BadTextRequest("The JSON body is nested too deeply.") from None
+    for name, raw, what in (
+        ("tools", b.tools, "tool calling"),
+        ("functions", b.functions, "function calling"),
+        ("logprobs", b.logprobs, "log probabilities"),
+        ("top_logprobs", b.top_logprobs, "log probabilities"),
+    ):
+        if bytes(raw).replace(b" ", b"") not in _NOTHING:
+            raise BadTextRequest(
+                f"'{name}' is not supported by this engine (no {what}); leave it out.", name
+            )
     if b.n is not None and b.n != 1:
         raise BadTextRequest("Only n=1 is supported.", "n")
     temperature = DEFAULT_TEMPERATURE if b.temperature is None else b.temperature
@@ -120,6 +143,14 @@ def parse_text_request(body: bytes, route: Route) -> TextRequest:
     if not p:
         raise BadTextRequest("'prompt' must be a non-empty string.", "prompt")
     return TextRequest(None, p, sampling)
+
+
+def _param(text: str) -> str | None:
+    """The member a msgspec error names (``... - at `$.messages[0].content```)."""
+    i = text.rfind(" - at `$")
+    if i < 0:
+        return None
+    return text[i + 8 :].rstrip("`").lstrip(".") or None
 
 
 _enc = msgspec.json.Encoder().encode

@@ -11,18 +11,22 @@ itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import itertools
 import logging
 import os
 import time
+from collections.abc import Awaitable
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from qosgate.asgi import (
     AsgiSink,
+    BodyTimeout,
     BodyTooLarge,
+    ClientGone,
     Headers,
     Receive,
     Scope,
@@ -32,12 +36,14 @@ from qosgate.asgi import (
     read_body,
     send_bytes,
     send_json,
+    sse_error,
     wait_disconnect,
 )
 from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.engines.base import Engine, Job, Route
 from qosgate.engines.openai_format import models_list
+from qosgate.engines.splice import set_max_tokens
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import GatewayMetrics
@@ -61,7 +67,23 @@ def _key_of(auth: bytes | None) -> str | None:
 
 
 def _bearer(scope: Scope) -> str | None:
-    return _key_of(header(scope, b"authorization"))
+    """The request's API key: ``Authorization: Bearer KEY``, else ``x-api-key: KEY``."""
+    key = _key_of(header(scope, b"authorization"))
+    if key is None:
+        key = _plain_key(header(scope, b"x-api-key"))
+    return key
+
+
+def _plain_key(value: bytes | None) -> str | None:
+    """The API key of an ``x-api-key`` header value."""
+    if value is None:
+        return None
+    return value.strip().decode("latin-1") or None
+
+
+def _local_port(scope: Scope) -> int | None:
+    server = scope.get("server")
+    return int(server[1]) if server and server[1] is not None else None
 
 
 class Gateway:
@@ -95,6 +117,12 @@ class Gateway:
         self.open = self.scheduler.classifier.open
         self.max_body = settings.server.max_body_bytes
         self.default_max_tokens = settings.server.default_max_tokens
+        self.metrics.cap_tenants(settings.server.metrics_max_tenants)
+        # class names as clients may write them (x-qos-class: Realtime)
+        self._class_names = {c.name.lower(): c.name for c in cfg.classes}
+        self.sse_keepalive_s = settings.server.sse_keepalive_s
+        # the local port /metrics is served on when it has a listener of its own (server/run.py)
+        self.metrics_port: int | None = None
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex() + "-"
         self.started = False
@@ -124,6 +152,10 @@ class Gateway:
                 self.cfg.default_tenant,
             )
         log.info("replicas: %s; models: %s", ", ".join(self.engines), ", ".join(self.models()))
+        srv = self.settings.server
+        if self.cfg.tenants and not srv.metrics_auth and srv.metrics_port is None:
+            log.warning("/metrics shows every tenant's traffic to anyone who can reach port %d: "
+                        "set server.metrics_auth (admin key) or server.metrics_port", srv.port)
 
     async def shutdown(self) -> None:
         await self.driver.close()
@@ -140,28 +172,28 @@ class Gateway:
         if kind == "http":
             path: str = scope["path"]
             method: str = scope["method"]
+            if self.metrics_port is not None and _local_port(scope) == self.metrics_port:
+                await self._metrics_listener(scope, send, method, path)
+                return
             if method == "POST":
                 if path == "/v1/chat/completions":
-                    await self.complete(scope, receive, send, "chat")
+                    await self._guarded(self.complete(scope, receive, send, "chat"), send)
                     return
                 if path == "/v1/completions":
-                    await self.complete(scope, receive, send, "completions")
+                    await self._guarded(self.complete(scope, receive, send, "completions"), send)
                     return
             elif method in ("GET", "HEAD"):
                 if path == "/v1/models":
                     await self._models(scope, send)
                     return
-                if path == "/healthz":
+                if path in ("/healthz", "/health"):  # /health: vLLM's path
                     await send_json(send, 200, {"status": "ok"})
                     return
                 if path == "/readyz":
                     await self._ready(send)
                     return
-                if path == "/metrics":
-                    await send_bytes(
-                        send, 200, self.metrics.render(),
-                        [(b"content-type", CONTENT_TYPE_LATEST.encode())],
-                    )
+                if path == "/metrics" and self.metrics_port is None:
+                    await self._metrics(scope, send)
                     return
                 if path == "/v1/qos/status":
                     await self._status(scope, send)
@@ -172,6 +204,38 @@ class Gateway:
             )
         elif kind == "lifespan":
             await lifespan(receive, send, self.startup, self.shutdown)
+
+    async def _guarded(self, work: Awaitable[None], send: Send) -> None:
+        """A bug must not reach the client as uvicorn's plain-text 500: answer in OpenAI's
+        format (if nothing was sent yet) and count the request."""
+        try:
+            await work
+        except Exception:
+            log.exception("a request failed in the gateway")
+            self.metrics.refused(_NO_CLASS, _UNKNOWN_TENANT, "internal_error")
+            status, body = reason_error("internal_error")
+            with contextlib.suppress(Exception):  # the response may have begun
+                await send_bytes(send, status, body)
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        if self.settings.server.metrics_auth and _bearer(scope) not in self.admin_keys:
+            await send_bytes(send, 401, error_json(
+                "/metrics needs an admin key (server.admin_keys).", "invalid_request_error",
+                "invalid_api_key"))
+            return
+        await send_bytes(send, 200, self.metrics.render(),
+                         [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+
+    async def _metrics_listener(self, scope: Scope, send: Send, method: str, path: str) -> None:
+        """The metrics port (``server.metrics_port``): /metrics and the health checks only."""
+        if method in ("GET", "HEAD") and path == "/metrics":
+            await self._metrics(scope, send)
+        elif method in ("GET", "HEAD") and path in ("/healthz", "/health"):
+            await send_json(send, 200, {"status": "ok"})
+        else:
+            await send_bytes(send, 404, error_json(
+                f"No route {method} {path} on the metrics port.", "invalid_request_error",
+                "not_found"))
 
     async def _models(self, scope: Scope, send: Send) -> None:
         if not self.open:
@@ -227,8 +291,8 @@ class Gateway:
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
         sched = self.scheduler
-        # the three request headers the gateway reads, in one pass (the first of each counts)
-        auth = hc = hp = None
+        # the request headers the gateway reads, in one pass (the first of each counts)
+        auth = hc = hp = xkey = None
         for k, v in scope["headers"]:
             if k == b"authorization":
                 if auth is None:
@@ -236,9 +300,14 @@ class Gateway:
             elif k == b"x-qos-class":
                 if hc is None:
                     hc = v
-            elif k == b"x-qos-priority" and hp is None:
-                hp = v
+            elif k == b"x-qos-priority":
+                if hp is None:
+                    hp = v
+            elif k == b"x-api-key" and xkey is None:
+                xkey = v
         key = _key_of(auth)
+        if key is None:
+            key = _plain_key(xkey)
         try:
             tenant_cfg = sched.classifier.tenant_for(key)
         except QosInputError as exc:
@@ -246,20 +315,24 @@ class Gateway:
             return
         tenant = tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant
         try:
-            body = await read_body(receive, self.max_body)
+            body = await read_body(receive, self.max_body, scope)
         except BodyTooLarge:
-            await self._refuse(send, "body_too_large", tenant)
+            await self._refuse(send, "body_too_large", tenant, message=(
+                f"The request body is over the limit of {self.max_body} bytes."))
+            return
+        except BodyTimeout:
+            await self._refuse(send, "body_timeout", tenant, message=(
+                "The request body did not arrive within "
+                f"{self.settings.server.body_timeout_s:g} s."),
+                headers=[(b"connection", b"close")])
+            return
+        except ClientGone:
+            self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
             return
         try:
-            b = parse_body(body)
+            b = parse_body(body, route)
         except BadBody as exc:
-            await self._refuse(send, exc.code, tenant, message=str(exc))
-            return
-        if route == "chat" and not len(b.messages):
-            await self._refuse(send, "invalid_body", tenant, message="'messages' is required.")
-            return
-        if route == "completions" and not len(b.prompt):
-            await self._refuse(send, "invalid_body", tenant, message="'prompt' is required.")
+            await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
             return
         models = self.models()
         model = b.model if b.model is not None else (models[0] if models else "")
@@ -285,6 +358,8 @@ class Gateway:
         qos_class = b.qos_class
         if hc is not None:
             qos_class = hc.decode("latin-1").strip()
+        if qos_class is not None:  # class names are case-insensitive
+            qos_class = self._class_names.get(qos_class.lower(), qos_class)
         priority = b.priority if isinstance(b.priority, int) else None
         if hp is not None:
             try:
@@ -293,12 +368,11 @@ class Gateway:
                 await self._refuse(send, "invalid_priority", tenant,
                                    message="x-qos-priority must be an integer.")
                 return
-        if b.max_completion_tokens is not None:
-            max_tokens = b.max_completion_tokens
-        elif b.max_tokens is not None:
-            max_tokens = b.max_tokens
-        else:
-            max_tokens = self.default_max_tokens
+        # the output cap: max_completion_tokens (OpenAI's newer name) wins for the in-process
+        # engines; admission charges the larger of the two, as an engine may read either
+        caps = [v for v in (b.max_completion_tokens, b.max_tokens) if v is not None]
+        max_tokens = caps[0] if caps else self.default_max_tokens
+        admitted = max(caps) if caps else max_tokens
         prompt_tokens = estimate_prompt_tokens(b)
         rid = self._id_prefix + str(next(self._ids))
         try:
@@ -313,12 +387,34 @@ class Gateway:
                 ),
                 now,
                 prompt_tokens,
-                max_tokens,
+                admitted,
                 model,
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message)
             return
+        limits = self.cfg.admission
+        for name, v in (("max_completion_tokens", b.max_completion_tokens),
+                        ("max_tokens", b.max_tokens)):
+            if v is not None and not 1 <= v <= limits.max_output_tokens:
+                await self._refuse(
+                    send, "invalid_max_tokens", tenant, req.service_class, param=name,
+                    message=f"{name} is {v}; it must be between 1 and "
+                    f"{limits.max_output_tokens}.",
+                )
+                return
+        if prompt_tokens > limits.max_prompt_tokens:
+            await self._refuse(
+                send, "prompt_too_long", tenant, req.service_class,
+                param="messages" if route == "chat" else "prompt",
+                message=f"The prompt is about {prompt_tokens} tokens (estimated as characters "
+                f"/ 4), over the limit of {limits.max_prompt_tokens} tokens.",
+            )
+            return
+        if b.max_tokens is None:
+            # the engine must stop where admission counted: without a cap of its own it applies
+            # its own default (vLLM: the rest of the context)
+            body = set_max_tokens(body, admitted, b.has_max_tokens)
         qos_headers: Headers = [
             (b"x-qosgate-request-id", rid.encode()),
             (b"x-qosgate-class", req.service_class.encode()),
@@ -343,8 +439,26 @@ class Gateway:
         t = self.driver.ticket(req, job, sink)
         self.driver.submit(t)
         if not t.finished.done():
-            await self._await_end(receive, t)
+            keepalive = self._keepalive(t, sink) if job.stream and self.sse_keepalive_s else None
+            try:
+                await self._await_end(receive, t)
+            finally:
+                if keepalive is not None:
+                    keepalive[0].cancel()
         await self._conclude(t)
+
+    def _keepalive(self, t: Ticket, sink: AsgiSink) -> list[asyncio.TimerHandle]:
+        """Every ``sse_keepalive_s`` until the engine starts the response: the SSE head (once)
+        and a ``: keep-alive`` comment, so that a queued stream's client does not time out."""
+        loop = self.driver.loop()
+        every = self.sse_keepalive_s
+
+        def tick() -> None:
+            if not t.finished.done() and sink.keepalive(loop):
+                handle[0] = loop.call_later(every, tick)
+
+        handle = [loop.call_later(every, tick)]
+        return handle
 
     async def _await_end(self, receive: Receive, t: Ticket) -> None:
         """Wait for the request's end while watching its client, in this same task.
@@ -371,8 +485,11 @@ class Gateway:
             state[0] = False
             if state[1] and task.uncancel() == 0:
                 return  # woken: the request has ended
-            self.driver.cancel(t, "server_shutdown")  # cancelled from outside: shutdown
-            raise
+            # cancelled from outside: the server's shutdown ran out of time. End the request;
+            # its client is answered (a stream: an error event and [DONE]) by _conclude
+            self.driver.cancel(t, "server_shutdown")
+            task.uncancel()
+            return
         state[0] = False
         if not t.client.complete:  # the client went away
             self.driver.cancel(t, "client_disconnected")
@@ -381,7 +498,7 @@ class Gateway:
                 await t.finished
             except asyncio.CancelledError:
                 self.driver.cancel(t, "server_shutdown")
-                raise
+                task.uncancel()
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""
@@ -394,11 +511,11 @@ class Gateway:
             return  # nobody to answer
         if sink.started:  # the response broke off after it began: end it visibly
             if t.job.stream:
-                status, body, _ = outcome_error(req)
-                await sink.send(b"data: " + body + b"\n\n", False)
+                status, body, _ = outcome_error(req, self.cfg)
+                await sink.send(sse_error(body), False)
             else:
                 await sink.send(b"", False)
             return
-        status, body, extra = outcome_error(req)
+        status, body, extra = outcome_error(req, self.cfg)
         await sink.whole(status, body, [(b"content-type", b"application/json"), *extra])
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from qosgate.asgi import Headers, json_bytes
+from qosgate.config import QosConfig
 from qosgate.core import Request, State
 
 # reason -> (status, OpenAI error type, message)
@@ -51,6 +52,18 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "total_timeout": (504, "timeout_error", "The engine call ran past its time limit."),
     "engine_rejected": (400, "invalid_request_error", "The engine cannot serve this request."),
     "client_disconnected": (499, "cancelled", "The client went away."),
+    # the request itself, refused before the scheduler (server/parse.py, server/protocol.py)
+    "invalid_json": (400, "invalid_request_error", "Malformed JSON body."),
+    "invalid_body": (400, "invalid_request_error", "Invalid request body."),
+    "invalid_utf8": (400, "invalid_request_error", "The request body is not valid UTF-8."),
+    "json_too_deep": (400, "invalid_request_error", "The JSON body is nested too deeply."),
+    "duplicate_key": (
+        400,
+        "invalid_request_error",
+        "A member the gateway acts on appears twice or with an escaped key.",
+    ),
+    "body_timeout": (408, "timeout_error", "The request body did not arrive in time."),
+    "internal_error": (500, "server_error", "The gateway failed on this request."),
 }
 
 RETRY_STATUSES = frozenset({429, 503})
@@ -73,8 +86,55 @@ def reason_error(
     return status, error_json(message or default, type_, reason, param)
 
 
-def outcome_error(req: Request) -> tuple[int, bytes, Headers]:
-    """(status, body, extra headers) for a request that ended without a response."""
+def limit_message(
+    reason: str, req: Request, cfg: QosConfig | None
+) -> tuple[str | None, str | None]:
+    """(message, param) for a refusal by a configured limit, saying the limit (None: the default
+    message)."""
+    if cfg is None:
+        return None, None
+    adm = cfg.admission
+    if reason == "prompt_too_long":
+        return (
+            f"The prompt is about {req.prompt_tokens} tokens (estimated as characters / 4), over "
+            f"the limit of {adm.max_prompt_tokens} tokens.",
+            "messages",
+        )
+    if reason == "invalid_max_tokens":
+        return (
+            f"max_tokens is {req.max_tokens}; it must be between 1 and "
+            f"{adm.max_output_tokens}.",
+            "max_tokens",
+        )
+    tenant = next((t for t in cfg.tenants if t.name == req.tenant), None)
+    if tenant is None:
+        return None, None
+    lim = tenant.limits
+    bucket = "a token bucket: up to a minute's worth at once, refilled continuously"
+    if reason == "rate_limit_requests" and lim.requests_per_minute:
+        return (
+            f"Request rate limit reached for this key: {lim.requests_per_minute:g} requests "
+            f"per minute ({bucket}).",
+            None,
+        )
+    if reason == "rate_limit_tokens" and lim.tokens_per_minute:
+        return (
+            f"Token rate limit reached for this key: {lim.tokens_per_minute:g} tokens per minute "
+            f"({bucket}); this request counts {req.prompt_tokens} prompt tokens (estimated) plus "
+            "its expected output.",
+            None,
+        )
+    if reason == "concurrency_limit" and lim.max_concurrent:
+        return (
+            f"Too many concurrent requests for this key: at most {lim.max_concurrent} at once.",
+            None,
+        )
+    return None, None
+
+
+def outcome_error(req: Request, cfg: QosConfig | None = None) -> tuple[int, bytes, Headers]:
+    """(status, body, extra headers) for a request that ended without a response; with ``cfg``,
+    a refusal by a configured limit says the limit."""
     reason = req.reason
     if reason.startswith("upstream_") and reason[9:].isdigit():
         # an engine's error that no retry could get past (a 4xx is passed on by the engine
@@ -87,7 +147,7 @@ def outcome_error(req: Request) -> tuple[int, bytes, Headers]:
         msg = f"The engine failed (it answered {code})."
         return 502, error_json(msg, "server_error", reason), []
     if reason in _REASONS:
-        status, body = reason_error(reason)
+        status, body = reason_error(reason, *limit_message(reason, req, cfg))
     elif req.state is State.TIMED_OUT:
         status, body = 504, error_json("Timed out.", "timeout_error", reason)
     elif req.state is State.REJECTED:

@@ -60,6 +60,24 @@ class _HistogramCollector:
             yield h.collect()
 
 
+OTHER_TENANT = "other"
+
+
+class TenantLabels:
+    """The ``tenant`` label of a tenant: its name for the first ``max_tenants`` tenants of the
+    config (and the default and ``unknown`` pseudo-tenants), ``other`` for the rest, so that a
+    config with thousands of tenants cannot blow up the series count of every scrape."""
+
+    def __init__(self, scheduler: Scheduler, max_tenants: int = 100) -> None:
+        cfg = scheduler.cfg
+        names = [t.name for t in cfg.tenants[:max_tenants]]
+        self.known = frozenset([*names, cfg.default_tenant, "unknown", "none"])
+        self.capped = len(cfg.tenants) > max_tenants
+
+    def __call__(self, tenant: str) -> str:
+        return tenant if tenant in self.known else OTHER_TENANT
+
+
 class _StateCollector:
     def __init__(
         self,
@@ -70,6 +88,7 @@ class _StateCollector:
         self.scheduler = scheduler
         self.ledger = ledger
         self.clock = clock
+        self.tenant_label = TenantLabels(scheduler)
 
     def collect(self) -> Iterator[Metric]:
         sched = self.scheduler
@@ -80,6 +99,12 @@ class _StateCollector:
         )
         merged: Ledger = Counter(sched.outcomes)
         merged.update(self.ledger)
+        label = self.tenant_label
+        if label.capped:
+            capped: Ledger = Counter()
+            for (cls, tenant, outcome, reason), n in merged.items():
+                capped[(cls, label(tenant), outcome, reason)] += n
+            merged = capped
         for (cls, tenant, outcome, reason), n in sorted(merged.items()):
             total.add_metric([cls, tenant, outcome, reason], n)
         yield total
@@ -102,7 +127,7 @@ class _StateCollector:
         yield inflight
         per_tenant: dict[str, list[int]] = {}
         for row in snap.tenants:
-            acc = per_tenant.setdefault(row.tenant, [0, 0])
+            acc = per_tenant.setdefault(label(row.tenant), [0, 0])
             acc[0] += row.queued
             acc[1] += row.inflight
         tq = GaugeMetricFamily("qosgate_tenant_queued", "Queued requests.", labels=["tenant"])
@@ -232,11 +257,22 @@ class GatewayMetrics:
         self.registry.register(
             _HistogramCollector((self.queue_wait, self.ttft, self.e2e, self.replica_ttft))
         )
-        self.registry.register(_StateCollector(scheduler, self.ledger, clock))
+        self._state = _StateCollector(scheduler, self.ledger, clock)
+        self.registry.register(self._state)
+
+    def cap_tenants(self, max_tenants: int) -> None:
+        """Give the first ``max_tenants`` configured tenants a label of their own (see
+        ``TenantLabels``)."""
+        self._state.tenant_label = TenantLabels(self._state.scheduler, max_tenants)
 
     def refused(self, cls: str, tenant: str, reason: str) -> None:
         """A request refused before it reached the scheduler."""
         self.ledger[(cls, tenant, "rejected", reason)] += 1
+
+    def ended(self, cls: str, tenant: str, outcome: str, reason: str) -> None:
+        """A request that ended before it reached the scheduler otherwise than refused (its
+        client left while sending it: ``cancelled``, ``client_disconnected``)."""
+        self.ledger[(cls, tenant, outcome, reason)] += 1
 
     def observe(self, req: Request) -> None:
         """A request reached its terminal state (driver hook)."""

@@ -1,64 +1,464 @@
-"""The hot-path request reader: only the fields the scheduler needs, and the priority splice.
+"""The hot-path request reader: only the fields the gateway acts on, checked so that what it
+decides is what the engine will read.
 
-``msgspec`` decodes the body into a small typed struct; ``messages``/``prompt`` are kept as raw JSON
-spans (``msgspec.Raw``: no Python strings are built), and everything else is skipped. The body
-bytes themselves are forwarded unchanged. The prompt-token estimate is the length of that raw span
-divided by 4 (the usual ~4 characters per token for English; JSON punctuation and escapes make
-it a slight over-estimate, which only errs on the side of caution for admission).
+``msgspec`` decodes the body into a small typed struct; each message's ``content`` and the
+completions ``prompt`` are kept as raw JSON spans (``msgspec.Raw``: no Python strings are built),
+and every member the gateway does not act on is skipped. The body bytes themselves are forwarded
+unchanged (``engines/splice.py`` sets ``priority`` and, when the client sent none, the admitted
+``max_tokens``). The prompt-token estimate is the length of the raw messages (or prompt) divided
+by 4 (the usual ~4 characters per token for English; JSON punctuation and escapes make it a slight
+over-estimate, which only errs on the side of caution for admission).
 
-Types are checked strictly (``"stream": "yes"`` or ``"max_tokens": "10"`` is a 400), as the OpenAI
-API does. bench/hotpath.py measures this against ``json`` and ``orjson``.
+Refused with 400 before anything else happens (``BadBody``; ``code`` is the metrics reason, and
+``param`` names the member at fault):
+
+- a body that is not UTF-8 (``invalid_utf8``), not JSON (``invalid_json``), or JSON nested deeper
+  than ``MAX_JSON_DEPTH`` (``json_too_deep``: decoders recurse, and a body that one of them could
+  read but another, deeper in the stack, could not must never get past the gateway);
+- wrong types (``invalid_body``), checked strictly as the OpenAI API does (``"stream": "yes"`` or
+  ``"max_tokens": "10"`` is a 400); ``messages`` that is not a non-empty list of objects with a
+  string ``role`` (and a string, list or null ``content``); a ``prompt`` that is not a string or a
+  non-empty list of strings or token ids;
+- a member the gateway acts on (``ACTED``) that appears twice, or whose key is spelled with a
+  ``\\u`` escape (``duplicate_key``). JSON parsers differ on duplicates (most take the last, some
+  the first) and the priority splice edits the key's bytes: ``{"priority": 3, "pr\\u0069ority":
+  -100}`` would otherwise be classified by one member and scheduled by the engine on the other.
+
+Cost: a duplicate of a scalar member is counted while it is decoded (``dec_hook`` on a marker type
+per member, a few hundred nanoseconds); the rarer checks (escaped keys, a second ``"messages"``,
+nesting) run a full scan only when a cheap bound says they could be violated.
+bench/hotpath.py measures this against ``json`` and ``orjson``.
 """
 
 from __future__ import annotations
 
+import math
+import re
+from array import array
+from itertools import accumulate
+from typing import Any, ClassVar
+
 import msgspec
+from msgspec import UNSET, Raw, UnsetType
+
+from qosgate.engines.base import Route
+
+CHARS_PER_TOKEN = 4
+MAX_JSON_DEPTH = 256
+# per message, the characters of '{"role":"","content":},' around the raw values (so that a plain
+# message costs what its span in the body costs)
+_MESSAGE_OVERHEAD = 23
+
+
+class BadBody(ValueError):
+    """A body the gateway cannot read; ``code`` is the metrics reason, the message is for the
+    client, ``param`` the member at fault (OpenAI's ``param``)."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
+# ---------------------------------------------------------------------- scalar members
+class _Member:
+    """A scalar member's value, decoded by ``_hook`` (which counts it: a duplicate is seen)."""
+
+    __slots__ = ("v",)
+    key: ClassVar[str]
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    @staticmethod
+    def check(obj: Any) -> Any:
+        raise NotImplementedError
+
+
+def _typename(obj: Any) -> str:
+    if obj is None:
+        return "null"
+    if isinstance(obj, bool):
+        return "bool"
+    if isinstance(obj, int):
+        return "int"
+    if isinstance(obj, float):
+        return "float"
+    if isinstance(obj, str):
+        return "str"
+    if isinstance(obj, list):
+        return "array"
+    return "object"
+
+
+def _int(obj: Any) -> Any:
+    if obj is None or (isinstance(obj, int) and not isinstance(obj, bool)):
+        return obj
+    raise TypeError(f"Expected `int | null`, got `{_typename(obj)}`")
+
+
+def _str(obj: Any) -> Any:
+    if obj is None or isinstance(obj, str):
+        return obj
+    raise TypeError(f"Expected `str | null`, got `{_typename(obj)}`")
+
+
+def _bool(obj: Any) -> Any:
+    if obj is None or isinstance(obj, bool):
+        return obj
+    raise TypeError(f"Expected `bool | null`, got `{_typename(obj)}`")
+
+
+def _number(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, int | float) and not isinstance(obj, bool):
+        if not math.isfinite(obj):
+            raise ValueError("Expected a finite number")
+        return float(obj)
+    raise TypeError(f"Expected `number | null`, got `{_typename(obj)}`")
 
 
 class StreamOptions(msgspec.Struct):
     include_usage: bool | None = None
 
 
-class Body(msgspec.Struct):
-    model: str | None = None
-    stream: bool | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    # UNSET when absent, None when null: the splice must know whether the key is there
-    priority: int | msgspec.UnsetType | None = msgspec.UNSET
-    latency_budget_ms: float | None = None
-    task_type: str | None = None
-    qos_class: str | None = None
-    messages: msgspec.Raw = msgspec.Raw(b"")
-    prompt: msgspec.Raw = msgspec.Raw(b"")
-    stream_options: StreamOptions | None = None
+def _stream_options(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if not isinstance(obj, dict):
+        raise TypeError(f"Expected `object | null`, got `{_typename(obj)}`")
+    usage = obj.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise TypeError(f"include_usage: expected `bool | null`, got `{_typename(usage)}`")
+    return StreamOptions(include_usage=usage)
 
 
-_decoder = msgspec.json.Decoder(Body)
-
-CHARS_PER_TOKEN = 4
-
-
-class BadBody(ValueError):
-    """A body the gateway cannot read; ``code`` is the metrics reason, the message is for the
-    client."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+class _Model(_Member):
+    __slots__ = ()
+    key = "model"
+    check = staticmethod(_str)
 
 
-def parse_body(body: bytes) -> Body:
-    """The scheduler's fields of an OpenAI request body; ``BadBody`` for malformed JSON/types."""
+class _Stream(_Member):
+    __slots__ = ()
+    key = "stream"
+    check = staticmethod(_bool)
+
+
+class _MaxTokens(_Member):
+    __slots__ = ()
+    key = "max_tokens"
+    check = staticmethod(_int)
+
+
+class _MaxCompletionTokens(_Member):
+    __slots__ = ()
+    key = "max_completion_tokens"
+    check = staticmethod(_int)
+
+
+class _Priority(_Member):
+    __slots__ = ()
+    key = "priority"
+    check = staticmethod(_int)
+
+
+class _LatencyBudget(_Member):
+    __slots__ = ()
+    key = "latency_budget_ms"
+    check = staticmethod(_number)
+
+
+class _TaskType(_Member):
+    __slots__ = ()
+    key = "task_type"
+    check = staticmethod(_str)
+
+
+class _QosClass(_Member):
+    __slots__ = ()
+    key = "qos_class"
+    check = staticmethod(_str)
+
+
+class _StreamOpts(_Member):
+    __slots__ = ()
+    key = "stream_options"
+    check = staticmethod(_stream_options)
+
+
+# the keys of the current decode's scalar members, in order (the event loop decodes one body at a
+# time: nothing awaits inside a decode)
+_seen: list[str] = []
+
+
+def _hook(tp: type[_Member], obj: Any) -> _Member:
+    # only the _Member fields of _Wire are custom types: msgspec calls this for nothing else
+    _seen.append(tp.key)
+    return tp(tp.check(obj))
+
+
+# ---------------------------------------------------------------------- the body
+class ChatMessage(msgspec.Struct):
+    role: str
+    content: Raw = Raw(b"")
+    tool_calls: Raw = Raw(b"")
+
+
+class _Wire(msgspec.Struct):
+    model: _Model | UnsetType = UNSET
+    stream: _Stream | UnsetType = UNSET
+    max_tokens: _MaxTokens | UnsetType = UNSET
+    max_completion_tokens: _MaxCompletionTokens | UnsetType = UNSET
+    priority: _Priority | UnsetType = UNSET
+    latency_budget_ms: _LatencyBudget | UnsetType = UNSET
+    task_type: _TaskType | UnsetType = UNSET
+    qos_class: _QosClass | UnsetType = UNSET
+    stream_options: _StreamOpts | UnsetType = UNSET
+    messages: list[ChatMessage] | UnsetType | None = UNSET
+    prompt: Raw = Raw(b"")
+
+
+_decoder = msgspec.json.Decoder(_Wire, dec_hook=_hook)
+_raw_list = msgspec.json.Decoder(list[Raw])
+
+# every top-level member the gateway reads or rewrites
+ACTED = frozenset(
+    ("model", "stream", "max_tokens", "max_completion_tokens", "priority", "latency_budget_ms",
+     "task_type", "qos_class", "stream_options", "messages", "prompt")
+)
+
+
+def _v(m: _Member | UnsetType) -> Any:
+    return None if isinstance(m, UnsetType) else m.v
+
+
+class Body:
+    """What the gateway read of a request body."""
+
+    __slots__ = (
+        "has_max_completion_tokens", "has_max_tokens", "latency_budget_ms",
+        "max_completion_tokens", "max_tokens", "messages", "model", "priority", "prompt",
+        "prompt_chars", "qos_class", "stream", "stream_options", "task_type",
+    )
+
+    def __init__(self, w: _Wire) -> None:
+        self.model: str | None = _v(w.model)
+        self.stream: bool | None = _v(w.stream)
+        self.max_tokens: int | None = _v(w.max_tokens)
+        self.has_max_tokens = w.max_tokens is not UNSET  # present, possibly null
+        self.max_completion_tokens: int | None = _v(w.max_completion_tokens)
+        self.has_max_completion_tokens = w.max_completion_tokens is not UNSET
+        # UNSET when absent, None when null: the splice must know whether the key is there
+        self.priority: int | UnsetType | None = (
+            UNSET if isinstance(w.priority, UnsetType) else w.priority.v
+        )
+        self.latency_budget_ms: float | None = _v(w.latency_budget_ms)
+        self.task_type: str | None = _v(w.task_type)
+        self.qos_class: str | None = _v(w.qos_class)
+        self.stream_options: StreamOptions | None = _v(w.stream_options)
+        self.messages: list[ChatMessage] | None = (
+            None if isinstance(w.messages, UnsetType) else w.messages
+        )
+        self.prompt: Raw = w.prompt
+        self.prompt_chars = len(w.prompt)
+
+
+def parse_body(body: bytes, route: Route | None = None) -> Body:
+    """The gateway's members of an OpenAI request body; ``BadBody`` for anything it must refuse
+    (see the module doc). ``route`` adds that route's required member (``messages``/``prompt``)."""
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BadBody(
+                "invalid_utf8", f"The request body is not valid UTF-8 (at byte {exc.start})."
+            ) from None
+    check_depth(body)
+    _seen.clear()
     try:
-        b = _decoder.decode(body)
+        w = _decoder.decode(body)
     except msgspec.ValidationError as exc:
-        raise BadBody("invalid_body", f"Invalid request body: {exc}") from None
+        msg, param = _validation(str(exc))
+        raise BadBody("invalid_body", f"Invalid request body: {msg}", param) from None
     except msgspec.DecodeError as exc:
         raise BadBody("invalid_json", f"Malformed JSON body: {exc}") from None
+    except RecursionError:  # pragma: no cover - check_depth stops these first
+        raise BadBody("json_too_deep", _too_deep(None)) from None
+    if len(_seen) != len(set(_seen)):
+        dup = next(k for i, k in enumerate(_seen) if k in _seen[:i])
+        raise BadBody("duplicate_key", _dup_message(dup), dup)
+    check_keys(body, route)
+    b = Body(w)
+    if b.messages is not None:
+        b.prompt_chars = _messages_chars(b.messages, route == "chat")
+    if route == "chat" and not b.messages:
+        if b.messages is None:
+            raise BadBody("invalid_body", "'messages' is required: a non-empty list of messages.",
+                          "messages")
+        raise BadBody("invalid_body", "'messages' must be a non-empty list.", "messages")
+    if route == "completions":
+        _check_prompt(w.prompt)
     return b
 
 
 def estimate_prompt_tokens(b: Body) -> int:
-    raw = b.messages if len(b.messages) else b.prompt
-    return max(1, len(raw) // CHARS_PER_TOKEN)
+    return max(1, b.prompt_chars // CHARS_PER_TOKEN)
+
+
+# ---------------------------------------------------------------------- member checks
+_CONTENT_HEADS = frozenset(b'"[n')  # a string, a list of parts, null
+
+
+def _messages_chars(msgs: list[ChatMessage], check: bool) -> int:
+    """The characters of the messages' span in the body (what the estimate counts); with
+    ``check``, a ``content`` that is not a string, a list or null is refused."""
+    chars = 0
+    heads = _CONTENT_HEADS
+    for i, m in enumerate(msgs):
+        c = m.content
+        n = len(c)
+        if n and check and memoryview(c)[0] not in heads:
+            raise BadBody(
+                "invalid_body",
+                f"messages[{i}].content must be a string, a list of content parts or null.",
+                f"messages[{i}].content",
+            )
+        chars += len(m.role) + n + len(m.tool_calls) + _MESSAGE_OVERHEAD
+    return chars
+
+
+_PROMPT_MSG = (
+    "'prompt' is required: a string, a non-empty list of strings, or token ids "
+    "(a list of integers, or a list of such lists)."
+)
+
+
+def _check_prompt(prompt: Raw) -> None:
+    head = bytes(memoryview(prompt)[:1])
+    if head == b'"':
+        return
+    if head != b"[":
+        raise BadBody("invalid_body", _PROMPT_MSG, "prompt")
+    items = _raw_list.decode(prompt)
+    if not items:
+        raise BadBody("invalid_body", _PROMPT_MSG, "prompt")
+    kinds = {_kind(bytes(memoryview(x)[:1])) for x in items}
+    if len(kinds) != 1 or None in kinds:
+        raise BadBody("invalid_body", _PROMPT_MSG, "prompt")
+    if "list" in kinds:
+        for x in items:
+            inner = _raw_list.decode(x)
+            if not inner or any(_kind(bytes(memoryview(y)[:1])) != "int" for y in inner):
+                raise BadBody("invalid_body", _PROMPT_MSG, "prompt")
+
+
+def _kind(head: bytes) -> str | None:
+    if head == b'"':
+        return "str"
+    if head == b"[":
+        return "list"
+    if head and head in b"-0123456789":
+        return "int"
+    return None
+
+
+_AT = re.compile(r" - at `\$\.?(.*)`$")
+
+
+def _validation(text: str) -> tuple[str, str | None]:
+    """msgspec's message and the member it names (``$.messages[0].role`` -> that path)."""
+    m = _AT.search(text)
+    if m is None:
+        return text, None
+    return text, m.group(1) or None
+
+
+def _dup_message(key: str) -> str:
+    return (
+        f"The member `{key}` appears more than once in the body, or with an escaped key: the "
+        "gateway acts on it, so it must appear once, its key spelled without escapes."
+    )
+
+
+# ---------------------------------------------------------------------- nesting
+_OPEN = bytes(c for c in range(256) if c not in b"[{")
+_STRUCTURE = bytes(c for c in range(256) if c not in b'"[]{}')
+_STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+
+
+def json_depth(body: bytes) -> int:
+    """How deeply ``body``'s JSON nests (brackets inside strings excluded), in a few passes at C
+    speed: drop escaped backslashes and escaped quotes, keep only quotes and brackets, drop what
+    lies between quotes, then the running sum of +1/-1 per bracket."""
+    s = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _STRUCTURE)
+    brackets = b"".join(s.split(b'"')[::2]).translate(_STEP)
+    return max(accumulate(array("b", brackets)), default=0)
+
+
+def check_depth(body: bytes) -> None:
+    """``BadBody`` if ``body`` nests deeper than ``MAX_JSON_DEPTH``. Free for a body too short
+    to nest that deep, one pass for one with fewer opening brackets than that."""
+    if len(body) <= 2 * MAX_JSON_DEPTH:
+        return
+    if len(body.translate(None, _OPEN)) <= MAX_JSON_DEPTH:
+        return
+    depth = json_depth(body)
+    if depth > MAX_JSON_DEPTH:
+        raise BadBody("json_too_deep", _too_deep(depth))
+
+
+def _too_deep(depth: int | None) -> str:
+    got = f"{depth} levels" if depth is not None else "too deeply"
+    return f"The JSON body is nested {got}; the limit is {MAX_JSON_DEPTH} levels."
+
+
+# ---------------------------------------------------------------------- keys
+# an escape of an ASCII letter or '_': how a key the gateway acts on could be spelled escaped
+_ESCAPED_NAME_CHAR = re.compile(rb"\\u00[4-7][0-9a-fA-F]")
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+_COLON = re.compile(rb"\s*:")
+
+
+def top_level_keys(body: bytes) -> list[bytes]:
+    """The raw (undecoded) keys of the top-level object, in order, duplicates included."""
+    keys: list[bytes] = []
+    depth = 0
+    for m in _TOKEN.finditer(body):
+        tok = m.group()
+        c = tok[:1]
+        if c in b"[{":
+            depth += 1
+        elif c in b"]}":
+            depth -= 1
+        elif depth == 1 and _COLON.match(body, m.end()):
+            keys.append(tok)
+    return keys
+
+
+def check_keys(body: bytes, route: Route | None) -> None:
+    """``BadBody`` if a key the gateway acts on is escaped, or ``messages``/``prompt`` appears
+    twice at the top level (a scalar's duplicate is caught while decoding). Scans the keys only
+    when a cheap test says it could be so."""
+    suspect = b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body) is not None
+    if not suspect:
+        big = b'"messages"' if route != "completions" else b'"prompt"'
+        first = body.find(big)
+        suspect = first >= 0 and body.find(big, first + len(big)) >= 0
+        if not suspect and route is None:
+            first = body.find(b'"prompt"')
+            suspect = first >= 0 and body.find(b'"prompt"', first + 8) >= 0
+    if not suspect:
+        return
+    seen: set[str] = set()
+    for raw in top_level_keys(body):
+        try:
+            key = msgspec.json.decode(raw, type=str)
+        except msgspec.DecodeError:  # pragma: no cover - the body decoded: its keys do too
+            continue
+        if key not in ACTED:
+            continue
+        if key in seen or b"\\" in raw:
+            raise BadBody("duplicate_key", _dup_message(key), key)
+        seen.add(key)

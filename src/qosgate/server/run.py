@@ -1,8 +1,19 @@
 """Build the gateway from config and serve it with uvicorn (uvloop + httptools).
 
+Start-up order: the listening sockets are bound first (a port in use stops start-up before a
+model is loaded), then the engines are built, then uvicorn serves on those sockets, and only once
+it does is "serving on" printed (``on_serving``).
+
+Connections go through ``server/protocol.py`` (a connection cap, header and body timeouts, a
+header size cap, OpenAI-format answers to malformed HTTP). The cap defaults to the process's
+descriptor limit (raised to its hard limit at start-up) less a reserve for the engines'
+connections and the process's own files.
+
 Graceful shutdown on SIGTERM (or Ctrl+C): stop accepting connections, reject every queued request
-with 503 + Retry-After at once, let running requests finish for up to ``shutdown_timeout_s``
-(then they are cut), close the engines and exit 0. A second signal forces the exit.
+with 503 + Retry-After at once, let running requests finish for up to ``shutdown_timeout_s``; then
+the ones still running are cut -- a stream ends with an OpenAI error event (``server_shutdown``)
+and ``[DONE]``, each counted once -- the engines close and the process exits 0. A second signal
+forces the exit.
 """
 
 from __future__ import annotations
@@ -10,6 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import resource
+import socket
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -22,9 +36,18 @@ from qosgate.engines.inprocess import InProcessEngine
 from qosgate.engines.openai_upstream import OpenAIUpstream
 from qosgate.engines.simmodel import SimEngine, load_profile
 from qosgate.server.app import Gateway
-from qosgate.server.settings import GatewaySettings
+from qosgate.server.protocol import ConnectionLimits, ConnectionStats, guarded_protocol
+from qosgate.server.settings import GatewaySettings, ServerSettings
+
+log = logging.getLogger("qosgate.gateway")
 
 DEFAULT_SIM_WINDOW = 64
+BACKLOG = 4096
+# descriptors kept back from the connection cap: the process's own files, the model, the event
+# loop, the log -- and, for upstreams, one connection per request in each replica's window
+FD_RESERVE = 64
+# uvicorn's own cut, after ours: only if ours could not end a request (it should not happen)
+_BACKSTOP_S = 5.0
 
 
 def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
@@ -65,17 +88,100 @@ def build_gateway(cfg: QosConfig, settings: GatewaySettings, policy: str | None 
     return Gateway(cfg, settings, build_engines(settings), policy)
 
 
-class _Server(uvicorn.Server):
-    """uvicorn, with the gateway's drain on the first signal and a clean exit code."""
+# ---------------------------------------------------------------------- sockets
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not yet listening: connections are refused until
+    the server serves). ``OSError`` if the address cannot be bound."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, type_, proto, _, addr = infos[0]
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+
+class Listeners:
+    """The bound sockets: the API port and, if configured, the metrics port."""
+
+    def __init__(self, srv: ServerSettings) -> None:
+        self.api = bind_socket(srv.host, srv.port)
+        self.metrics: socket.socket | None = None
+        if srv.metrics_port is not None:
+            try:
+                self.metrics = bind_socket(srv.metrics_host or srv.host, srv.metrics_port)
+            except OSError:
+                self.api.close()
+                raise
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return [self.api] if self.metrics is None else [self.api, self.metrics]
+
+    @staticmethod
+    def address(sock: socket.socket) -> str:
+        host, port = sock.getsockname()[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+def connection_limits(settings: GatewaySettings) -> ConnectionLimits:
+    """The connection guards; the cap, unless configured, from the descriptor limit."""
+    srv = settings.server
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # pragma: no cover - not allowed here: keep the soft one
+            pass
+    reserve = FD_RESERVE + sum(u.capacity for u in settings.upstreams)
+    fit = max(16, soft - reserve) if soft != resource.RLIM_INFINITY else 65_536
+    cap = srv.max_connections if srv.max_connections is not None else fit
+    if cap > fit:
+        log.warning("server.max_connections %d is over what %d descriptors allow (%d); "
+                    "connections past that fail at accept", cap, soft, fit)
+    return ConnectionLimits(
+        max_connections=cap,
+        header_timeout_s=srv.header_timeout_s,
+        body_timeout_s=srv.body_timeout_s,
+        max_header_bytes=srv.max_header_bytes,
+    )
+
+
+# ---------------------------------------------------------------------- the server
+class _Server(uvicorn.Server):
+    """uvicorn, with the gateway's drain on the first signal, its cut of running requests at the
+    shutdown timeout, "serving on" once it serves, and a clean exit code."""
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        gateway: Gateway,
+        on_serving: Callable[[], None] | None,
+    ) -> None:
         super().__init__(config)
         self.gateway = gateway
+        self.on_serving = on_serving
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._cut: asyncio.TimerHandle | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self.loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit and self.on_serving is not None:
+            self.on_serving()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it after serving, and the
@@ -85,13 +191,36 @@ class _Server(uvicorn.Server):
             return
         self.should_exit = True
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(self.gateway.begin_shutdown)
+            self.loop.call_soon_threadsafe(self._begin_shutdown)
+
+    def _begin_shutdown(self) -> None:
+        self.gateway.begin_shutdown()
+        assert self.loop is not None
+        self._cut = self.loop.call_later(
+            self.gateway.settings.server.shutdown_timeout_s, self.cut_running
+        )
+
+    def cut_running(self) -> None:
+        """The shutdown timeout ran out: end every request still running (its client gets an
+        OpenAI error; a stream, an error event and ``[DONE]``)."""
+        driver = self.gateway.driver
+        tickets = list(driver.tickets.values())
+        if tickets:
+            log.warning("shutdown timeout: cutting %d running request(s)", len(tickets))
+        for t in tickets:
+            driver.cancel(t, "server_shutdown")
 
 
-def serve(gateway: Gateway, host: str, port: int, log_level: str = "info") -> bool:
-    """Serve until a signal; True if the server started (and so shut down cleanly)."""
+def serve(
+    gateway: Gateway,
+    listeners: Listeners,
+    on_serving: Callable[[], None] | None = None,
+) -> bool:
+    """Serve on ``listeners`` until a signal; True if the server started (and so shut down
+    cleanly). ``on_serving`` runs once the sockets accept connections."""
+    srv = gateway.settings.server
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=srv.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         import uvloop  # noqa: F401
@@ -99,23 +228,25 @@ def serve(gateway: Gateway, host: str, port: int, log_level: str = "info") -> bo
         loop = "uvloop"
     except ImportError:  # pragma: no cover
         loop = "asyncio"
+    stats = ConnectionStats()
+    gateway.metrics.registry.register(stats)
+    if listeners.metrics is not None:
+        gateway.metrics_port = int(listeners.metrics.getsockname()[1])
     config = uvicorn.Config(
         gateway,
-        host=host,
-        port=port,
         loop=loop,
-        http="httptools",
+        http=guarded_protocol(connection_limits(gateway.settings), stats),
+        ws="none",
         lifespan="on",
         access_log=False,
-        log_level=log_level.lower(),
-        timeout_graceful_shutdown=math.ceil(gateway.settings.server.shutdown_timeout_s),
-        timeout_keep_alive=30,
-        backlog=4096,
+        log_level=srv.log_level,
+        timeout_graceful_shutdown=math.ceil(srv.shutdown_timeout_s + _BACKSTOP_S),
+        timeout_keep_alive=math.ceil(srv.keepalive_timeout_s),
+        backlog=BACKLOG,
         proxy_headers=False,
         server_header=False,
         date_header=False,
     )
-    server = _Server(config, gateway)
-    server.run()
+    server = _Server(config, gateway, on_serving)
+    server.run(sockets=listeners.sockets)
     return bool(server.started)
-

@@ -25,13 +25,18 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   vLLM 0.32, a request aborted because its client left is **not** counted there (vLLM counts
   only what the engine itself finishes); ``/debug/requests`` counts it;
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
-  ``--record FILE``, one JSON line per request.
+  ``--record FILE``, one JSON line per request;
+- fault switches, for tests and benchmarks of a fleet (``engines/faults.py``): ``--fault SPEC``
+  (repeatable) and ``--slow FACTOR`` at start, ``POST``/``GET``/``DELETE /admin/fault`` at run
+  time: die (``kill -9`` of itself), refuse connections, hang before the first byte or mid-stream,
+  slow down, answer 429/503 with ``Retry-After``.
 
 Known differences that no gateway behaviour depends on: the tokens are not a model's; a stream
 sends its ``finish_reason`` in a chunk of its own after the last token (vLLM puts it on the last
 token's chunk); fewer response fields (no ``system_fingerprint``, ``stop_reason``, ...).
 
-Run: ``python -m qosgate.engines.standin --port 8001 --scheduling-policy priority``.
+Run: ``python -m qosgate.engines.standin --port 8001 --scheduling-policy priority``; several
+with different ``--served-model-name`` make a fleet serving several models.
 """
 
 from __future__ import annotations
@@ -41,7 +46,11 @@ import asyncio
 import base64
 import itertools
 import logging
+import os
+import signal
+from collections.abc import Sequence
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 
@@ -58,6 +67,14 @@ from qosgate.asgi import (
     wait_disconnect,
 )
 from qosgate.engines.base import Job, Route, Sink
+from qosgate.engines.faults import (
+    Fault,
+    FaultError,
+    FaultSwitch,
+    Listener,
+    fault_from_json,
+    parse_fault,
+)
 from qosgate.engines.inprocess import InProcessEngine
 from qosgate.engines.openai_format import error_body, models_list
 from qosgate.engines.simmodel import Policy, SimEngine, load_profile
@@ -137,21 +154,54 @@ class _Call:
 
 
 class _Sink:
-    __slots__ = ("_send", "complete", "started")
+    __slots__ = ("_send", "complete", "stall_after", "started", "stream")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, stall_after: int | None = None, stream: bool = True) -> None:
         self._send = send
         self.started = False
         self.complete = False
+        # fault hang-mid-stream: content chunks still to send before the stream hangs
+        self.stall_after = stall_after
+        self.stream = stream
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        if self.stall_after is not None and not self.stream:
+            await _hang()  # a whole answer is its own first byte: it never comes
         self.started = True
         await self._send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def send(self, data: bytes, more: bool = True) -> None:
+        left = self.stall_after
+        if left is not None and self.stream:
+            data, left, stop = _cut_stream(data, left)
+            self.stall_after = left
+            if stop:
+                if data:
+                    await self._send({"type": "http.response.body", "body": data,
+                                      "more_body": True})
+                await _hang()
         if not more:
             self.complete = True
         await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+
+async def _hang() -> None:
+    """Never return (the request's task is cancelled when its client leaves)."""
+    await asyncio.get_running_loop().create_future()
+
+
+def _cut_stream(data: bytes, left: int) -> tuple[bytes, int, bool]:
+    """Keep the SSE events of ``data`` up to ``left`` content chunks (the role chunk is free):
+    (what to send, chunks left, stop after it)."""
+    events = data.split(b"\n\n")
+    kept: list[bytes] = []
+    for ev in events[:-1]:  # the last element is what follows the final separator (b"")
+        if b'"role":' not in ev:
+            if left <= 0:
+                return b"".join(e + b"\n\n" for e in kept), 0, True
+            left -= 1
+        kept.append(ev)
+    return data, left, False
 
 
 class StandIn:
@@ -168,6 +218,7 @@ class StandIn:
         default_max_tokens: int = 256,
         record: str | None = None,
         max_model_len: int = 32768,
+        faults: Sequence[Fault] = (),
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
@@ -182,6 +233,11 @@ class StandIn:
             modelled_time=True,
             time_scale=time_scale,
         )
+        self.time_scale = time_scale  # the engine's, before a ``slow`` fault multiplies it
+        self.faults = FaultSwitch()
+        self.initial_faults = list(faults)  # switched on once serving (``--fault``)
+        self.listener: Listener | None = None  # set by ``main``: what ``refuse`` stops
+        self._fault_timer: asyncio.TimerHandle | None = None
         self.default_max_tokens = default_max_tokens
         self.max_model_len = max_model_len
         self.record_path = record
@@ -194,7 +250,7 @@ class StandIn:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "lifespan":
-            await lifespan(receive, send, self.engine.start, self.engine.close)
+            await lifespan(receive, send, self._startup, self.engine.close)
             return
         if kind != "http":
             return
@@ -212,6 +268,8 @@ class StandIn:
             await send_bytes(
                 send, 200, self.metrics_text().encode(), [(b"content-type", b"text/plain")]
             )
+        elif path == "/admin/fault":
+            await self._admin_fault(scope, receive, send)
         elif path == "/debug/requests":
             if method == "DELETE":
                 self.recorded.clear()
@@ -231,6 +289,15 @@ class StandIn:
         if self.record_path:
             with open(self.record_path, "ab") as f:
                 f.write(json_bytes(rec) + b"\n")
+        if self.faults.armed:  # faults that strike before the engine sees the request
+            status = self.faults.take_status()
+            if status is not None:
+                await self._answer_fault(send, status)
+                return
+            if self.faults.take_hang():
+                await wait_disconnect(receive)
+                self.finished["abort"] += 1
+                return
         try:
             b = _decode(body)
         except msgspec.DecodeError as exc:
@@ -278,7 +345,8 @@ class StandIn:
             prompt_tokens=prompt_tokens,
             include_usage=bool(b.stream_options and b.stream_options.include_usage),
         )
-        sink = _Sink(send)
+        stall = self.faults.take_mid_stream() if self.faults.armed else None
+        sink = _Sink(send, stall, bool(b.stream))
         spec = SeqSpec(
             seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, engine_priority=priority
         )
@@ -297,6 +365,90 @@ class StandIn:
         gen.cancel()  # the client went away: abort in the engine at once
         self.finished["abort"] += 1  # (not in vllm:request_success_total, as in vLLM 0.32)
         log.debug("aborted %s", rid)
+
+    # ------------------------------------------------------------------ faults
+    async def _startup(self) -> None:
+        await self.engine.start()
+        for f in self.initial_faults:
+            self.apply_fault(f)
+
+    def apply_fault(self, fault: Fault, delay: float = 0.0) -> None:
+        """Switch ``fault`` on (``die``/``refuse`` act ``delay`` seconds from now at the
+        earliest, so that an admin request is answered first)."""
+        loop = asyncio.get_running_loop()
+        if fault.kind == "die":
+            log.warning("fault: dying (SIGKILL) in %.3f s", max(delay, fault.after or 0.0))
+            loop.call_later(max(delay, fault.after or 0.0), os.kill, os.getpid(), signal.SIGKILL)
+            return
+        if fault.kind == "refuse":
+            listener = self.listener
+            if listener is None:
+                raise FaultError("refuse needs the stand-in's own server (python -m "
+                                 "qosgate.engines.standin)")
+            log.warning("fault: %s", fault.spec())
+            loop.call_later(max(delay, fault.at_s), listener.refuse, fault.for_s)
+            return
+        log.warning("fault: %s", fault.spec())
+        self.faults.set(fault)
+        self._sync_faults()
+
+    def clear_faults(self, kind: str | None = None) -> int:
+        n = self.faults.clear(kind)
+        self._sync_faults()
+        return n
+
+    def _sync_faults(self) -> None:
+        """Apply the time-dependent part (``slow``) now, and again when a fault starts or
+        ends by itself."""
+        self.engine.time_scale = self.time_scale * self.faults.slow_factor()
+        if self._fault_timer is not None:
+            self._fault_timer.cancel()
+            self._fault_timer = None
+        nxt = self.faults.next_change()
+        if nxt is not None:
+            loop = asyncio.get_running_loop()
+            delay = max(0.0, nxt - self.faults.clock()) + 0.001
+            self._fault_timer = loop.call_later(delay, self._sync_faults)
+
+    async def _answer_fault(self, send: Send, fault: Fault) -> None:
+        code = int(fault.kind)
+        headers: list[tuple[bytes, bytes]] = []
+        if fault.retry_after is not None:
+            ra = fault.retry_after
+            value = str(int(ra)) if float(ra).is_integer() else repr(ra)
+            headers.append((b"retry-after", value.encode()))
+        msg = ("Too many requests (stand-in fault)." if code == 429
+               else "Service unavailable (stand-in fault).")
+        kind = "RateLimitError" if code == 429 else "ServiceUnavailableError"
+        await send_json(send, code, _error(msg, kind, None, code), headers)
+
+    async def _admin_fault(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope["method"]
+        if method == "POST":
+            body = await read_body(receive, 1 << 16)
+            try:
+                fault = fault_from_json(msgspec.json.decode(body))
+                self.apply_fault(fault, delay=0.01)
+            except (FaultError, msgspec.DecodeError) as exc:
+                await send_json(send, 400, _error(str(exc), "BadRequestError", "fault"))
+                return
+        elif method == "DELETE":
+            kinds = parse_qs(scope.get("query_string", b"").decode()).get("kind")
+            if kinds:
+                for k in kinds:
+                    self.clear_faults(k)
+            else:
+                self.clear_faults()
+        elif method != "GET":
+            await send_json(send, 405, {"detail": "Method Not Allowed"})
+            return
+        listener = self.listener
+        await send_json(send, 200, {
+            "faults": self.faults.describe(),
+            "hits": dict(self.faults.hits),
+            "time_scale": self.engine.time_scale,
+            "refusing": bool(listener and listener.refusing),
+        })
 
     def metrics_text(self) -> str:
         m = self.sim.metrics()
@@ -341,14 +493,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=32768,
                    help="as vLLM's: a larger max_tokens is a 400 (default: Qwen2.5-7B's 32768)")
     p.add_argument("--record", default=None, help="append every request body here (JSON lines)")
+    p.add_argument("--fault", action="append", default=[], type=_fault_arg, metavar="SPEC",
+                   help="switch a fault on at start (repeatable): die[:after=S], refuse[:for=S], "
+                   "hang-first-byte, hang-mid-stream[:after=N], slow:factor=F, "
+                   "429|503[:retry-after=S]; options for=S, at=S, count=N "
+                   "(see qosgate.engines.faults)")
+    p.add_argument("--slow", type=float, default=None, metavar="FACTOR",
+                   help="every engine step takes FACTOR times as long (the fault slow:factor=F)")
     p.add_argument("--log-level", default="warning")
     return p
+
+
+def _fault_arg(spec: str) -> Fault:
+    try:
+        return parse_fault(spec)
+    except FaultError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     args = build_parser().parse_args(argv)
+    faults: list[Fault] = list(args.fault)
+    if args.slow is not None:
+        if args.slow <= 0:
+            build_parser().error("--slow must be > 0")
+        faults.append(Fault("slow", factor=args.slow))
     app = StandIn(
         profile=args.profile,
         policy=args.scheduling_policy,
@@ -358,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
         default_max_tokens=args.default_max_tokens,
         record=args.record,
         max_model_len=args.max_model_len,
+        faults=faults,
     )
     kwargs: dict[str, Any] = {}
     try:
@@ -366,7 +538,7 @@ def main(argv: list[str] | None = None) -> None:
         kwargs["loop"] = "uvloop"
     except ImportError:  # pragma: no cover
         kwargs["loop"] = "asyncio"
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -380,6 +552,9 @@ def main(argv: list[str] | None = None) -> None:
         date_header=False,
         **kwargs,
     )
+    server = uvicorn.Server(config)
+    app.listener = Listener(server)  # what the ``refuse`` fault stops and restarts
+    server.run()
 
 
 if __name__ == "__main__":

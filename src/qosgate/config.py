@@ -34,12 +34,22 @@ class ServiceClass(_Strict):
         default=None, gt=0, description="waiting this long promotes a request one level up"
     )
     deadline_admission: bool = Field(
-        default=False, description="reject at arrival when the predicted wait exceeds the budget"
+        default=False, description="reject at arrival when the predicted wait exceeds the TTFT "
+        "budget"
+    )
+    admission_wait_s: float | None = Field(
+        default=None, gt=0, description="reject at arrival (429/503 with a Retry-After from the "
+        "predicted drain) when the predicted wait exceeds this; None = the queue timeout, so "
+        "no request is accepted only to time out later. A smaller value sheds a class earlier"
     )
     preemptible: bool = Field(
         default=False, description="may be pulled back before its first token to make room"
     )
     can_preempt: bool = Field(default=False, description="may pull back preemptible requests")
+    reserved_share: float = Field(
+        default=0.0, ge=0, lt=1, description="share of each replica's window kept for this "
+        "class and the ones above; classes below that can be preempted may borrow it while "
+        "it is idle (they give it back first), others may not")
     first_byte_timeout_s: float | None = Field(
         default=None,
         gt=0,
@@ -122,8 +132,41 @@ class Outlier(_Strict):
     jitter: float = Field(default=0.1, ge=0, le=1)
 
 
+class Window(_Strict):
+    """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
+    starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
+    and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
+    the replica's configured capacity; ``fixed`` is the capacity, always."""
+
+    mode: Literal["adaptive", "fixed"] = "adaptive"
+    initial: int = Field(default=8, ge=1)
+    min: int = Field(default=1, ge=1)
+    kv_target: float = Field(default=0.9, gt=0, le=1)
+    waiting_allowance: float = Field(
+        default=0.05, ge=0, description="requests queued inside the engine per window slot "
+        "tolerated before the window shrinks"
+    )
+    shrink: float = Field(default=0.8, gt=0, lt=1)
+    grow_frac: float = Field(default=0.1, gt=0)
+    settle_s: float = Field(default=2.0, ge=0)
+    cooldown_s: float = Field(default=2.0, ge=0)
+    latency_target_s: float | None = Field(default=None, gt=0)
+    stale_s: float = Field(default=5.0, gt=0, description="signals older than this are ignored "
+                           "by the window and count as saturated for routing")
+
+
 class Fleet(_Strict):
-    router: str = Field(default="most-free", description="how a replica is picked")
+    router: str = Field(default="least-load", description="how a replica is picked: "
+                        "least-load (measured load) or most-free (the most free slots)")
+    window: Window = Window()
+    prefill_budget_tokens: int | None = Field(
+        default=2048, ge=1, description="while a replica streams to a strict (realtime) "
+        "request, prompt tokens of other classes it has not yet answered stay within this "
+        "budget, so each engine step carries little prefill next to the realtime decode; None "
+        "= no bound")
+    prefill_guard_max_wait_s: float = Field(
+        default=30.0, gt=0, description="a request held back by the prefill budget longer "
+        "than this goes anyway (no starvation)")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(
@@ -211,6 +254,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             max_queue=2_000,
             deadline_admission=True,
             can_preempt=True,
+            reserved_share=0.1,
         ),
         ServiceClass(
             name="api",

@@ -145,11 +145,9 @@ class Harness:
         for r in running:  # never sent to a replica that does not serve its model
             assert s.replicas[r.replica or ""].serves(r.model)
         # work-conserving: nothing waits while a slot it could use is free -- on a replica
-        # that may take work now and serves its model (a request paused on an in-process
-        # engine can only resume on that replica, where its state lives)
+        # that may take it now (up, not ejected or cooling, serving its model, its reserved
+        # share and prefill budget allowing; a request paused on an in-process engine can
+        # only resume on that replica, where its state lives)
         for r in queued:
-            if r.replica is not None:
-                room = s.replicas[r.replica].free if s.replicas[r.replica] in usable else 0
-            else:
-                room = sum(rep.free for rep in usable if rep.serves(r.model))
+            room = sum(rep.free for rep in usable if s.may_take(rep, r, self.now))
             assert room == 0, f"{r.id} waits while a slot it could use is free"

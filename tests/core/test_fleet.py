@@ -11,6 +11,9 @@ from qosgate.core.signals import LoadSignals
 
 
 def _sched(*specs: ReplicaSpec, **cfg: object) -> Scheduler:
+    """Fixed windows (the adaptive one has a test of its own)."""
+    for spec in specs:
+        spec.window = spec.window or "fixed"
     return Scheduler(default_config(**cfg), "qos", list(specs))
 
 
@@ -35,17 +38,18 @@ def test_requests_go_only_to_replicas_serving_their_model() -> None:
     for i in range(6):
         got |= _dispatched(_submit(s, f"x{i}", model="m-a" if i % 2 else "m-b"))
     assert got == {f"x{i}": ("a" if i % 2 else "b") for i in range(6)}
-    # m-a's replica is full (4 in flight): the next m-a request waits although b has room
+    # m-a's replica is full: the next m-a requests wait although b has room
     for i in range(6, 10):
         got |= _dispatched(_submit(s, f"x{i}", model="m-a"))
     assert [got.get(f"x{i}") for i in range(6, 10)] == ["a", None, None, None]
-    assert s.replicas["b"].free == 1
+    assert s.replicas["a"].free == 0 and s.replicas["b"].free == 1
 
 
 def test_a_failed_attempt_is_retried_elsewhere_in_its_place_and_charged_once() -> None:
     cfg = {"tenants": (Tenant(name="t", api_keys=("k",),
                               limits=TenantLimits(tokens_per_minute=10_000)),)}
-    s = _sched(ReplicaSpec("a", 1), ReplicaSpec("b", 2), **cfg)  # type: ignore[arg-type]
+    s = _sched(ReplicaSpec("a", 1), ReplicaSpec("b", 2), fleet=Fleet(router="most-free"),
+               **cfg)  # type: ignore[arg-type]
     assert _dispatched(_submit(s, "r1", key="k")) == {"r1": "b"}  # the most free
     bucket = s._limiters["t"].tpm
     assert bucket is not None
@@ -169,3 +173,72 @@ def test_the_retry_budget_bounds_concurrent_retries() -> None:
         ends |= _finished(s.attempt_failed(f"r{i}", 1.0, "upstream_500"))
     # two retries in flight at most; the third failure and later end the request
     assert sorted(ends) == ["r2", "r3", "r4"]
+
+
+def test_a_reserved_share_is_kept_for_realtime_and_lent_only_to_preemptible_classes() -> None:
+    s = _sched(ReplicaSpec("a", 10))  # realtime keeps 10% of each window by default
+    for i in range(12):
+        _submit(s, f"api{i}")
+    assert len(s.replicas["a"].inflight) == 9  # api may not take the reserved slot
+    out = _submit(s, "b0", cls="batch")
+    assert _dispatched(out) == {"b0": "a"}  # batch may borrow it: it can give it back
+    out = _submit(s, "rt", cls="realtime")
+    # realtime takes it back: the borrower is pulled back (preempted) and re-queued
+    assert _dispatched(out) == {"rt": "a"}
+    assert s.requests["b0"].state is State.QUEUED and s.preemptions["batch"] == 1
+
+
+def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
+    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8),
+               fleet=Fleet(prefill_budget_tokens=1000, prefill_guard_max_wait_s=20.0))
+    assert _dispatched(_submit(s, "rt", cls="realtime")) == {"rt": "a"}
+    s.first_token("rt", 0.1)
+    assert s.replicas["a"].strict_streams == 1
+    # b streams to nobody: a long prompt goes there
+    assert _dispatched(_submit(s, "long1", now=0.2, prompt=4000)) == {"long1": "b"}
+    s.first_token("long1", 0.3)
+    out = s.observe("b", 0.3, up=False)  # now only a can take work
+    assert _dispatched(_submit(s, "long2", now=0.4, prompt=4000)) == {}
+    assert _dispatched(_submit(s, "short", now=0.5, prompt=500)) == {"short": "a"}
+    assert s.replicas["a"].prefill_tokens == 500
+    s.complete("rt", 1.0, 20)  # the realtime stream ends: the long prefill may go
+    assert s.requests["long2"].replica == "a"
+    # and a held request goes anyway past its bound (no starvation)
+    _submit(s, "rt2", now=2.0, cls="realtime")
+    s.first_token("rt2", 2.1)
+    s.first_token("long2", 2.1)
+    s.first_token("short", 2.1)
+    _submit(s, "long3", now=3.0, prompt=4000)
+    assert s.requests["long3"].state is State.QUEUED
+    assert _dispatched(s.tick(23.5)) == {"long3": "a"}
+    assert out == []
+
+
+def test_an_adaptive_window_follows_the_engine_signals() -> None:
+    from qosgate.core.limits import EngineLimit
+
+    lim = EngineLimit(4, max_limit=64, settle_s=1.0, cooldown_s=1.0)
+    t = 0.0
+    for _ in range(3):  # slow start: doubles while full and settled
+        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.limit)
+        t += 1.0
+        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.limit)
+    assert lim.limit == 32
+    lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=3)  # not full
+    t += 5.0
+    lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=3)
+    assert lim.limit == 32  # no growth while the window is not full
+    t += 1.0
+    lim.on_signals(t, LoadSignals(at=t, waiting=10, kv_usage=0.5), inflight=32)  # engine queue
+    assert lim.limit == 25
+    lim.on_signals(t + 0.5, LoadSignals(at=t + 0.5, kv_usage=0.99), inflight=25)
+    assert lim.limit == 25  # within the cooldown: the last change has not shown yet
+    lim.on_signals(t + 1.5, LoadSignals(at=t + 1.5, preemptions_total=3), inflight=25)
+    lim.on_signals(t + 3.0, LoadSignals(at=t + 3.0, preemptions_total=4), inflight=25)
+    assert lim.limit == 20  # new engine preemptions: pressure
+    t += 10.0
+    lim.on_signals(t, LoadSignals(at=t - 9, waiting=0), inflight=20)  # stale: ignored
+    assert lim.limit == 20
+    lim.on_signals(t, LoadSignals(at=t, waiting=0, preemptions_total=4), inflight=20)
+    lim.on_signals(t + 1, LoadSignals(at=t + 1, waiting=0, preemptions_total=4), inflight=20)
+    assert lim.limit == 22  # after pressure: additive growth (10%)

@@ -16,8 +16,14 @@ from hypothesis import strategies as st
 
 from qosgate.config import Admission, Aging, Fairness, Tenant, TenantLimits, default_config
 from qosgate.core import POLICY_NAMES, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core.signals import LoadSignals
 
 from .harness import Harness
+
+
+def _fixed(name: str, capacity: int, **kw: object) -> ReplicaSpec:
+    """A replica whose window is its capacity: these properties are about the queues."""
+    return ReplicaSpec(name, capacity, window="fixed", **kw)  # type: ignore[arg-type]
 
 CLASSES = ["realtime", "api", "batch", "offline"]
 
@@ -61,7 +67,7 @@ def test_every_request_ends_exactly_once_and_books_balance(
     sched = Scheduler(
         _config(policy),  # type: ignore[arg-type]
         policy,
-        [ReplicaSpec("r0", 2), ReplicaSpec("r1", 1, pausable=True)],
+        [_fixed("r0", 2), _fixed("r1", 1, pausable=True)],
     )
     h = Harness(sched)
     keys = ["ka", "kb", "kc"]
@@ -95,7 +101,7 @@ def _saturated_run(
         fairness=Fairness(prompt_weight=1, output_weight=1),
         tenants=tuple(Tenant(name=f"t{i}", api_keys=(f"k{i}",)) for i in range(tenants)),
     )
-    h = Harness(Scheduler(cfg, policy, [ReplicaSpec("r0", 8)]), prefill_s=0.01, decode_s=0.002)
+    h = Harness(Scheduler(cfg, policy, [_fixed("r0", 8)]), prefill_s=0.01, decode_s=0.002)
     service: Counter[str] = Counter()
     per_tenant: Counter[str] = Counter()
     done = 0
@@ -159,7 +165,7 @@ def test_vtc_service_gap_between_backlogged_tenants_is_bounded(
         tenants=(Tenant(name="a", api_keys=("ka",)), Tenant(name="b", api_keys=("kb",))),
         aging=Aging(enabled=False),
     )
-    h = Harness(Scheduler(cfg, "qos", [ReplicaSpec("r0", 1)]), prefill_s=0.0, decode_s=0.001)
+    h = Harness(Scheduler(cfg, "qos", [_fixed("r0", 1)]), prefill_s=0.0, decode_s=0.001)
     served = {"ka": 0, "kb": 0}
     largest = 0.0
     done = 0
@@ -188,7 +194,7 @@ def test_aging_bounds_a_low_class_wait_under_constant_high_class_load(
     starts within its aging path (60 s to batch + 30 s to api) plus a few service times."""
     rng = random.Random(seed)
     h = Harness(
-        Scheduler(default_config(), policy, [ReplicaSpec("r0", 2)]), prefill_s=0.05, decode_s=0.01
+        Scheduler(default_config(), policy, [_fixed("r0", 2)]), prefill_s=0.05, decode_s=0.01
     )
     victim = None
     while h.now < 200:
@@ -207,7 +213,7 @@ def test_aging_bounds_a_low_class_wait_under_constant_high_class_load(
 def test_without_aging_strict_priority_starves_the_low_class() -> None:
     """The control for the test above: the bound really comes from aging."""
     cfg = default_config(aging=Aging(enabled=False))
-    h = Harness(Scheduler(cfg, "priority", [ReplicaSpec("r0", 2)]))
+    h = Harness(Scheduler(cfg, "priority", [_fixed("r0", 2)]))
     h.submit("api", output=100)
     h.submit("api", output=100)
     victim = h.submit("offline", output=10)
@@ -227,7 +233,7 @@ def test_without_aging_strict_priority_starves_the_low_class() -> None:
 def test_cancel_anywhere_leaves_a_consistent_scheduler(
     n: int, cancel_at: list[int], policy: str
 ) -> None:
-    h = Harness(Scheduler(default_config(), policy, [ReplicaSpec("r0", 3)]))
+    h = Harness(Scheduler(default_config(), policy, [_fixed("r0", 3)]))
     for i in range(n):
         h.submit(CLASSES[i % 4], output=5 + i % 7)
         if i in cancel_at:
@@ -246,7 +252,7 @@ def test_cancel_anywhere_leaves_a_consistent_scheduler(
 
 def test_qos_inputs_are_all_reachable() -> None:
     """Guard for the strategies above: every class is really produced by the classifier."""
-    s = Scheduler(default_config(), "qos", [ReplicaSpec("r0", 1)])
+    s = Scheduler(default_config(), "qos", [_fixed("r0", 1)])
     got = {s.make_request(c, QosInputs(qos_class=c), 0, 1, 1).service_class for c in CLASSES}
     assert got == set(CLASSES)
 
@@ -262,7 +268,14 @@ fleet_op = st.one_of(
     ),
     st.tuples(st.just("advance"), st.floats(0.0, 5.0)),
     st.tuples(st.just("cancel"), st.integers(0, 10_000)),
-    st.tuples(st.just("capacity"), st.integers(0, 3), st.integers(0, 4)),
+    st.tuples(st.just("capacity"), st.integers(0, 1), st.integers(0, 4)),
+    st.tuples(
+        st.just("signals"),
+        st.integers(2, 3),
+        st.integers(0, 6),  # engine queue
+        st.floats(0.0, 1.0),  # KV use
+        st.integers(0, 3),  # preemptions so far
+    ),
     st.tuples(st.just("probe"), st.integers(0, 3), st.booleans()),
     st.tuples(
         st.just("fail"),
@@ -297,10 +310,10 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
         cfg,
         policy,
         [
-            ReplicaSpec("r0", 2, models=("m1",)),
-            ReplicaSpec("r1", 1, models=("m1",), pausable=True),
-            ReplicaSpec("r2", 2, models=("m2",)),
-            ReplicaSpec("r3", 1, models=("m1", "m2")),
+            ReplicaSpec("r0", 2, models=("m1",), window="fixed"),
+            ReplicaSpec("r1", 1, models=("m1",), pausable=True, window="fixed"),
+            ReplicaSpec("r2", 4, models=("m2",)),  # adaptive: its window follows signals
+            ReplicaSpec("r3", 3, models=("m1", "m2")),
         ],
     )
     h = Harness(sched)
@@ -317,6 +330,11 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
             h.cancel(f"q{o[1] % h.ids + 1}")  # type: ignore[operator]
         elif kind == "capacity":
             h.apply(sched.set_capacity(names[o[1]], o[2], h.now))  # type: ignore[index,arg-type]
+        elif kind == "signals":
+            _, i, waiting, kv, pre = o
+            sig = LoadSignals(at=h.now, waiting=waiting, kv_usage=kv,  # type: ignore[arg-type]
+                              preemptions_total=pre)  # type: ignore[arg-type]
+            h.apply(sched.observe(names[i], h.now, signals=sig))  # type: ignore[index]
         elif kind == "probe":
             h.apply(sched.observe(names[o[1]], h.now, up=o[2]))  # type: ignore[index,arg-type]
         elif kind == "fail":
@@ -331,6 +349,7 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
                 h.fail_attempt(rid, **how)
     for name in names:  # everything comes back
         h.apply(sched.observe(name, h.now, up=True))
+    for name in names[:2]:
         h.apply(sched.set_capacity(name, 2, h.now))
     h.run_until(h.now + 10_000)  # everything ends: completed, failed or timed out
     assert not sched.requests and sched.queued_total == 0

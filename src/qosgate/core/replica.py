@@ -37,6 +37,10 @@ class Limit(Protocol):
 
     def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None: ...
 
+    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
+        """What the engine said of its own load (a scrape, or an in-process engine's state)."""
+        ...
+
 
 class FixedLimit:
     """A window that only changes when told to (``set``): today's behaviour."""
@@ -50,6 +54,9 @@ class FixedLimit:
         self.limit = max(0, limit)
 
     def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
+        return None
+
+    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
         return None
 
 
@@ -146,7 +153,7 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = ("breaker", "cooled_until", "inflight", "limit", "models", "name", "pausable",
-                 "signals", "up")
+                 "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
 
     def __init__(
         self,
@@ -167,6 +174,11 @@ class Replica:
         self.up = up  # the health probe's word; a refused connection also sets it False
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
         self.signals: LoadSignals | None = None
+        # local dispatch-time accounting (the scrape corrects it, the scrape lags it): prompt
+        # tokens sent and not yet answered by a first byte, and streams of a strict class
+        self.prefill_tokens = 0
+        self.strict_streams = 0
+        self.preemptible = 0  # requests in flight that may still be pulled back
 
     @property
     def capacity(self) -> int:
@@ -214,11 +226,62 @@ class MostFreeRouter:
         return best
 
 
-ROUTERS: dict[str, type[MostFreeRouter]] = {"most-free": MostFreeRouter}
+class LeastLoadRouter:
+    """The least loaded replica by measured load: its share of the window in flight, prompt
+    tokens it has not answered yet (local accounting, exact and immediate), and what its last
+    scrape said of its own queue and KV cache. Data older than ``stale_s`` counts as saturated;
+    a saturated replica (its queue past ``waiting_saturated`` per window slot, or its KV cache
+    past ``kv_saturated``) is taken only if every candidate is."""
+
+    name = "least-load"
+
+    def __init__(
+        self,
+        stale_s: float = 5.0,
+        kv_saturated: float = 0.97,
+        waiting_saturated: float = 0.25,
+        tokens_per_slot: float = 2048.0,
+    ) -> None:
+        self.stale_s = stale_s
+        self.kv_saturated = kv_saturated
+        self.waiting_saturated = waiting_saturated
+        self.tokens_per_slot = tokens_per_slot
+
+    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        best: Replica | None = None
+        best_key = (True, float("inf"))
+        for rep in candidates:
+            window = rep.limit.limit
+            n = len(rep.inflight)
+            if n >= window:
+                continue
+            score = (n + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
+            sig = rep.signals
+            saturated = False  # no scrape at all (an engine without metrics): no evidence
+            if sig is not None:
+                if now - sig.at > self.stale_s:
+                    saturated = True
+                else:
+                    if sig.waiting:
+                        score += sig.waiting / max(1, window)
+                        saturated = sig.waiting > self.waiting_saturated * window
+                    if sig.kv_usage is not None and sig.kv_usage >= self.kv_saturated:
+                        saturated = True
+            key = (saturated, score)
+            if key < best_key:
+                best, best_key = rep, key
+        return best
+
+
+ROUTERS: dict[str, type[MostFreeRouter] | type[LeastLoadRouter]] = {
+    "most-free": MostFreeRouter,
+    "least-load": LeastLoadRouter,
+}
 
 
 def build_router(name: str) -> Router:
     try:
-        return ROUTERS[name]()
+        cls = ROUTERS[name]
     except KeyError:
         raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None
+    return cls()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from qosgate.config import QosConfig, ServiceClass, TenantLimits
 from qosgate.core.classifier import Classifier, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.limits import EngineLimit
 from qosgate.core.policies import Policy, build_policy
 from qosgate.core.ratelimit import TenantLimiter
 from qosgate.core.replica import (
@@ -54,6 +55,8 @@ class ReplicaSpec:
     pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
     models: tuple[str, ...] = ()  # model ids it serves; empty = any
     up: bool = True  # until its first health probe says otherwise
+    # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: config
+    window: str | None = None
 
 
 _HOLD_MAX = 256  # requests set aside in one fill because no replica of theirs has room
@@ -112,6 +115,20 @@ class Scheduler:
         self._wp = cfg.fairness.prompt_weight
         self._wq = cfg.fairness.output_weight
         self._tenant_cfg = {t.name: t for t in cfg.tenants}
+        self._strict = [c.strict for c in self.classes]
+        # share of each window kept for the classes above a band (replica-level isolation), and
+        # whether a class may borrow it while idle (it can give it back: it is preemptible)
+        self._reserve_above = [
+            sum(c.reserved_share for c in self.classes if c.level < lvl)
+            for lvl in range(len(self.classes))
+        ]
+        self._may_borrow = [c.preemptible for c in self.classes]
+        self._prefill_budget = cfg.fleet.prefill_budget_tokens
+        self._admission_wait = [
+            c.admission_wait_s if c.admission_wait_s is not None else c.queue_timeout_s
+            for c in self.classes
+        ]
+        self._prefill_wait = cfg.fleet.prefill_guard_max_wait_s
 
         self.requests: dict[str, Request] = {}  # every live (non-terminal) request
         # queued requests per service class in queueing order (newest last: the displacement victim)
@@ -188,9 +205,21 @@ class Scheduler:
             if o.enabled
             else AlwaysClosed()
         )
+        if limit is None:
+            w = self.cfg.fleet.window
+            if (spec.window or w.mode) == "adaptive":
+                limit = EngineLimit(
+                    min(spec.capacity, w.initial), min_limit=min(w.min, spec.capacity),
+                    max_limit=spec.capacity, kv_target=w.kv_target,
+                    waiting_allowance=w.waiting_allowance, shrink=w.shrink,
+                    grow_frac=w.grow_frac, settle_s=w.settle_s, cooldown_s=w.cooldown_s,
+                    latency_target_s=w.latency_target_s, stale_s=w.stale_s,
+                )
+            else:
+                limit = FixedLimit(spec.capacity)
         self.replicas[spec.name] = Replica(
             spec.name,
-            limit if limit is not None else FixedLimit(spec.capacity),
+            limit,
             models=spec.models,
             pausable=spec.pausable,
             breaker=breaker,
@@ -231,6 +260,7 @@ class Scheduler:
             rep.models = frozenset(models)
         if signals is not None:
             rep.signals = signals
+            rep.limit.on_signals(now, signals, len(rep.inflight))
         self._refresh(now)
         self._fill(now, out)
         return out
@@ -309,8 +339,11 @@ class Scheduler:
                 req.first_token_at = now
             rep = self.replicas.get(req.replica or "")
             if rep is not None:
+                rep.prefill_tokens -= req.prompt_tokens
+                if self._strict[req.class_level]:
+                    rep.strict_streams += 1
                 if not rep.pausable:
-                    self._preemptible.pop(rid, None)
+                    self._unmark_preemptible(req)
                 rep.breaker.on_result(now, True)
                 self._sampled(rep, now, now - (req.dispatched_at or now), False)
             return True
@@ -564,11 +597,17 @@ class Scheduler:
         cls = self.classes[req.level]
         if len(self.queued[req.class_level]) >= cls.max_queue:
             return "class_queue_full", self._clamp_retry(self._slot_wait(now))
-        if cls.deadline_admission and self.policy.class_aware:
-            predicted = self.predicted_wait(req.level, now)
-            budget = req.deadline - now
-            if predicted is not None and predicted > budget:
-                return "deadline_infeasible", self._clamp_retry(predicted - budget)
+        predicted = self.predicted_wait(req.level, now)
+        if predicted is not None and predicted > 0:
+            # honest overload: refuse now what would wait past what its class promises, with
+            # the time after which the queue ahead is predicted to have drained enough
+            if cls.deadline_admission and self.policy.class_aware:
+                budget = req.deadline - now
+                if predicted > budget:
+                    return "deadline_infeasible", self._clamp_retry(predicted - budget)
+            limit = self._admission_wait[req.level]
+            if predicted > limit:
+                return "overloaded", self._clamp_retry(predicted - limit)
         if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
             return "queue_full", self._clamp_retry(self._slot_wait(now))
         return None
@@ -678,13 +717,17 @@ class Scheduler:
             timers = self._timers
 
     def _promote(self, req: Request, now: float) -> None:
-        """Aging: one level up; the deadline tightens to what the new class promises from the
-        original arrival, so inside its new class the request is served ahead of later arrivals."""
+        """Aging: one level up, where it queues as a request of that class arriving *now* would
+        (deadline: now + that class's budget). It gains the class's share, not precedence over
+        the class's own earlier requests: with the deadline counted from its original arrival a
+        promoted request went ahead of every native one under sustained overload, so the
+        promoted class starved its own and the class below overtook the class it was promoted
+        into (offline served before batch, batch before api)."""
         self.policy.remove(req)
         req.level -= 1
         req.promotions += 1
         budget = self.classes[req.level].ttft_budget_ms / 1000.0
-        req.deadline = min(req.deadline, req.arrival + budget)
+        req.deadline = min(req.deadline, now + budget)
         self.policy.push(req)
         self._set_aging(req, now)
 
@@ -709,7 +752,37 @@ class Scheduler:
                 continue
             self._dispatch(req, rep, now, out)
         for req in held:
+            policy.settle(req, -req.cost)  # popping charged it; it was not served
             policy.push(req)
+
+    def may_take(self, rep: Replica, req: Request, now: float) -> bool:
+        """Whether ``rep`` may take ``req`` now, room aside: it may take work, serves the
+        model, keeps its reserved share for the classes above, and (while it streams to a
+        strict class) keeps the prefill it has not answered within the budget."""
+        if rep.name not in self._usable_names or not rep.serves(req.model):
+            return False
+        if req.replica is not None and req.replica != rep.name:
+            return False  # paused: its state lives on that replica
+        return self._isolated_ok(rep, req, now)
+
+    def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
+        frac = self._reserve_above[req.level]
+        if frac and not self._may_borrow[req.class_level]:
+            # after this dispatch the classes above must still find their share: free, or
+            # held by requests that can give it back (preemptible borrowers)
+            reserved = int(frac * rep.limit.limit)
+            if reserved and rep.free - 1 + rep.preemptible < reserved:
+                return False
+        budget = self._prefill_budget
+        held_back = (
+            budget is not None
+            and rep.strict_streams > 0
+            and not self._strict[req.class_level]
+            and req.replica is None
+            and rep.prefill_tokens + req.prompt_tokens > budget
+            and now - req.arrival < self._prefill_wait
+        )
+        return not held_back
 
     def _choose_replica(self, req: Request, now: float) -> Replica | None:
         if req.replica is not None:  # paused: its state lives on that replica
@@ -720,6 +793,10 @@ class Scheduler:
         if not (self._any_model or not req.model):
             model = req.model
             usable = [r for r in usable if r.serves(model)]
+        if self._reserve_above[req.level] or (
+            self._prefill_budget is not None and not self._strict[req.class_level]
+        ):
+            usable = [r for r in usable if self._isolated_ok(r, req, now)]
         if req.avoid is not None:  # a retry: another replica if one has room, else any
             avoid = req.avoid
             rep = self.router.pick(req, [r for r in usable if r.name != avoid], now)
@@ -735,9 +812,17 @@ class Scheduler:
         req.replica = rep.name
         req.dispatched_at = now
         rep.inflight[req.id] = req
+        if resume and req.first_token_at is not None:
+            # a stream paused after its first byte goes on: no new first byte will come
+            req.move(RUNNING)
+            if self._strict[req.class_level]:
+                rep.strict_streams += 1
+        else:
+            rep.prefill_tokens += req.prompt_tokens
         self.free_slots -= 1  # rep is usable: the router only sees usable replicas
-        if self.classes[req.class_level].preemptible:
+        if self._may_borrow[req.class_level]:
             self._preemptible[req.id] = req
+            rep.preemptible += 1
         out.append(Dispatch(req, rep.name, resume))
 
     def _preempt_for(self, req: Request, now: float, out: list[Decision]) -> None:
@@ -770,15 +855,22 @@ class Scheduler:
         self._enqueue(victim, now)
         out.append(Preempt(victim, rep.name, pause))
 
+    def _unmark_preemptible(self, req: Request) -> None:
+        if self._preemptible.pop(req.id, None) is not None:
+            rep = self.replicas.get(req.replica or "")
+            if rep is not None:
+                rep.preemptible -= 1
+
     def _release_slot(self, req: Request) -> None:
-        self._preemptible.pop(req.id, None)
+        self._unmark_preemptible(req)
         rep = self.replicas.get(req.replica or "")
-        if (
-            rep is not None
-            and rep.inflight.pop(req.id, None) is not None
-            and len(rep.inflight) < rep.limit.limit
-            and rep.name in self._usable_names
-        ):
+        if rep is None or rep.inflight.pop(req.id, None) is None:
+            return
+        if req.state is DISPATCHED:
+            rep.prefill_tokens -= req.prompt_tokens
+        elif self._strict[req.class_level]:
+            rep.strict_streams -= 1
+        if len(rep.inflight) < rep.limit.limit and rep.name in self._usable_names:
             self.free_slots += 1
 
     def _end_running(
@@ -827,7 +919,7 @@ class Scheduler:
         if req.avoid is not None:
             self._retrying -= 1
         self.requests.pop(req.id, None)
-        self._preemptible.pop(req.id, None)
+        self._unmark_preemptible(req)
         # the state is a StrEnum: it is its own label string
         self.outcomes[(req.service_class, req.tenant, req.state, req.reason)] += 1
         out.append(Finished(req))

@@ -30,14 +30,16 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from typing import Any, cast
+from typing import Any, Literal, cast
 from urllib.parse import urlsplit
 
 import httptools
 import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from qosgate.core.signals import LoadSignals
 from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
+from qosgate.engines.engine_metrics import parse_engine_metrics
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
 log = logging.getLogger("qosgate.upstream")
@@ -73,6 +75,13 @@ class UpstreamSettings(BaseModel):
     )
     total_timeout_s: float = Field(default=900.0, gt=0, description="one engine call at most")
     probe_timeout_s: float = Field(default=5.0, gt=0, description="one health probe at most")
+    scrape_metrics: bool = Field(
+        default=True, description="read the engine's /metrics on every probe (its queue, KV "
+        "use, preemptions: the adaptive window and the least-load router use them)"
+    )
+    engine: Literal["vllm", "sglang", "llamacpp"] | None = Field(
+        default=None, description="whose metric names to read; None = whichever are there"
+    )
 
     @field_validator("url")
     @classmethod
@@ -679,6 +688,7 @@ class OpenAIUpstream:
         self._pool = _Pool(cfg.url, cfg.connect_timeout_s, cfg.api_key)
         self._heads = {route: self._pool.head("POST", path) for route, path in _PATHS.items()}
         self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
+        self._metrics_head = self._pool.head("GET", "/metrics", json_body=False)
         self._healthy = False
 
     # ------------------------------------------------------------------ life
@@ -721,7 +731,31 @@ class OpenAIUpstream:
             if conn is not None:
                 conn.close()
         self._healthy = ok
-        return Health(up=ok, models=tuple(self._models) if self._models else None)
+        signals = await self._scrape() if ok and self.cfg.scrape_metrics else None
+        return Health(up=ok, models=tuple(self._models) if self._models else None,
+                      signals=signals)
+
+    async def _scrape(self) -> LoadSignals | None:
+        """The engine's load from its ``/metrics`` (None if it has none or it fails). Stamped
+        with time 0: the driver stamps it with its own clock when it hands it to the core."""
+        conn: _Conn | None = None
+        try:
+            async with asyncio.timeout(self.cfg.probe_timeout_s):
+                conn = await self._pool.request(self._metrics_head, b"")
+                data = await conn.read_all()
+            status = conn.status
+            self._pool.release(conn)
+            conn = None
+            if status != 200:
+                return None
+            sig = parse_engine_metrics(data.decode("utf-8", "replace"), 0.0, self.cfg.engine)
+        except (TimeoutError, OSError, ValueError):
+            return None
+        finally:
+            if conn is not None:
+                conn.close()
+        empty = (sig.running, sig.waiting, sig.kv_usage, sig.preemptions_total)
+        return None if empty == (None, None, None, None) else sig
 
     async def check(self) -> bool:
         return (await self.probe()).up

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -129,7 +130,7 @@ class Driver:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_finished: Callable[[Request], None] | None = None,
-        probe_interval_s: float = 2.0,
+        probe_interval_s: float = 1.0,
     ) -> None:
         self.scheduler = scheduler
         self.engines = engines
@@ -192,10 +193,10 @@ class Driver:
                 log.log(logging.INFO if h.up else logging.WARNING,
                         "replica %s is %s", name, "up" if h.up else "down")
             self._up[name] = h.up
+            now = self.clock()
+            signals = None if h.signals is None else dataclasses.replace(h.signals, at=now)
             self.apply(
-                self.scheduler.observe(
-                    name, self.clock(), up=h.up, models=h.models, signals=h.signals
-                )
+                self.scheduler.observe(name, now, up=h.up, models=h.models, signals=signals)
             )
 
     async def _probe_loop(self) -> None:

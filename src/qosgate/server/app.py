@@ -104,7 +104,10 @@ class Gateway:
             cfg,
             policy,
             [
-                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()))
+                # an in-process engine's window is its batch (it is scheduled here, token by
+                # token); an upstream's adapts to what the engine reports of its own load
+                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
+                            window="fixed" if e.pausable else None)
                 for name, e in engines.items()
             ],
         )

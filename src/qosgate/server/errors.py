@@ -31,6 +31,12 @@ _REASONS: dict[str, tuple[int, str, str]] = {
         "overloaded_error",
         "The request cannot start within its latency budget.",
     ),
+    "overloaded": (
+        503,
+        "overloaded_error",
+        "The queue ahead would not drain within what this class promises; retry after the "
+        "time given.",
+    ),
     "shutting_down": (503, "overloaded_error", "The gateway is shutting down."),
     "server_shutdown": (503, "overloaded_error", "The gateway shut down."),
     "queue_timeout": (504, "timeout_error", "The request waited too long in the queue."),

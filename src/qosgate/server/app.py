@@ -311,12 +311,15 @@ class Gateway:
         key = _key_of(auth)
         if key is None:
             key = _plain_key(xkey)
+        denied: QosInputError | None = None
         try:
             tenant_cfg = sched.classifier.tenant_for(key)
         except QosInputError as exc:
-            await self._refuse(send, exc.code, _UNKNOWN_TENANT, message=exc.message)
-            return
-        tenant = tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant
+            denied, tenant_cfg = exc, None
+        tenant = (_UNKNOWN_TENANT if denied is not None else
+                  tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant)
+        # the body is read (within its limits) even when the key is refused: an answer sent
+        # while the client is still sending would be lost to the connection's reset
         try:
             body = await read_body(receive, self.max_body, scope)
         except BodyTooLarge:
@@ -331,6 +334,9 @@ class Gateway:
             return
         except ClientGone:
             self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
+            return
+        if denied is not None:
+            await self._refuse(send, denied.code, tenant, message=denied.message)
             return
         try:
             b = parse_body(body, route)

@@ -182,7 +182,7 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
             problems.append(f"engine.profile {es.profile!r}: {exc}")
     else:
         if es.model is not None and not Path(es.model).is_file():
-            problems.append(f"engine.model: no such file {es.model}")
+            problems.append(f"engine.model: model file not found: {es.model}")
         window = es.capacity or 4
         if es.max_num_seqs is not None and es.max_num_seqs < window:
             problems.append(

@@ -18,9 +18,12 @@ the engine drained):
 2. ``direct, vLLM priority``: straight to a vLLM with ``--scheduling-policy priority``, offline
    sent with ``priority: 3``, realtime with ``priority: 0``;
 3. ``qosgate qos, window 16``: ``qosgate serve`` (policy ``qos``) in front of the priority vLLM,
-   a window larger than its batch (the queue is vLLM's; qosgate forwards the band as vLLM's
-   priority), classes by ``x-qos-class``;
-4. ``qosgate qos, window 2``: the same, window = the engine's batch (the queue is qosgate's).
+   a fixed window larger than its batch (the queue is vLLM's; qosgate forwards the band as
+   vLLM's priority), classes by ``x-qos-class``;
+4. ``qosgate qos, window 2``: the same, fixed window = the engine's batch (the queue is qosgate's);
+5. ``qosgate qos, adaptive window``: the default window (``fleet.window.mode: adaptive``, up to
+   64), which follows vLLM's own signals (its queue, KV use, preemptions) scraped from
+   ``/metrics``.
 
 Realtime deadline admission is off in qosgate's config here (with the defaults, a realtime
 request predicted to wait over its 1 s budget is refused with 503 at once; the bench compares
@@ -70,6 +73,7 @@ classes:
      max_queue: 40000, aging_after_s: 30, preemptible: true}}
   - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 3600,
      max_queue: 100000, aging_after_s: 60, preemptible: true}}
+fleet: {{window: {{mode: {window}}}}}
 upstreams:
   - {{url: {url}, name: vllm, capacity: {capacity}, priority_polarity: vllm}}
 """
@@ -205,9 +209,9 @@ def main() -> None:
           f"{time.monotonic() - t:.0f} s", flush=True)
     gws: list[Server] = []
     try:
-        for cap in (16, MAX_NUM_SEQS):
-            cfg = tmp / f"gw-{cap}.yaml"
-            cfg.write_text(GATEWAY_CONFIG.format(url=prio.url, capacity=cap))
+        for window, cap in (("fixed", 16), ("fixed", MAX_NUM_SEQS), ("adaptive", 64)):
+            cfg = tmp / f"gw-{window}-{cap}.yaml"
+            cfg.write_text(GATEWAY_CONFIG.format(url=prio.url, capacity=cap, window=window))
             gws.append(start_gateway(tmp, "--config", str(cfg)))
         offline_hdr = {"extra_body": {"ignore_eos": True},
                        "extra_headers": {"x-qos-class": "offline"}}
@@ -222,6 +226,8 @@ def main() -> None:
             Scenario("qosgate qos, window 16 -> vLLM priority", gws[0], prio, offline_hdr,
                      realtime_hdr),
             Scenario("qosgate qos, window 2 -> vLLM priority", gws[1], prio, offline_hdr,
+                     realtime_hdr),
+            Scenario("qosgate qos, adaptive -> vLLM priority", gws[2], prio, offline_hdr,
                      realtime_hdr),
         ]
         for sc in scenarios:

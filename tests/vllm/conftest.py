@@ -163,6 +163,7 @@ def vllm_fcfs(vllm_servers: dict[str, Server]) -> Server:
 # ---------------------------------------------------------------------- gateways
 GATEWAY_CONFIG = """
 server: {{admin_keys: [sk-admin]}}
+fleet: {{window: {{mode: fixed}}}}  # the window is the capacity: requests queue inside vLLM
 classes:
   - {{name: realtime, level: 0, strict: true, ttft_budget_ms: 60000, queue_timeout_s: 120,
      max_queue: 100, can_preempt: true}}
@@ -184,7 +185,7 @@ upstreams:
 def start_gateway_for(
     tmp: Path, upstream: Server, name: str, polarity: str, capacity: int = 16
 ) -> Server:
-    """``qosgate serve`` in front of one vLLM; its window (``capacity``) larger than the
+    """``qosgate serve`` in front of one vLLM; its window fixed at ``capacity``, larger than the
     engine's batch, so the requests queue inside vLLM and vLLM's own order is what is seen."""
     cfg = tmp / f"gateway-{name}.yaml"
     cfg.write_text(

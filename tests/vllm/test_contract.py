@@ -18,6 +18,9 @@ from qosgate.engines.engine_metrics import parse_engine_metrics
 from tests.gateway.conftest import Server, http, metric_values, wait_until
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL
 
+# the first test here may build the environment and start vLLM (minutes on a busy machine)
+pytestmark = pytest.mark.timeout(1800)
+
 
 @pytest.fixture(params=["vllm", "standin"])
 def engine(request: pytest.FixtureRequest) -> Server:

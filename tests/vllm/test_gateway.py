@@ -24,6 +24,9 @@ from tests.vllm.conftest import (
     wait_idle,
 )
 
+# the first test here may build the environment and start vLLM (minutes on a busy machine)
+pytestmark = pytest.mark.timeout(1800)
+
 IGNORE_EOS = {"ignore_eos": True}  # vLLM's sampling extra: exactly max_tokens tokens
 
 

@@ -201,9 +201,11 @@ def _hook(tp: type[_Member], obj: Any) -> _Member:
 
 # ---------------------------------------------------------------------- the body
 class ChatMessage(msgspec.Struct):
+    """What the gateway requires of a message: a string ``role``; ``content``, if there, a
+    string, a list (of content parts: the engine reads those) or null."""
+
     role: str
-    content: Raw = Raw(b"")
-    tool_calls: Raw = Raw(b"")
+    content: str | list[Raw] | None = None
 
 
 class _Wire(msgspec.Struct):
@@ -216,11 +218,13 @@ class _Wire(msgspec.Struct):
     task_type: _TaskType | UnsetType = UNSET
     qos_class: _QosClass | UnsetType = UNSET
     stream_options: _StreamOpts | UnsetType = UNSET
-    messages: list[ChatMessage] | UnsetType | None = UNSET
+    # raw spans: their length is the prompt estimate; messages are then checked on their own
+    messages: Raw = Raw(b"")
     prompt: Raw = Raw(b"")
 
 
 _decoder = msgspec.json.Decoder(_Wire, dec_hook=_hook)
+_messages = msgspec.json.Decoder(list[ChatMessage])
 _raw_list = msgspec.json.Decoder(list[Raw])
 
 # every top-level member the gateway reads or rewrites
@@ -258,11 +262,9 @@ class Body:
         self.task_type: str | None = _v(w.task_type)
         self.qos_class: str | None = _v(w.qos_class)
         self.stream_options: StreamOptions | None = _v(w.stream_options)
-        self.messages: list[ChatMessage] | None = (
-            None if isinstance(w.messages, UnsetType) else w.messages
-        )
+        self.messages: Raw = w.messages
         self.prompt: Raw = w.prompt
-        self.prompt_chars = len(w.prompt)
+        self.prompt_chars = len(w.messages) or len(w.prompt)
 
 
 def parse_body(body: bytes, route: Route | None = None) -> Body:
@@ -290,17 +292,11 @@ def parse_body(body: bytes, route: Route | None = None) -> Body:
         dup = next(k for i, k in enumerate(_seen) if k in _seen[:i])
         raise BadBody("duplicate_key", _dup_message(dup), dup)
     check_keys(body, route)
-    b = Body(w)
-    if b.messages is not None:
-        b.prompt_chars = _messages_chars(b.messages, route == "chat")
-    if route == "chat" and not b.messages:
-        if b.messages is None:
-            raise BadBody("invalid_body", "'messages' is required: a non-empty list of messages.",
-                          "messages")
-        raise BadBody("invalid_body", "'messages' must be a non-empty list.", "messages")
-    if route == "completions":
+    if route == "chat" or (route is None and len(w.messages)):
+        _check_messages(w.messages)
+    elif route == "completions":
         _check_prompt(w.prompt)
-    return b
+    return Body(w)
 
 
 def estimate_prompt_tokens(b: Body) -> int:
@@ -308,25 +304,21 @@ def estimate_prompt_tokens(b: Body) -> int:
 
 
 # ---------------------------------------------------------------------- member checks
-_CONTENT_HEADS = frozenset(b'"[n')  # a string, a list of parts, null
-
-
-def _messages_chars(msgs: list[ChatMessage], check: bool) -> int:
-    """The characters of the messages' span in the body (what the estimate counts); with
-    ``check``, a ``content`` that is not a string, a list or null is refused."""
-    chars = 0
-    heads = _CONTENT_HEADS
-    for i, m in enumerate(msgs):
-        c = m.content
-        n = len(c)
-        if n and check and memoryview(c)[0] not in heads:
-            raise BadBody(
-                "invalid_body",
-                f"messages[{i}].content must be a string, a list of content parts or null.",
-                f"messages[{i}].content",
-            )
-        chars += len(m.role) + n + len(m.tool_calls) + _MESSAGE_OVERHEAD
-    return chars
+def _check_messages(span: Raw) -> None:
+    """``messages`` must be a non-empty list of messages (``ChatMessage``), checked natively."""
+    if not len(span) or bytes(span) == b"null":
+        raise BadBody("invalid_body", "'messages' is required: a non-empty list of messages.",
+                      "messages")
+    try:
+        msgs = _messages.decode(span)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        text = (text.replace("- at `$", "- at `$.messages") if " - at `$" in text
+                else text + " - at `$.messages`")
+        msg, param = _validation(text)
+        raise BadBody("invalid_body", f"Invalid request body: {msg}", param) from None
+    if not msgs:
+        raise BadBody("invalid_body", "'messages' must be a non-empty list.", "messages")
 
 
 _PROMPT_MSG = (

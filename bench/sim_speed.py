@@ -6,7 +6,8 @@ second per policy and in total.
                                         [--trace PATH]
 
 Trace: Azure LLM inference trace 2023 (conversation), Azure/AzurePublicDataset, CC-BY 4.0;
-Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024.
+Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", ISCA 2024
+(with --trace PATH, the attribution printed is that file's).
 """
 
 from __future__ import annotations
@@ -17,8 +18,14 @@ import time
 
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import percentile, ttft
-from qosgate.sim.scenarios import load_scenario, override, prepare, setup_for, workload_for
-from qosgate.sim.workload import TRACE_ATTRIBUTION
+from qosgate.sim.scenarios import (
+    attribution,
+    load_scenario,
+    override,
+    prepare,
+    setup_for,
+    workload_for,
+)
 
 
 def main() -> None:
@@ -66,7 +73,7 @@ def main() -> None:
         f"{'total':>16}: {total_wall:6.2f} s wall for {total_req} requests, "
         f"{total_req / total_wall:.0f} simulated requests/s"
     )
-    print(f"request data: {TRACE_ATTRIBUTION}")
+    print(f"request data: {attribution(prep)}")
 
 
 if __name__ == "__main__":

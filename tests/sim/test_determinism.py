@@ -3,11 +3,13 @@ the CLI; another seed -> another document."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from qosgate.cli import app
@@ -35,9 +37,27 @@ tpot_slo_ms: {realtime: 100, api: 150, batch: 1000, offline: 1000}
 """
 
 
-def _write(tmp_path: Path) -> Path:
+# a heterogeneous fleet of upstream-like replicas, one dying and coming back, one slowed
+FLEET = (
+    SCENARIO.replace("name: det", "name: det-fleet")
+    .replace("window: 32", "window: 16\npausable: false\nprobe_interval_s: 0.5")
+    .replace(
+        "profile: qwen2.5-7b-instruct-h100",
+        "profile: qwen2.5-7b-instruct-h100\n"
+        "replicas:\n"
+        "  - {count: 2}\n"
+        "  - {profile: qwen2.5-7b-instruct-a100, window: 8}\n"
+        "faults:\n"
+        "  - {replica: r0, kind: die, at_s: 5, until_s: 12}\n"
+        "  - {replica: r2, kind: slow, at_s: 8, factor: 2.5}",
+    )
+    .replace("rate: 14", "rate: 30")
+)
+
+
+def _write(tmp_path: Path, text: str = SCENARIO) -> Path:
     p = tmp_path / "det.yaml"
-    p.write_text(SCENARIO)
+    p.write_text(text)
     return p
 
 
@@ -55,8 +75,24 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
     assert a != _json(p, seed=12)
 
 
-def test_same_bytes_in_another_process_and_through_the_cli(tmp_path: Path) -> None:
-    p = _write(tmp_path)
+def test_same_seed_same_bytes_with_a_failing_heterogeneous_fleet(tmp_path: Path) -> None:
+    p = _write(tmp_path, FLEET)
+    a = _json(p)
+    assert a == _json(p)
+    doc = json.loads(a)
+    assert [r["profile"] for r in doc["scenario"]["fleet"]] == [
+        "qwen2.5-7b-instruct-h100",
+        "qwen2.5-7b-instruct-h100",
+        "qwen2.5-7b-instruct-a100",
+    ]
+    assert doc["one_outcome_each"] is True
+    assert all(sum(r["fleet"]["attempt_failures"].values()) for r in doc["runs"])
+    assert a != _json(p, seed=12)
+
+
+@pytest.mark.parametrize("text", [SCENARIO, FLEET], ids=["det", "det-fleet"])
+def test_same_bytes_in_another_process_and_through_the_cli(tmp_path: Path, text: str) -> None:
+    p = _write(tmp_path, text)
     here = _json(p)
     code = (
         "import sys; from pathlib import Path; from tests.sim.test_determinism import _json; "

@@ -118,6 +118,34 @@ def test_group_stats_by_hand() -> None:
     assert g["output_tok_s"] == pytest.approx(2.3)  # 23 tokens over 10 s
 
 
+def test_goodput_counts_only_what_finishes_inside_the_arrival_window() -> None:
+    # window D = 10 s; the run ends at 40 s. Both requests meet the SLO, one finishes at 2 s,
+    # the other while the backlog drains, at 30 s: goodput over the window counts only the
+    # first (1 / 10 s); the whole-run figure counts both over the whole run (2 / 40 s).
+    slo = Slo(ttft_s=100.0, tpot_s=100.0)
+    recs = [
+        rec("in", arrival=0.0, first=1.0, done=2.0),
+        rec("late", arrival=9.0, first=20.0, done=30.0),
+    ]
+    g = group_stats(recs, lambda r: slo, window=10.0, span=40.0)
+    assert g["slo_met"] == 2 and g["completed"] == 2
+    assert g["goodput_rps"] == pytest.approx(0.1)
+    assert g["completed_rps"] == pytest.approx(0.1)
+    assert g["goodput_rps_run"] == pytest.approx(2 / 40)
+    assert g["completed_rps_run"] == pytest.approx(2 / 40)
+    # without a span there is no whole-run figure
+    assert group_stats(recs, lambda r: slo, window=10.0)["goodput_rps_run"] is None
+
+
+def test_requests_hit_by_a_failed_attempt_are_counted() -> None:
+    a = rec("a")
+    a.failed_attempts = 1
+    b = rec("b", state="failed", first=None, done=3.0, out=0)
+    b.failed_attempts = 3
+    g = group_stats([a, b, rec("c")], lambda r: Slo(9, 9), window=10.0)
+    assert (g["failed_attempt"], g["failed_attempt_completed"], g["failed"]) == (2, 1, 1)
+
+
 def test_empty_group() -> None:
     g = group_stats([], lambda r: Slo(1, 1), window=10.0)
     assert g["count"] == 0 and g["ttft_p99_ms"] is None and g["slo_attainment"] is None

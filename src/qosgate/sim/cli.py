@@ -23,6 +23,7 @@ from qosgate.sim.scenarios import (
     Run,
     ScenarioError,
     available_scenarios,
+    describe,
     load_scenario,
     override,
     prepare,
@@ -85,7 +86,7 @@ def simulate_command(
     if list_scenarios:
         for name in available_scenarios():
             sc = load_scenario(name)
-            console.print(f"[bold]{name}[/bold]: {sc.description}")
+            console.print(f"[bold]{name}[/bold]: {describe(sc)}")
         return
     try:
         sc = load_scenario(scenario)
@@ -99,6 +100,10 @@ def simulate_command(
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if policies is not None:
             changes["policies"] = [p.strip() for p in policies.split(",") if p.strip()]
+            if not changes["policies"]:
+                raise ScenarioError(
+                    f"--policies names no policy: give one or more of {', '.join(SIM_POLICIES)}"
+                )
         arrivals: dict[str, Any] = {}
         if time_scale is not None:
             arrivals["time_scale"] = time_scale
@@ -144,7 +149,12 @@ def simulate_command(
             simulated += run.result.arrivals
             progress.update(task, completed=done_runs)
 
-        res = run_scenario(prep, on_progress, on_run)
+        try:
+            res = run_scenario(prep, on_progress, on_run)
+        except ScenarioError as exc:  # e.g. a sweep load no workload can be drawn for
+            progress.stop()
+            err.print(f"[red]{exc}[/red]")
+            raise typer.Exit(2) from None
     wall = time.perf_counter() - started
 
     doc = document(res)

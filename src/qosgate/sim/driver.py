@@ -2,38 +2,56 @@
 ``SimEngine`` replicas (the engine model the gateway's in-process engine runs), fed a workload.
 
 Nothing here decides who runs: arrivals go to ``Scheduler.submit``, scheduler timers to ``tick``,
-engine first tokens and finishes to ``first_token``/``complete``; the driver only carries out the
-core's decisions on the engines (``Dispatch`` -> ``add``/``resume``, ``Preempt`` -> ``pause`` or
-``abort``) and records each ``Finished`` request.
+engine first tokens and finishes to ``first_token``/``complete``, what a health probe finds to
+``observe``, and a replica's failures to ``attempt_failed``/``fail``, as the gateway's driver and
+upstream client hand them over; the driver only carries out the core's decisions on the engines
+(``Dispatch`` -> ``add``/``resume``, ``Preempt`` -> ``pause`` or ``abort``) and records each
+``Finished`` request.
 
 Time. Events are handled in time order: the next external event (arrival, scheduler timer,
-sampling instant) bounds how far each engine may run (``SimEngine.advance(until=...)``, the fast
-path that computes stretches of pure decode steps in closed form). An engine stops at the end of
-the first step that yields a first token or a finish; that step's events are held until the
-global clock reaches them, then delivered. Every replica has its own clock (the end of its last
-step); work given to a busy replica joins its next step, work given to an idle one starts at once.
-Engines are advanced independently between external events. That is exact because an engine's
-event only ever frees capacity on its own replica: a request waits in qosgate only while every
-window is full, so the slot freed by a finish on replica A goes to A (the core picks the replica
-with the most free slots, and a paused request resumes only where it was paused).
+sampling instant, health probe, fault) bounds how far each engine may run
+(``SimEngine.advance(until=...)``, the fast path that computes stretches of pure decode steps in
+closed form). An engine stops at the end of the first step that yields a first token or a finish;
+that step's events are held until the global clock reaches them, then delivered. Every replica has
+its own clock (the end of its last step); work given to a busy replica joins its next step, work
+given to an idle one starts at once. Engines are advanced independently between external events.
+That is exact because an engine's event only ever frees capacity on its own replica: a request
+waits in qosgate only while every window it may use is full, so the slot freed by a finish on
+replica A goes to A (the core never holds a request while a replica it may use has room, and a
+paused request resumes only where it was paused).
 
 Windows and preemption (the choices, and why):
 
-- Each replica's window (the core's ``ReplicaSpec.capacity``) defaults to the engine's
-  ``max_num_seqs``, as the gateway's in-process engine does: qosgate holds the queue and orders
-  it, while the engine's own waiting queue only holds what is dispatched but not yet admitted
-  (prefill budget, KV). A smaller window trades peak throughput for shorter engine steps (lower
-  TPOT) and a shorter engine queue; ``window`` in a scenario sets it.
-- Replicas are *pausable*, as the gateway's in-process engine declares: the simulated engine pauses
-  a sequence at a token boundary and resumes it with its KV intact. So the core's ``Preempt`` is a
-  pause for a request that already streams (``pause=True``) and an abort + later re-dispatch for
-  one that has not produced its first token (``pause=False``: the prefill is lost, nothing reached
-  the client). A pausable replica is what the engine model supports and lets a realtime request
-  make room even when every slot holds a decoding batch job; a non-pausable one could only pull
-  back requests still in prefill.
+- Each replica's window (the core's ``ReplicaSpec.capacity``) is given by the scenario (``auto``:
+  what the engine can run at once). qosgate holds the queue and orders it, while the engine's
+  own waiting queue only holds what is dispatched but not yet admitted (prefill budget, KV).
+- Replicas are *pausable* by default, as the gateway's in-process engine declares: the simulated
+  engine pauses a sequence at a token boundary and resumes it with its KV intact, so the core's
+  ``Preempt`` is a pause. A replica declared not pausable models an upstream server (vLLM over
+  HTTP): the core may then only pull back, by abort, a request that has not produced its first
+  token.
 - ``engine-priority`` ("engine priority alone"): qosgate passes everything straight through
-  (``fifo``, a window of 2**30, so nothing ever queues in qosgate) and the engine's own
+  (``fifo``, a fixed window of 2**30, so nothing ever queues in qosgate) and the engine's own
   vLLM-priority queue orders by the request's level (smaller first, with its priority preemption).
+
+Health and faults (a fleet that fails). Every ``probe_interval`` the driver probes every replica,
+as the gateway's driver does, and hands the core what it found: ``observe(up=..., signals=...)``
+with the engine's own load figures (running, waiting, KV use, preemptions; what a scrape of
+vLLM's ``/metrics`` gives). A scenario's faults act on the simulated engines only; the core
+learns of them by the same facts the gateway's upstream client reports:
+
+- ``die`` at t: the engine process is gone, with everything in it. A request on it that had
+  streamed to its client fails (``fail(..., "upstream_disconnected")``, charged what it streamed);
+  one that had not is ``attempt_failed(..., "upstream_disconnected")``, and the core retries it
+  elsewhere within its retry budget -- as the upstream client reports a connection that breaks
+  after the request went out. A request dispatched to a dead replica is refused at once:
+  ``attempt_failed(..., "upstream_unreachable", unreachable=True)`` (a refused connect). A
+  request paused on it when it died lost its state: the core holds paused requests in its queue,
+  so it is told when it resumes it (a stream that had started fails, one that had not is retried).
+  Until ``until_s`` the probes find it down; from then on the replica is up again, empty, and the
+  next probe tells the core.
+- ``slow`` from t (until ``until_s``): every engine step that starts then takes ``factor`` times
+  as long (each time coefficient of the engine profile multiplied).
 """
 
 from __future__ import annotations
@@ -56,6 +74,9 @@ from qosgate.core import (
     Scheduler,
     State,
 )
+from qosgate.core.replica import FixedLimit
+from qosgate.core.signals import LoadSignals
+from qosgate.core.snapshot import Snapshot
 from qosgate.engines.simmodel import EngineProfile, SimEngine
 from qosgate.engines.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
 from qosgate.sim.workload import Arrival, Workload
@@ -63,6 +84,8 @@ from qosgate.sim.workload import Arrival, Workload
 PASSTHROUGH_WINDOW = 1 << 30
 SIM_POLICIES: tuple[str, ...] = (*POLICY_NAMES, "engine-priority")
 INF = math.inf
+DISCONNECTED = "upstream_disconnected"  # the upstream client's reason for a broken connection
+UNREACHABLE = "upstream_unreachable"  # ... and for a refused connect
 
 
 @dataclass(slots=True, frozen=True)
@@ -92,6 +115,31 @@ def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
     return PolicySetup(name, name, engine_queue, False)
 
 
+@dataclass(slots=True, frozen=True)
+class ReplicaPlan:
+    """One simulated replica: its name, engine profile, qosgate window, and whether it pauses."""
+
+    name: str
+    profile: EngineProfile
+    window: int
+    pausable: bool = True
+
+
+FaultKind = Literal["die", "slow"]
+
+
+@dataclass(slots=True, frozen=True)
+class FaultPlan:
+    """``die``: the replica's engine is gone from ``at`` (with everything in it) until ``until``
+    (None: for good). ``slow``: its steps take ``factor`` x as long from ``at`` until ``until``."""
+
+    replica: str
+    kind: FaultKind
+    at: float
+    until: float | None = None
+    factor: float = 1.0
+
+
 @dataclass(slots=True)
 class RequestRecord:
     """One request's life, as the metrics need it (times in virtual seconds)."""
@@ -112,6 +160,8 @@ class RequestRecord:
     promotions: int
     win_prefilled: bool  # its prefill was done by the end of the arrival window
     win_output: int  # output tokens generated by the end of the arrival window
+    replica: str = ""  # the last replica it was dispatched to ("" if never)
+    failed_attempts: int = 0  # its attempts that failed before its first token
 
 
 @dataclass(slots=True, frozen=True)
@@ -122,7 +172,8 @@ class Sample:
     engine_running: int
     engine_waiting: int
     engine_paused: int
-    kv_usage: float  # mean over replicas
+    kv_usage: float  # mean over the replicas that are up
+    replicas_up: int = 0  # replicas whose engine is alive
 
 
 @dataclass(slots=True)
@@ -145,6 +196,9 @@ class RunResult:
     late_finishes: int = 0
     unfinished: int = 0  # live at the end (a deadlock): must be 0
     scheduler_calls: int = 0
+    # the fleet: per replica (profile, window, ejections...), the core's failed attempts and
+    # retries by reason, and the faults carried out
+    fleet: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -156,19 +210,75 @@ class SimSetup:
     workload: Workload
     sample_interval: float
     engine_queue: EngineQueue = "auto"
+    # the replicas one by one (heterogeneous fleets); empty: ``replicas`` x ``profile``/``window``
+    fleet: tuple[ReplicaPlan, ...] = ()
+    faults: tuple[FaultPlan, ...] = ()
+    probe_interval: float = 1.0  # the gateway driver's default health cadence
+
+    def plans(self) -> tuple[ReplicaPlan, ...]:
+        if self.fleet:
+            return self.fleet
+        return tuple(
+            ReplicaPlan(f"r{i}", self.profile, self.window) for i in range(self.replicas)
+        )
+
+
+def scaled(profile: EngineProfile, factor: float) -> EngineProfile:
+    """``profile`` with every time coefficient x ``factor``: each step lasts ``factor`` x longer."""
+    if factor == 1.0:
+        return profile
+    return profile.model_copy(
+        update={
+            "step_fixed_s": profile.step_fixed_s * factor,
+            "prefill_s_per_token": profile.prefill_s_per_token * factor,
+            "decode_s_per_ctx_token": profile.decode_s_per_ctx_token * factor,
+            "decode_s_per_seq": profile.decode_s_per_seq * factor,
+        }
+    )
 
 
 class _Rep:
-    __slots__ = ("buf", "clock", "engine", "name", "parked", "stuck")
+    __slots__ = (
+        "alive",
+        "base",
+        "buf",
+        "clock",
+        "engine",
+        "factor",
+        "lost",
+        "name",
+        "parked",
+        "paused",
+        "queue",
+        "retired",
+        "seqs",
+        "stuck",
+        "told_up",
+    )
 
-    def __init__(self, name: str, engine: SimEngine) -> None:
+    def __init__(
+        self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"]
+    ) -> None:
         self.name = name
-        self.engine = engine
+        self.base = profile
+        self.queue: Literal["fcfs", "priority"] = queue
+        self.factor = 1.0
+        self.engine = SimEngine(profile, queue)
         self.clock = 0.0  # end of the engine's last step
         self.buf: list[TokenEvent | FinishEvent] | None = None  # events at ``clock``, undelivered
         self.stuck = False  # has work but cannot step until something changes
         # events of the step under way when qosgate paused the sequence: delivered on resume
         self.parked: dict[str, list[TokenEvent | FinishEvent]] = {}
+        self.seqs: dict[str, None] = {}  # requests whose sequence is in this engine (in order)
+        self.paused: set[str] = set()  # ... of which paused by qosgate
+        # paused here when the engine died: rid -> (had streamed, tokens generated)
+        self.lost: dict[str, tuple[bool, int]] = {}
+        self.alive = True
+        self.told_up = True  # what the core was last told (a probe, or a refused connect)
+        self.retired: list[SimEngine] = []  # engines lost when it died (their counters count)
+
+    def engines(self) -> list[SimEngine]:
+        return [*self.retired, self.engine]
 
     def drop(self, rid: str) -> None:
         if self.buf:
@@ -188,6 +298,18 @@ class _Rep:
                 return e
         return None
 
+    def generated(self, rid: str) -> int:
+        """Tokens the engine generated for ``rid`` so far (0 if it does not know it)."""
+        try:
+            return self.engine.generated(rid)
+        except KeyError:
+            fin = self.finish_of(rid)
+            return fin.completion_tokens if fin is not None else 0
+
+    def forget(self, rid: str) -> None:
+        self.seqs.pop(rid, None)
+        self.paused.discard(rid)
+
 
 ProgressFn = Callable[[float, int], None]
 
@@ -197,10 +319,15 @@ class _Run:
         ps = policy_setup(policy, setup.engine_queue)
         self.setup = setup
         self.policy = policy
-        window = PASSTHROUGH_WINDOW if ps.passthrough else setup.window
-        specs = [ReplicaSpec(f"r{i}", window, pausable=True) for i in range(setup.replicas)]
-        self.sched = Scheduler(setup.cfg, ps.core_policy, specs)
-        self.reps = {s.name: _Rep(s.name, SimEngine(setup.profile, ps.engine_queue)) for s in specs}
+        self.plans = setup.plans()
+        self.sched = Scheduler(setup.cfg, ps.core_policy)
+        for plan in self.plans:
+            if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
+                spec = ReplicaSpec(plan.name, PASSTHROUGH_WINDOW, pausable=plan.pausable)
+                self.sched.add_replica(spec, FixedLimit(PASSTHROUGH_WINDOW))
+            else:  # the window the config asks for, as the gateway's
+                self.sched.add_replica(ReplicaSpec(plan.name, plan.window, pausable=plan.pausable))
+        self.reps = {p.name: _Rep(p.name, p.profile, ps.engine_queue) for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
         self.records: dict[str, RequestRecord] = {}
@@ -208,11 +335,29 @@ class _Run:
         self.window_end = setup.workload.duration
         self.snapshot: dict[str, tuple[bool, int]] | None = None
         self.engine_window: dict[str, float] = {}
+        self.started: set[str] = set()  # requests whose first token went to the client
+        self.last_rep: dict[str, str] = {}
         self.late_finishes = 0
         self.pauses = 0
         self.aborts = 0
         self.calls = 0
         self.last_finish = 0.0
+        # fault instants in time order: (t, order, action, replica, factor)
+        ev: list[tuple[float, int, str, str, float]] = []
+        for k, f in enumerate(setup.faults):
+            if f.replica not in self.reps:
+                raise ValueError(f"fault on unknown replica {f.replica!r}")
+            if f.kind == "die":
+                ev.append((f.at, k, "die", f.replica, 1.0))
+                if f.until is not None:
+                    ev.append((f.until, k, "revive", f.replica, 1.0))
+            else:
+                ev.append((f.at, k, "slow", f.replica, f.factor))
+                if f.until is not None:
+                    ev.append((f.until, k, "slow", f.replica, 1.0))
+        ev.sort()
+        self.fault_events = ev
+        self.faults_done: list[dict[str, object]] = []
 
     # ------------------------------------------------------------------ decisions -> engines
     def apply(self, decisions: list[Decision], now: float) -> None:
@@ -233,11 +378,30 @@ class _Run:
             rep.clock = now
         rep.stuck = False
 
+    def _call_lost(self, rid: str, now: float, had_streamed: bool, tokens: int) -> list[Decision]:
+        """The engine call of ``rid`` broke (its replica died): a stream that had started fails,
+        charged what it streamed; an attempt that had sent nothing the core may retry."""
+        self.calls += 1
+        if had_streamed:
+            return self.sched.fail(rid, now, DISCONNECTED, tokens)
+        return self.sched.attempt_failed(rid, now, DISCONNECTED)
+
     def _dispatch(self, d: Dispatch, now: float) -> list[Decision]:
         rep = self.reps[d.replica]
         rid = d.req.id
+        self.last_rep[rid] = rep.name
+        lost = rep.lost.pop(rid, None)
+        if lost is not None:  # paused here when the engine died: its state is gone
+            return self._call_lost(rid, now, *lost)
+        if not rep.alive:  # a refused connect: nothing was sent
+            self.calls += 1
+            rep.told_up = False
+            if rid in self.started:  # cannot happen: a stream resumes only where it paused
+                return self.sched.fail(rid, now, UNREACHABLE)
+            return self.sched.attempt_failed(rid, now, UNREACHABLE, unreachable=True)
         self._touch(rep, now)
         if d.resume:
+            rep.paused.discard(rid)
             parked = rep.parked.pop(rid, None)
             if not parked:
                 rep.engine.resume(rid)
@@ -250,6 +414,7 @@ class _Run:
             for e in parked:
                 if isinstance(e, TokenEvent):
                     self.calls += 1
+                    self.started.add(rid)
                     out += self.sched.first_token(rid, now)
                 else:
                     fin = e
@@ -272,6 +437,7 @@ class _Run:
         except ValueError:
             self.calls += 1
             return self.sched.fail(rid, now, "engine_rejected")
+        rep.seqs[rid] = None
         return []
 
     def _preempt(self, d: Preempt, now: float) -> None:
@@ -280,6 +446,7 @@ class _Run:
         self._touch(rep, now)
         if d.pause:
             self.pauses += 1
+            rep.paused.add(rid)
             under_way = rep.take(rid)
             if under_way:  # its step is already under way: what it produced waits for resume
                 rep.parked[rid] = under_way
@@ -289,6 +456,7 @@ class _Run:
             self.aborts += 1
             rep.engine.abort(rid)
             rep.drop(rid)
+            rep.forget(rid)
 
     def _finished(self, d: Finished, now: float) -> None:
         req = d.req
@@ -298,18 +466,27 @@ class _Run:
         if req.state is not State.COMPLETED and req.replica is not None:
             rep = self.reps.get(req.replica)
             if rep is not None:  # e.g. timed out while paused: free its KV in the engine
-                fin = rep.finish_of(rid)
-                if fin is not None:
-                    out = fin.completion_tokens
+                lost = rep.lost.pop(rid, None)
+                if lost is not None:
+                    out = max(out, lost[1])
                 else:
-                    with contextlib.suppress(KeyError):
-                        out = rep.engine.generated(rid)
+                    fin = rep.finish_of(rid)
+                    if fin is not None:
+                        out = fin.completion_tokens
+                    else:
+                        with contextlib.suppress(KeyError):
+                            out = rep.engine.generated(rid)
                 rep.engine.abort(rid)
                 rep.drop(rid)
+        if req.replica is not None:
+            rep = self.reps.get(req.replica)
+            if rep is not None:
+                rep.forget(rid)
         if now <= self.window_end or self.snapshot is None:
             win = (req.first_token_at is not None, out)
         else:
             win = self.snapshot.get(rid, (False, 0))
+        self.started.discard(rid)
         self.records[rid] = RequestRecord(
             rid=rid,
             stream=a.stream,
@@ -327,6 +504,8 @@ class _Run:
             promotions=req.promotions,
             win_prefilled=win[0],
             win_output=win[1],
+            replica=self.last_rep.pop(rid, ""),
+            failed_attempts=req.failures,
         )
         if now > self.last_finish:
             self.last_finish = now
@@ -339,51 +518,106 @@ class _Run:
             ev = rep.buf.pop(0)
             self.calls += 1
             if isinstance(ev, TokenEvent):
+                self.started.add(ev.seq_id)
                 self.apply(sched.first_token(ev.seq_id, t), t)
             else:
                 self.apply(sched.complete(ev.seq_id, t, ev.completion_tokens), t)
         rep.buf = None
 
+    # ------------------------------------------------------------------ health and faults
+    def _probe(self, now: float) -> None:
+        """Every replica probed at once, as the gateway's driver does: up or not, and, from a
+        live engine, its own load figures (what a scrape of vLLM's /metrics reports)."""
+        for rep in self.rep_list:
+            self.calls += 1
+            if rep.alive:
+                m = rep.engine.metrics()
+                sig = LoadSignals(
+                    at=now,
+                    running=m.num_running,
+                    waiting=m.num_waiting,
+                    kv_usage=m.kv_usage,
+                    preemptions_total=m.preemptions_total,
+                )
+                rep.told_up = True
+                self.apply(self.sched.observe(rep.name, now, up=True, signals=sig), now)
+            else:
+                rep.told_up = False
+                self.apply(self.sched.observe(rep.name, now, up=False), now)
+
+    def _fault(self, now: float, action: str, name: str, factor: float) -> None:
+        rep = self.reps[name]
+        done: dict[str, object] = {"t": now, "replica": name, "action": action}
+        if action == "slow":
+            done["factor"] = factor
+        self.faults_done.append(done)
+        if action == "slow":
+            rep.factor = factor
+            rep.engine.profile = scaled(rep.base, factor)
+            return
+        if action == "revive":  # restarted, empty; the next probe tells the core
+            if not rep.alive:
+                rep.alive = True
+                self._touch(rep, now)
+            return
+        if not rep.alive:
+            return
+        # die: the engine and everything in it are gone
+        rep.alive = False
+        victims = [(rid, rid in rep.paused, rep.generated(rid)) for rid in rep.seqs]
+        rep.retired.append(rep.engine)
+        rep.engine = SimEngine(scaled(rep.base, rep.factor), rep.queue)
+        rep.buf = None
+        rep.parked.clear()
+        rep.seqs.clear()
+        rep.paused.clear()
+        rep.stuck = False
+        if rep.clock < now:
+            rep.clock = now
+        for rid, paused, tokens in victims:
+            if paused:  # the core holds it queued: told when it resumes it here
+                rep.lost[rid] = (rid in self.started, tokens)
+            else:
+                self.apply(self._call_lost(rid, now, rid in self.started, tokens), now)
+
+    # ------------------------------------------------------------------ observation
     def _take_snapshot(self) -> None:
         snap: dict[str, tuple[bool, int]] = {}
-        for rid, req in self.sched.requests.items():
-            gen = 0
-            rep = self.reps.get(req.replica) if req.replica is not None else None
-            if rep is not None:
-                try:
-                    gen = rep.engine.generated(rid)
-                except KeyError:
-                    fin = rep.finish_of(rid)
-                    gen = fin.completion_tokens if fin is not None else 0
-            snap[rid] = (req.first_token_at is not None or gen > 0, gen)
+        for rep in self.rep_list:
+            for rid in rep.seqs:
+                gen = rep.generated(rid)
+                snap[rid] = (rid in self.started or gen > 0, gen)
+            for rid, (had, gen) in rep.lost.items():
+                snap[rid] = (had or gen > 0, gen)
         self.snapshot = snap
+        engines = [e for r in self.rep_list for e in r.engines()]
         self.engine_window = {
-            "generated_tokens": float(
-                sum(r.engine.metrics().generation_tokens_total for r in self.rep_list)
-            ),
-            "busy_s": sum(r.engine.metrics().busy_s_total for r in self.rep_list),
+            "generated_tokens": float(sum(e.metrics().generation_tokens_total for e in engines)),
+            "busy_s": sum(e.metrics().busy_s_total for e in engines),
         }
 
     def _sample(self, t: float) -> None:
-        running = waiting = paused = 0
+        running = waiting = paused = up = 0
         kv = 0.0
         for rep in self.rep_list:
             m = rep.engine.metrics()
             running += m.num_running
             waiting += m.num_waiting
             paused += m.num_paused
-            kv += m.kv_usage
-        sched = self.sched
-        inflight = sum(len(r.inflight) for r in sched.replicas.values())
+            if rep.alive:
+                up += 1
+                kv += m.kv_usage
+        view = self.sched.snapshot(t)
         self.samples.append(
             Sample(
                 t,
-                tuple(len(q) for q in sched.queued),
-                inflight,
+                tuple(c.queued for c in view.classes),
+                sum(c.inflight for c in view.classes),
                 running,
                 waiting,
                 paused,
-                kv / len(self.rep_list),
+                kv / up if up else 0.0,
+                up,
             )
         )
 
@@ -395,19 +629,26 @@ class _Run:
         n = len(arrivals)
         reps = self.rep_list
         interval = self.setup.sample_interval
+        probe_every = self.setup.probe_interval
+        faults = self.fault_events
+        fi = 0
         next_sample = 0.0
+        next_probe = 0.0
         win_end = self.window_end
         snap_due = True
+        records = self.records
         i = 0
         now = 0.0
         while True:
             t_arr = arrivals[i].t if i < n else INF
             nt = sched.next_timer()
             t_tmr = INF if nt is None else nt
-            live = i < n or bool(sched.requests)
+            live = i < n or len(records) < i  # arrivals to come, or requests without an outcome
             t_smp = next_sample if live else INF
+            t_prb = next_probe if live else INF
+            t_flt = faults[fi][0] if live and fi < len(faults) else INF
             t_win = win_end if snap_due else INF
-            t_ext = min(t_arr, t_tmr, t_smp, t_win)
+            t_ext = min(t_arr, t_tmr, t_smp, t_prb, t_flt, t_win)
             best: _Rep | None = None
             best_t = INF
             for rep in reps:
@@ -434,13 +675,15 @@ class _Run:
                 continue
             if t_ext == INF:
                 break
-            if i >= n and t_tmr == INF and not sched.requests:
-                break  # only sampling/snapshot instants are left and nothing lives
+            if i >= n and t_tmr == INF and len(records) >= i:
+                break  # only sampling/probe/snapshot instants are left and nothing lives
             if (
                 i >= n
                 and t_tmr == INF
                 and t_win == INF
+                and t_flt == INF
                 and all(r.buf is None and (r.stuck or not r.engine.has_work()) for r in reps)
+                and all(r.alive == r.told_up for r in reps)
             ):
                 break  # live requests but nothing can move: a deadlock (reported as unfinished)
             now = t_ext
@@ -451,7 +694,14 @@ class _Run:
                 self._sample(now)
                 next_sample += interval
                 if progress is not None:
-                    progress(now, len(self.records))
+                    progress(now, len(records))
+            elif t_prb == now:
+                self._probe(now)
+                next_probe += probe_every
+            elif t_flt == now:
+                _, _, action, name, factor = faults[fi]
+                fi += 1
+                self._fault(now, action, name, factor)
             elif t_tmr == now:
                 self.calls += 1
                 self.apply(sched.tick(now), now)
@@ -464,13 +714,13 @@ class _Run:
         if snap_due:  # everything ended before the end of the arrival window
             self._take_snapshot()
         if progress is not None:
-            progress(now, len(self.records))
-        return self._result(n)
+            progress(now, len(records))
+        return self._result(n, now)
 
-    def _result(self, n: int) -> RunResult:
+    def _result(self, n: int, now: float) -> RunResult:
         totals: dict[str, float] = {}
-        for rep in self.rep_list:
-            m = rep.engine.metrics()
+        for eng in [e for r in self.rep_list for e in r.engines()]:
+            m = eng.metrics()
             for key, v in (
                 ("steps", m.steps_total),
                 ("busy_s", m.busy_s_total),
@@ -484,6 +734,8 @@ class _Run:
             ledger[outcome] += count
         arrivals = self.setup.workload.arrivals
         records = [self.records[a.rid] for a in arrivals if a.rid in self.records]
+        view = self.sched.snapshot(now)
+        unfinished = view.queued_total + sum(c.inflight for c in view.classes)
         return RunResult(
             policy=self.policy,
             classes=tuple(c.name for c in self.sched.classes),
@@ -498,9 +750,42 @@ class _Run:
             pauses=self.pauses,
             aborts=self.aborts,
             late_finishes=self.late_finishes,
-            unfinished=len(self.sched.requests),
+            unfinished=unfinished,
             scheduler_calls=self.calls,
+            fleet=self._fleet(view),
         )
+
+    def _fleet(self, view: Snapshot) -> dict[str, object]:
+        failures: Counter[str] = Counter()
+        for _cls, _rep, reason, count in view.attempt_failures:
+            failures[reason] += count
+        retries: Counter[str] = Counter()
+        for _cls, _rep, reason, count in view.retries:
+            retries[reason] += count
+        ejections = {r.name: r.ejections for r in view.replicas}
+        reps: list[dict[str, object]] = []
+        for p in self.plans:
+            ms = [e.metrics() for e in self.reps[p.name].engines()]
+            reps.append(
+                {
+                    "name": p.name,
+                    "profile": p.profile.name,
+                    "gpu": p.profile.gpu,
+                    "window": p.window,
+                    "pausable": p.pausable,
+                    "ejections": ejections.get(p.name, 0),
+                    "steps": sum(m.steps_total for m in ms),
+                    "busy_s": math.fsum(m.busy_s_total for m in ms),
+                    "kv_evictions": sum(m.preemptions_total for m in ms),
+                    "generated_tokens": sum(m.generation_tokens_total for m in ms),
+                }
+            )
+        return {
+            "replicas": reps,
+            "attempt_failures": dict(sorted(failures.items())),
+            "retries": dict(sorted(retries.items())),
+            "faults": self.faults_done,
+        }
 
 
 def run_policy(setup: SimSetup, policy: str, progress: ProgressFn | None = None) -> RunResult:

@@ -11,8 +11,13 @@ Definitions (times from the client's side, in virtual seconds; ``D`` = the arriv
   the TPOT SLO (a request with one output token has no TPOT and meets that half). SLO attainment =
   requests meeting it / *all* requests of the group: rejected and timed-out requests count against
   it, as refusing work is not serving it.
-- Goodput = requests meeting their SLO per second of the arrival window (requests/s meeting both
-  TTFT and TPOT SLOs: DistServe, OSDI'24). Completed/s likewise over ``D``.
+- Goodput = requests that met their SLO (both TTFT and TPOT: DistServe, OSDI'24) *and finished
+  inside the arrival window* [0, D], per second of it; completed/s likewise (requests completed by
+  D, / D). Only what finishes inside the window counts: a request completed while the backlog
+  drains after D is not credited to the window (dividing every completion by D would report more
+  than the engine can do under overload). ``goodput_rps_run`` and ``completed_rps_run`` are the
+  whole-run figures: every request that met its SLO (or completed), over the whole run [0, end of
+  the last request] -- the arrival window plus the drain.
 - Output tokens/s = output tokens generated during the arrival window [0, D] / D: tokens of
   requests that finished by D plus, for those still running at D, the tokens generated so far
   (to within the engine step running at D). Measuring over the window, not until the last
@@ -38,6 +43,7 @@ Definitions (times from the client's side, in virtual seconds; ``D`` = the arriv
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -144,22 +150,32 @@ def _dist(prefix: str, xs: list[float]) -> dict[str, float | None]:
 
 
 def group_stats(
-    records: Iterable[RequestRecord], slo_of: Callable[[RequestRecord], Slo], window: float
+    records: Iterable[RequestRecord],
+    slo_of: Callable[[RequestRecord], Slo],
+    window: float,
+    span: float | None = None,
 ) -> dict[str, Any]:
-    """Counts, latency percentiles, SLO attainment, goodput and throughput of a set of requests."""
+    """Counts, latency percentiles, SLO attainment, goodput and throughput of a set of requests.
+    ``window`` is the arrival window's length D, ``span`` the whole run's (see the module doc)."""
     recs = list(records)
     counts = dict.fromkeys(OUTCOMES, 0)
     ttfts: list[float] = []
     tpots: list[float] = []
     e2es: list[float] = []
-    met = 0
+    met = met_in = done_in = 0
     win_tokens = 0
     preempted = 0
+    hit = hit_done = 0
     for r in recs:
         counts[r.state] = counts.get(r.state, 0) + 1
         win_tokens += r.win_output
         preempted += r.preemptions > 0
+        if r.failed_attempts:
+            hit += 1
+            hit_done += r.state == "completed"
         if r.state == "completed":
+            inside = r.finished_at <= window
+            done_in += inside
             t = ttft(r)
             if t is not None:
                 ttfts.append(t)
@@ -169,6 +185,7 @@ def group_stats(
             e2es.append(e2e(r))
             if meets_slo(r, slo_of(r)):
                 met += 1
+                met_in += inside
     n = len(recs)
     out: dict[str, Any] = {"count": n, **counts}
     out.update(_dist("ttft", ttfts))
@@ -176,10 +193,17 @@ def group_stats(
     out.update(_dist("e2e", e2es))
     out["slo_met"] = met
     out["slo_attainment"] = met / n if n else None
-    out["goodput_rps"] = met / window if window > 0 else None
-    out["completed_rps"] = counts["completed"] / window if window > 0 else None
+    out["goodput_rps"] = met_in / window if window > 0 else None
+    out["completed_rps"] = done_in / window if window > 0 else None
+    run = span if span is not None and span > 0 else None
+    out["goodput_rps_run"] = met / run if run else None
+    out["completed_rps_run"] = counts["completed"] / run if run else None
     out["output_tok_s"] = win_tokens / window if window > 0 else None
     out["preempted"] = preempted
+    # requests with an attempt that failed before their first token (retried, or not if their
+    # attempts or the retry budget ran out), and how many of them completed after all
+    out["failed_attempt"] = hit
+    out["failed_attempt_completed"] = hit_done
     return out
 
 
@@ -242,6 +266,83 @@ def queue_depth_mean(result: RunResult) -> float | None:
     return mean([float(x) for x in xs])
 
 
+def phases(result: RunResult, slos: dict[str, Slo]) -> list[dict[str, Any]]:
+    """The arrival window cut at each fault's start and end: per phase (by arrival time), what
+    the fleet looked like and how its requests fared (all classes, and the most urgent one)."""
+    window = result.window_end
+    faults = result.fleet.get("faults", [])
+    assert isinstance(faults, list)
+    cuts = sorted({0.0, window, *(float(f["t"]) for f in faults if 0 < float(f["t"]) < window)})
+    top = result.classes[0] if result.classes else ""
+    out: list[dict[str, Any]] = []
+    for a, b in itertools.pairwise(cuts):
+        down: list[str] = []
+        slow: dict[str, float] = {}
+        for f in faults:
+            if float(f["t"]) > a:
+                break
+            name = str(f["replica"])
+            if f["action"] == "die":
+                down.append(name)
+            elif f["action"] == "revive" and name in down:
+                down.remove(name)
+            elif f["action"] == "slow":
+                if float(f["factor"]) == 1.0:
+                    slow.pop(name, None)
+                else:
+                    slow[name] = float(f["factor"])
+        label = ", ".join(
+            [f"{d} down" for d in sorted(down)]
+            + [f"{k} slow x{v:g}" for k, v in sorted(slow.items())]
+        ) or "all up"
+        recs = [r for r in result.records if a <= r.arrival < b]
+        mine = [r for r in recs if r.service_class == top]
+        tt = sorted(t for r in mine if r.state == "completed" and (t := ttft(r)) is not None)
+        p99 = percentile(tt, 99)
+        met = sum(1 for r in mine if meets_slo(r, slos[top])) if top in slos else 0
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for r in recs:
+            counts[r.state] = counts.get(r.state, 0) + 1
+        out.append(
+            {
+                "start_s": a,
+                "end_s": b,
+                "fleet": label,
+                "count": len(recs),
+                **counts,
+                "failed_attempt": sum(1 for r in recs if r.failed_attempts),
+                "top_class": top,
+                "top_count": len(mine),
+                "top_ttft_p99_ms": None if p99 is None else p99 * 1000.0,
+                "top_slo_attainment": met / len(mine) if mine else None,
+            }
+        )
+    return out
+
+
+def replica_stats(
+    result: RunResult, slo_of: Callable[[RequestRecord], Slo]
+) -> dict[str, dict[str, Any]]:
+    """Per replica: the requests it last served (their outcome there or after), its profile."""
+    reps = result.fleet.get("replicas", [])
+    assert isinstance(reps, list)
+    by: dict[str, list[RequestRecord]] = {str(r["name"]): [] for r in reps}
+    for r in result.records:
+        if r.replica:
+            by.setdefault(r.replica, []).append(r)
+    info = {str(r["name"]): r for r in reps}
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in by.items():
+        g = group_stats(rs, slo_of, result.window_end, result.makespan)
+        extra = info.get(name, {})
+        out[name] = {
+            key: extra.get(key)
+            for key in ("profile", "gpu", "window", "ejections", "kv_evictions", "busy_s")
+        }
+        out[name].update(g)
+    return out
+
+
 def analyze(
     result: RunResult,
     slos: dict[str, Slo],
@@ -273,19 +374,26 @@ def analyze(
         f = tenant_fairness(rs, window, prompt_weight, output_weight, tenant_weight, warmup)
         if f is not None:
             fairness[c] = f
-    totals = group_stats(recs, slo_of, window)
-    totals["makespan_s"] = result.makespan
+    span = result.makespan
+    totals = group_stats(recs, slo_of, window, span)
+    totals["makespan_s"] = span
     totals["queue_depth_mean"] = queue_depth_mean(result)
     return {
         "totals": totals,
-        "classes": {c: group_stats(rs, slo_of, window) for c, rs in by_class.items() if rs},
-        "tenants": {t: group_stats(by_tenant[t], slo_of, window) for t in sorted(by_tenant)},
-        "tiers": {t: group_stats(by_tier[t], slo_of, window) for t in sorted(by_tier)},
+        "classes": {
+            c: group_stats(rs, slo_of, window, span) for c, rs in by_class.items() if rs
+        },
+        "tenants": {
+            t: group_stats(by_tenant[t], slo_of, window, span) for t in sorted(by_tenant)
+        },
+        "tiers": {t: group_stats(by_tier[t], slo_of, window, span) for t in sorted(by_tier)},
         "streams": {
             (stream_names[i] if i < len(stream_names) else str(i)): group_stats(
-                by_stream[i], slo_of, window
+                by_stream[i], slo_of, window, span
             )
             for i in sorted(by_stream)
         },
         "fairness": fairness,
+        "replicas": replica_stats(result, slo_of),
+        "phases": phases(result, slos) if result.fleet.get("faults") else [],
     }

@@ -3,13 +3,16 @@
 - ``<scenario>-ttft-cdf.png``: the TTFT distribution (CDF) of each class, one line per policy,
   with the class's TTFT SLO marked.
 - ``<scenario>-queue-depth.png``: requests waiting over time (qosgate's queue per class, and the
-  engine's own waiting queue), one panel per policy.
+  engines' own waiting queues), one panel per policy, all on one y-scale; below them, the most
+  urgent class's TTFT over time (p99 per time bin, by arrival; a request never served counts as
+  infinitely late), one line per policy. A scenario's faults are shaded on every panel.
 - ``<scenario>-latency-vs-load.png`` (sweeps): mean and p99 TTFT, mean E2E, and the first class's
   p99 TTFT against offered load, one line per policy.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -90,38 +93,131 @@ def ttft_cdf(res: ScenarioResult, path: Path, runs: list[Run] | None = None) -> 
     return path
 
 
+def _shade_faults(ax: Any, res: ScenarioResult, end: float, label: bool = False) -> None:
+    for f in res.scenario.faults:
+        stop = f.until_s if f.until_s is not None else end
+        if f.kind == "die":
+            color, text = "#999999", f"{f.name()} down"
+        else:
+            color, text = "#ff7f0e", f"{f.name()} slow x{f.factor:g}"
+        ax.axvspan(f.at_s, stop, color=color, alpha=0.12, lw=0, label=text if label else None)
+
+
+def _p99_inf(xs: list[float]) -> float:
+    """p99 of ``xs`` where a value may be inf (never served): inf when the rank lands on one."""
+    xs.sort()
+    h = (len(xs) - 1) * 0.99
+    lo = int(h)
+    hi = min(lo + 1, len(xs) - 1)
+    if math.isinf(xs[hi]):
+        return math.inf
+    return xs[lo] + (h - lo) * (xs[hi] - xs[lo])
+
+
+def ttft_over_time(run: Run, cls: str, bins: int = 40) -> tuple[list[float], list[float]]:
+    """(bin centre, p99 TTFT in s) of ``cls``'s requests by arrival time over the arrival window;
+    a request that never got a first token counts as infinitely late."""
+    r = run.result
+    end = r.window_end
+    width = end / bins if end > 0 else 1.0
+    groups: list[list[float]] = [[] for _ in range(bins)]
+    for rec in r.records:
+        if rec.service_class != cls or rec.arrival >= end:
+            continue
+        t = ttft(rec)
+        groups[min(bins - 1, int(rec.arrival / width))].append(math.inf if t is None else t)
+    xs: list[float] = []
+    ys: list[float] = []
+    for k, g in enumerate(groups):
+        if g:
+            xs.append((k + 0.5) * width)
+            ys.append(_p99_inf(g))
+    return xs, ys
+
+
 def queue_depth(res: ScenarioResult, path: Path, runs: list[Run] | None = None) -> Path:
     runs = runs if runs is not None else res.runs
     n = len(runs)
-    fig, axes = plt.subplots(n, 1, figsize=(9, 2.4 * n + 0.8), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        n + 1, 1, figsize=(9, 2.4 * (n + 1) + 0.8), sharex=True, squeeze=False
+    )
+    top = 0.0
     for k, run in enumerate(runs):
         ax = axes[k][0]
+        if k:
+            ax.sharey(axes[0][0])  # one y-scale for every policy
         r = run.result
         ts = [s.t for s in r.samples]
         for i, cls in enumerate(r.classes):
+            depth = [s.queued[i] for s in r.samples]
+            top = max(top, *depth) if depth else top
             ax.plot(
                 ts,
-                [s.queued[i] for s in r.samples],
+                depth,
                 color=_CLASS_COLORS[i % len(_CLASS_COLORS)],
                 lw=1.2,
                 label=f"qosgate queue: {cls}",
             )
+        waiting = [s.engine_waiting for s in r.samples]
+        top = max(top, *waiting) if waiting else top
         ax.plot(
             ts,
-            [s.engine_waiting for s in r.samples],
+            waiting,
             color="black",
             lw=1.0,
             linestyle="--",
-            label="engine waiting queue",
+            label="engines' waiting queues",
         )
+        _shade_faults(ax, res, r.window_end, label=k == 0)
         ax.axvline(r.window_end, color="#999999", lw=0.8, linestyle=":")
         ax.set_title(f"{run.policy}", fontsize=10, loc="left")
         ax.set_ylabel("requests waiting")
         ax.grid(True, alpha=0.25)
         if k == 0:
             ax.legend(fontsize=7, ncol=3, loc="upper left")
+    axes[0][0].set_ylim(0, max(1.0, top) * 1.08)
+    # the most urgent class's TTFT over time
+    ax = axes[n][0]
+    cls = runs[0].result.classes[0] if runs and runs[0].result.classes else ""
+    slo = res.prep.slos[cls].ttft_s if cls in res.prep.slos else None
+    finite_max = 0.0
+    lines = []
+    for run in runs:
+        xs, ys = ttft_over_time(run, cls)
+        finite_max = max([finite_max, *(y for y in ys if not math.isinf(y))])
+        lines.append((run, xs, ys))
+    ceiling = max(finite_max, slo or 0.0, 1e-3) * 2.0
+    for run, xs, ys in lines:
+        color, ls = _style(run.policy)
+        ax.plot(
+            xs,
+            [min(y, ceiling) for y in ys],
+            color=color,
+            linestyle=ls,
+            lw=1.3,
+            marker=".",
+            ms=3,
+            label=run.policy,
+        )
+        lost = [x for x, y in zip(xs, ys, strict=True) if math.isinf(y)]
+        if lost:
+            ax.plot(lost, [ceiling] * len(lost), "x", color=color, ms=5)
+    if slo is not None:
+        ax.axhline(slo, color="black", lw=0.8, linestyle=":")
+        ax.text(0, slo, f" {cls} SLO {slo:g} s", fontsize=7, va="bottom")
+    end = runs[0].result.window_end if runs else 0.0
+    _shade_faults(ax, res, end)
+    ax.set_yscale("log")
+    ax.set_title(
+        f"{cls}: TTFT p99 over time (by arrival; x at the top: over 1% never served)",
+        fontsize=10,
+        loc="left",
+    )
+    ax.set_ylabel("TTFT p99 (s, log)")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7, ncol=len(runs), loc="upper left")
     axes[-1][0].set_xlabel("virtual time (s); dotted: end of arrivals")
-    fig.suptitle(f"{res.scenario.name}: queue depth over time", fontsize=11)
+    fig.suptitle(f"{res.scenario.name}: queue depth and {cls} TTFT over time", fontsize=11)
     fig.tight_layout(rect=(0, 0.05, 1, 0.97))
     _footer(fig, res)
     fig.savefig(path, dpi=110)

@@ -18,10 +18,33 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qosgate.sim.scenarios import Run, ScenarioResult, attribution
+from qosgate.sim.scenarios import Run, ScenarioResult, attribution, describe
 
-FORMAT_VERSION = 1
-GROUP_KINDS = {"classes": "class", "tenants": "tenant", "tiers": "tier", "streams": "stream"}
+FORMAT_VERSION = 2
+GROUP_KINDS = {
+    "classes": "class",
+    "tenants": "tenant",
+    "tiers": "tier",
+    "streams": "stream",
+    "replicas": "replica",
+}
+# what the rates mean (in the JSON, and said under the tables)
+DEFINITIONS = {
+    "goodput_rps": "requests that met both SLOs (TTFT and TPOT) and finished inside the arrival "
+    "window, per second of the arrival window",
+    "completed_rps": "requests completed inside the arrival window, per second of it",
+    "goodput_rps_run": "requests that met both SLOs, per second of the whole run (arrival window "
+    "plus the drain of the backlog)",
+    "completed_rps_run": "requests completed, per second of the whole run",
+    "output_tok_s": "output tokens generated inside the arrival window, per second of it",
+    "slo_attainment": "requests that met both SLOs / all requests (refused and timed out count "
+    "against it)",
+}
+WINDOW_NOTE = (
+    "goodput and req/s done count only requests that finished inside the arrival window, per "
+    "second of it (the drain after it is not credited); the JSON also has *_run rates over the "
+    "whole run"
+)
 
 
 def _round(x: Any) -> Any:
@@ -43,11 +66,24 @@ def _timeseries(run: Run) -> dict[str, Any]:
         "t": [s.t for s in r.samples],
         "queued": {c: [s.queued[i] for s in r.samples] for i, c in enumerate(classes)},
         "inflight": [s.inflight for s in r.samples],
+        "replicas_up": [s.replicas_up for s in r.samples],
         "engine_running": [s.engine_running for s in r.samples],
         "engine_waiting": [s.engine_waiting for s in r.samples],
         "engine_paused": [s.engine_paused for s in r.samples],
         "kv_usage": [s.kv_usage for s in r.samples],
     }
+
+
+def one_outcome_each(run: Run) -> bool:
+    """Every request of the run has exactly one outcome: one record per arrival, none left
+    live, and the core's outcome ledger sums to the arrivals."""
+    r = run.result
+    return (
+        not r.unfinished
+        and len(r.records) == r.arrivals
+        and len({x.rid for x in r.records}) == r.arrivals
+        and sum(r.outcomes.values()) == r.arrivals
+    )
 
 
 def run_document(run: Run) -> dict[str, Any]:
@@ -59,6 +95,7 @@ def run_document(run: Run) -> dict[str, Any]:
         "offered_rps": run.offered_rps,
         "arrivals": r.arrivals,
         "outcomes": r.outcomes,
+        "one_outcome_each": one_outcome_each(run),
         "recorded": len(r.records),
         "lost": r.arrivals - len(r.records),
         "unfinished": r.unfinished,
@@ -73,6 +110,9 @@ def run_document(run: Run) -> dict[str, Any]:
         "tiers": m["tiers"],
         "streams": m["streams"],
         "fairness": m["fairness"],
+        "fleet": r.fleet,
+        "replicas": m["replicas"],
+        "phases": m["phases"],
         "timeseries": _timeseries(run),
     }
 
@@ -85,10 +125,22 @@ def document(res: ScenarioResult) -> dict[str, Any]:
         "format": FORMAT_VERSION,
         "scenario": {
             "name": s.name,
-            "description": s.description,
+            "description": describe(s),
             "profile": {"name": prof.name, "model": prof.model, "gpu": prof.gpu},
             "profile_overrides": dict(s.profile_overrides),
-            "replicas": s.replicas,
+            "replicas": len(prep.fleet),
+            "fleet": [
+                {
+                    "name": p.name,
+                    "profile": p.profile.name,
+                    "gpu": p.profile.gpu,
+                    "window": p.window,
+                    "pausable": p.pausable,
+                }
+                for p in prep.fleet
+            ],
+            "faults": [f.model_dump() for f in s.faults],
+            "probe_interval_s": s.probe_interval_s,
             "window": prep.window,
             "window_setting": s.window,
             "engine_queue": s.engine_queue,
@@ -109,6 +161,8 @@ def document(res: ScenarioResult) -> dict[str, Any]:
             c: {"ttft_ms": v.ttft_s * 1000.0, "tpot_ms": v.tpot_s * 1000.0}
             for c, v in prep.slos.items()
         },
+        "definitions": DEFINITIONS,
+        "one_outcome_each": all(one_outcome_each(r) for r in res.runs),
         "runs": [run_document(r) for r in res.runs],
     }
     return _round(doc)  # type: ignore[no-any-return]
@@ -192,6 +246,7 @@ def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Tabl
         "done",
         "rej",
         "t/o",
+        "fail",
         "TTFT p50",
         "TTFT p99",
         "TPOT p50",
@@ -212,6 +267,7 @@ def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Tabl
                 str(g["completed"]),
                 str(g["rejected"]),
                 str(g["timed_out"]),
+                str(g["failed"]),
                 _ms(g["ttft_p50_ms"]),
                 _ms(g["ttft_p99_ms"]),
                 _ms(g["tpot_p50_ms"]),
@@ -248,6 +304,143 @@ def _fairness_table(runs: Iterable[Run]) -> Table | None:
                 ratios,
             )
     return t if any_row else None
+
+
+def _replica_table(runs: Iterable[Run]) -> Table:
+    t = Table(
+        title="per replica (requests by the replica they were last dispatched to)",
+        title_justify="left",
+    )
+    for col in (
+        "policy",
+        "replica",
+        "gpu",
+        "window",
+        "n",
+        "done",
+        "fail",
+        "TTFT p99",
+        "TPOT p50",
+        "TPOT p99",
+        "SLO",
+        "tok/s",
+        "KV evict",
+        "ejected",
+    ):
+        t.add_column(col, justify="left" if col in ("policy", "replica", "gpu") else "right")
+
+    def val(x: object) -> str:
+        return "-" if x is None else str(x)
+
+    for run in runs:
+        reps = list(run.metrics["replicas"].items())
+        for i, (name, g) in enumerate(reps):
+            t.add_row(
+                run.policy if i == 0 else "",
+                name,
+                val(g["gpu"]),
+                val(g["window"]),
+                str(g["count"]),
+                str(g["completed"]),
+                str(g["failed"]),
+                _ms(g["ttft_p99_ms"]),
+                _ms(g["tpot_p50_ms"]),
+                _ms(g["tpot_p99_ms"]),
+                _pct(g["slo_attainment"]),
+                _num(g["output_tok_s"], ".0f"),
+                val(g["kv_evictions"]),
+                val(g["ejections"]),
+                end_section=i == len(reps) - 1,
+            )
+    return t
+
+
+def _faults_table(runs: Iterable[Run]) -> Table:
+    t = Table(
+        title="faults: attempts that failed before the first token (by reason), the core's "
+        "retries, and what became of the requests",
+        title_justify="left",
+    )
+    for col in (
+        "policy",
+        "failed attempts",
+        "retries",
+        "requests hit",
+        "hit -> done",
+        "failed (streaming)",
+        "failed (not started)",
+        "ejections",
+    ):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for run in runs:
+        fleet = run.result.fleet
+        fails = fleet.get("attempt_failures", {})
+        retries = fleet.get("retries", {})
+        assert isinstance(fails, dict) and isinstance(retries, dict)
+        recs = run.result.records
+        failed_streaming = sum(
+            1 for r in recs if r.state == "failed" and r.first_token_at is not None
+        )
+        failed_cold = sum(1 for r in recs if r.state == "failed" and r.first_token_at is None)
+        reps = fleet.get("replicas", [])
+        assert isinstance(reps, list)
+        ej = ", ".join(f"{r['name']} {r['ejections']}" for r in reps if r["ejections"]) or "0"
+        g = run.metrics["totals"]
+        t.add_row(
+            run.policy,
+            ", ".join(f"{k.removeprefix('upstream_')} {v}" for k, v in fails.items()) or "0",
+            str(sum(retries.values())),
+            str(g["failed_attempt"]),
+            str(g["failed_attempt_completed"]),
+            str(failed_streaming),
+            str(failed_cold),
+            ej,
+        )
+    return t
+
+
+def _phases_table(runs: list[Run]) -> Table | None:
+    if not runs or not runs[0].metrics["phases"]:
+        return None
+    top = runs[0].metrics["phases"][0]["top_class"]
+    t = Table(
+        title=f"by phase of the fleet (requests by arrival time; hit = had a failed attempt; "
+        f"{top} = the most urgent class)",
+        title_justify="left",
+    )
+    for col in (
+        "phase",
+        "fleet",
+        "policy",
+        "n",
+        "done",
+        "rej",
+        "t/o",
+        "fail",
+        "hit",
+        f"{top} TTFT p99",
+        f"{top} SLO",
+    ):
+        t.add_column(col, justify="left" if col in ("phase", "fleet", "policy") else "right")
+    n_phases = len(runs[0].metrics["phases"])
+    for k in range(n_phases):
+        for i, run in enumerate(runs):
+            ph = run.metrics["phases"][k]
+            t.add_row(
+                f"{ph['start_s']:g}-{ph['end_s']:g} s" if i == 0 else "",
+                ph["fleet"] if i == 0 else "",
+                run.policy,
+                str(ph["count"]),
+                str(ph["completed"]),
+                str(ph["rejected"]),
+                str(ph["timed_out"]),
+                str(ph["failed"]),
+                str(ph["failed_attempt"]),
+                _ms(ph["top_ttft_p99_ms"]),
+                _pct(ph["top_slo_attainment"]),
+                end_section=i == len(runs) - 1,
+            )
+    return t
 
 
 def _sweep_table(res: ScenarioResult) -> Table:
@@ -295,15 +488,40 @@ def _sweep_table(res: ScenarioResult) -> Table:
     return t
 
 
+def _fault_text(res: ScenarioResult) -> str | None:
+    s = res.scenario
+    if not s.faults:
+        return None
+    parts = []
+    for f in s.faults:
+        until = f" until {f.until_s:g} s" if f.until_s is not None else ""
+        if f.kind == "die":
+            back = f", restarted empty at {f.until_s:g} s" if f.until_s is not None else ""
+            parts.append(f"{f.name()} dies at {f.at_s:g} s{back}")
+        else:
+            parts.append(f"{f.name()} steps x{f.factor:g} from {f.at_s:g} s{until}")
+    return (
+        "faults: " + "; ".join(parts) + f" (health probe every {s.probe_interval_s:g} s)"
+    )
+
+
 def print_report(res: ScenarioResult, console: Console) -> None:
     prep = res.prep
     s = prep.scenario
     cap = f"{prep.capacity_rps:.2f} req/s" if prep.capacity_rps else "not measured"
+    if prep.uniform:
+        engine = f"engine {prep.profile.name} x{len(prep.fleet)}, window {prep.window}/replica"
+        if not prep.fleet[0].pausable:
+            engine += " (not pausable)"
+    else:
+        engine = f"engines {prep.fleet_text()}"
     console.print(
-        f"[bold]{s.name}[/bold] — {s.description}\n"
-        f"engine {prep.profile.name} x{s.replicas}, window {prep.window}/replica, "
-        f"capacity {cap}, seed {s.seed}"
+        f"[bold]{s.name}[/bold] — {describe(s)}\n{engine}, capacity {cap}, seed {s.seed}",
+        highlight=False,
     )
+    faults = _fault_text(res)
+    if faults:
+        console.print(faults, highlight=False)
     slos = ", ".join(
         f"{c} TTFT {v.ttft_s * 1000:g} ms / TPOT {v.tpot_s * 1000:g} ms"
         for c, v in prep.slos.items()
@@ -327,14 +545,15 @@ def print_report(res: ScenarioResult, console: Console) -> None:
         ft = _fairness_table(res.runs)
         if ft is not None:
             console.print(ft)
-    for run in res.runs:
-        r = run.result
-        bad = r.arrivals - len(r.records)
-        if bad or r.unfinished:
-            console.print(
-                f"[red]{run.policy}: {bad} requests without an outcome "
-                f"({r.unfinished} unfinished)[/red]"
-            )
+        if len(prep.fleet) > 1:
+            console.print(_replica_table(res.runs))
+        if s.faults or any(r.result.fleet.get("attempt_failures") for r in res.runs):
+            console.print(_faults_table(res.runs))
+            pt = _phases_table(res.runs)
+            if pt is not None:
+                console.print(pt)
+    console.print(f"[dim]{WINDOW_NOTE}[/dim]", highlight=False)
+    console.print(ledger_text(res), highlight=False)
     note = attribution(prep)
     if note:
         console.print(f"[dim]Request data: {note}[/dim]", highlight=False)
@@ -342,8 +561,34 @@ def print_report(res: ScenarioResult, console: Console) -> None:
 
 def ledger_ok(res: ScenarioResult) -> bool:
     """Every request has exactly one outcome in every run."""
-    for run in res.runs:
+    return all(one_outcome_each(run) for run in res.runs)
+
+
+def ledger_text(res: ScenarioResult) -> str:
+    """The report's statement on outcomes: every request had exactly one, or which run broke it."""
+    bad = [run for run in res.runs if not one_outcome_each(run)]
+    if not bad:
+        sizes = sorted({run.result.arrivals for run in res.runs})
+        n = sizes[0] if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        failed = sum(run.metrics["totals"]["failed"] for run in res.runs)
+        hit = sum(run.metrics["totals"]["failed_attempt"] for run in res.runs)
+        extra = (
+            f"; over all runs {failed} ended failed and {hit} had an attempt fail before their "
+            "first token"
+            if failed or hit
+            else ""
+        )
+        return (
+            f"outcomes: in each of the {len(res.runs)} run(s), every one of the {n} requests had "
+            "exactly one outcome (completed, rejected, timed out, cancelled or failed): none lost, "
+            f"none left unfinished{extra}"
+        )
+    lines = []
+    for run in bad:
         r = run.result
-        if r.unfinished or len(r.records) != r.arrivals or sum(r.outcomes.values()) != r.arrivals:
-            return False
-    return True
+        lines.append(
+            f"[red]{run.policy}: {r.arrivals - len(r.records)} of {r.arrivals} requests without "
+            f"an outcome ({r.unfinished} unfinished; the ledger counts "
+            f"{sum(r.outcomes.values())})[/red]"
+        )
+    return "\n".join(lines)

@@ -15,23 +15,45 @@ So the engine's own waiting queue stays short (it only holds what waits for pref
 the backlog is held, and ordered, in qosgate. With ``window = max_num_seqs`` on a KV-bound mix the
 surplus waits in the engine's queue, ordered there by class level alone (shares between classes,
 tenant fairness and deadlines no longer apply to it).
+
+Fleet. ``replicas: N`` gives N replicas of ``profile`` (as before); a list gives a heterogeneous
+fleet, group by group (``{count, profile, profile_overrides, window, pausable}``, each defaulting
+to the scenario's own field; a group naming its own profile has no overrides unless it gives
+some), named r0, r1, ... in order. The capacity is then the sum of each
+replica's own. ``pausable: false`` models upstream servers (vLLM over HTTP), which the core can
+only pull a request back from by abort, before its first token.
+
+Faults. ``faults`` act on named replicas during the run: ``{replica: r0, kind: die, at_s: 40,
+until_s: 80}`` kills r0's engine at 40 s (everything in it is lost) and restarts it, empty, at
+80 s; ``{replica: r1, kind: slow, at_s: 60, factor: 3}`` makes each of r1's engine steps 3x as
+long from 60 s on (until ``until_s`` if given). The core learns of them as the gateway would:
+failed calls and health probes every ``probe_interval_s`` (see ``driver``).
+
+Description. ``{load}``, ``{time_scale}`` and ``{duration}`` in a description are replaced by the
+values the run uses (``--load``, ``--time-scale``, ``--duration`` included); an override of a
+value the description does not template is noted after it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qosgate.config import QosConfig, config_from_mapping, read_yaml_mapping, validated
+from qosgate.core import Classifier, QosInputError
 from qosgate.engines.simmodel import EngineProfile, load_profile
 from qosgate.sim.driver import (
     SIM_POLICIES,
     EngineQueue,
+    FaultPlan,
+    ReplicaPlan,
     RunResult,
     SimSetup,
     run_policy,
@@ -39,7 +61,6 @@ from qosgate.sim.driver import (
 )
 from qosgate.sim.metrics import Slo, analyze
 from qosgate.sim.workload import (
-    TRACE_ATTRIBUTION,
     TRACE_NAME,
     FromTrace,
     Lengths,
@@ -50,6 +71,8 @@ from qosgate.sim.workload import (
     find_trace,
     read_trace,
     sample_lengths,
+    stream_inputs,
+    trace_attribution,
 )
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -81,15 +104,60 @@ class Sweep(_Model):
     loads: tuple[float, ...] = Field(min_length=1)
 
 
+Window = Annotated[int, Field(ge=1)] | Literal["auto"]
+
+
+class ReplicaGroup(_Model):
+    """``count`` replicas of one kind in a heterogeneous fleet; unset fields take the
+    scenario's (``profile``, ``window``, ``pausable``; ``profile_overrides`` only for a group
+    that names no profile of its own: the scenario's overrides go with the scenario's profile)."""
+
+    count: int = Field(default=1, ge=1)
+    profile: str | None = None
+    profile_overrides: dict[str, float] | None = None
+    window: Window | None = None
+    pausable: bool | None = None
+
+
+class Fault(_Model):
+    """What happens to one replica during the run (see the module doc)."""
+
+    replica: str | Annotated[int, Field(ge=0)] = Field(description="r0, r1, ... or an index")
+    kind: Literal["die", "slow"]
+    at_s: float = Field(ge=0, description="virtual seconds from the start")
+    until_s: float | None = Field(
+        default=None, description="die: restarted (empty) then; slow: normal speed again"
+    )
+    factor: float | None = Field(default=None, gt=0, description="slow: step time x factor")
+
+    @model_validator(mode="after")
+    def _ok(self) -> Fault:
+        if self.kind == "slow" and self.factor is None:
+            raise ValueError("a slow fault needs a factor (step time x factor)")
+        if self.kind == "die" and self.factor is not None:
+            raise ValueError("a die fault takes no factor")
+        if self.until_s is not None and self.until_s <= self.at_s:
+            raise ValueError("until_s must be after at_s")
+        return self
+
+    def name(self) -> str:
+        return f"r{self.replica}" if isinstance(self.replica, int) else self.replica
+
+
 class Scenario(_Model):
     name: str
     description: str = ""
     profile: str = "qwen2.5-7b-instruct-h100"
     profile_overrides: dict[str, float] = Field(default_factory=dict)
-    replicas: int = Field(default=1, ge=1)
-    window: int | Literal["auto"] = "auto"
+    replicas: Annotated[int, Field(ge=1)] | tuple[ReplicaGroup, ...] = 1
+    window: Window = "auto"
+    pausable: bool = True
     engine_queue: EngineQueue = "auto"
-    policies: tuple[str, ...] = ("fifo", "priority", "qos")
+    policies: tuple[str, ...] = Field(default=("fifo", "priority", "qos"), min_length=1)
+    faults: tuple[Fault, ...] = ()
+    probe_interval_s: float = Field(
+        default=1.0, gt=0, description="health probe (and metrics scrape) cadence, as the gateway's"
+    )
     seed: int = 1
     duration_s: float | None = Field(default=120.0, gt=0)
     arrivals: Arrivals = Arrivals(load=1.0)
@@ -119,7 +187,23 @@ class Scenario(_Model):
             and self.sweep is None
         ):
             raise ValueError("give arrivals.rate, arrivals.load or a sweep")
+        if isinstance(self.replicas, tuple) and not self.replicas:
+            raise ValueError("replicas: an empty list (give a count or at least one group)")
+        spans: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for f in self.faults:
+            spans.setdefault((f.name(), f.kind), []).append(
+                (f.at_s, math.inf if f.until_s is None else f.until_s)
+            )
+        for (rep, kind), xs in spans.items():
+            xs.sort()
+            if any(b[0] < a[1] for a, b in itertools.pairwise(xs)):
+                raise ValueError(f"faults: overlapping {kind} faults on replica {rep}")
         return self
+
+    def replica_count(self) -> int:
+        if isinstance(self.replicas, int):
+            return self.replicas
+        return sum(g.count for g in self.replicas)
 
     def needs_trace(self) -> bool:
         laws: list[object] = [self.lengths.prompt, self.lengths.output]
@@ -150,22 +234,83 @@ def scenario_from_mapping(raw: dict[str, Any], where: str = "scenario") -> Scena
     return validated(Scenario, raw, f"scenario {where}", ScenarioError)
 
 
+# what a description may template, and what overriding each changes
+_PLACEHOLDERS = {
+    "load": ("load", "sweep"),
+    "time_scale": ("time_scale",),
+    "duration": ("duration_s",),
+}
+_PLACEHOLDER_RE = re.compile(r"\{(load|time_scale|duration)\}")
+
+
+def _loads_text(s: Scenario) -> str:
+    if s.sweep is not None:
+        lo, hi = min(s.sweep.loads), max(s.sweep.loads)
+        return f"{100 * lo:g}-{100 * hi:g}%" if lo != hi else f"{100 * lo:g}%"
+    if s.arrivals.load is not None:
+        return f"{s.arrivals.load:g}x"
+    if s.arrivals.rate is not None:
+        return f"{s.arrivals.rate:g} req/s"
+    return "as recorded"
+
+
+def _values(s: Scenario) -> dict[str, str]:
+    return {
+        "load": _loads_text(s),
+        "time_scale": f"{s.arrivals.time_scale:g}x",
+        "duration": "the whole trace" if s.duration_s is None else f"{s.duration_s:g} s",
+    }
+
+
+def describe(s: Scenario) -> str:
+    """The scenario's description with ``{load}``, ``{time_scale}`` and ``{duration}`` filled in
+    with what the run uses."""
+    vals = _values(s)
+    return _PLACEHOLDER_RE.sub(lambda m: vals[m.group(1)], s.description)
+
+
 def override(scenario: Scenario, **changes: Any) -> Scenario:
     """A copy with top-level fields replaced (``arrivals={...}`` merges into the arrivals),
-    re-validated."""
+    re-validated. A description that does not template a value the override changes gets a
+    note saying what the run uses instead."""
     data = scenario.model_dump(by_alias=True)
+    where = f"scenario {scenario.name} (with overrides)"
+    if isinstance(scenario.replicas, tuple):
+        for k in ("replicas", "profile"):
+            if k in changes:
+                raise ScenarioError(
+                    f"{where}: {k} cannot be overridden: the scenario lists its replicas "
+                    "one group at a time (edit its replicas list)"
+                )
+    touched: set[str] = set()
     for k, v in changes.items():
         if k == "arrivals":
             data["arrivals"] = {**data["arrivals"], **v}
+            touched |= set(v)
         else:
             data[k] = v
-    return scenario_from_mapping(data, f"{scenario.name} (with overrides)")
+            touched.add(k)
+    new = scenario_from_mapping(data, f"{scenario.name} (with overrides)")
+    before, after = _values(scenario), _values(new)
+    notes = [
+        f"{key.replace('_', ' ')} {after[key]}"
+        for key, fields in _PLACEHOLDERS.items()
+        if touched & set(fields)
+        and before[key] != after[key]
+        and "{" + key + "}" not in scenario.description
+    ]
+    if notes:
+        desc = new.description + f" [overridden: {', '.join(notes)}]"
+        new = new.model_copy(update={"description": desc})
+    return new
 
 
 # ------------------------------------------------------------------------------ preparation
 @dataclass(slots=True)
 class Prepared:
-    """A scenario resolved against its engine profile, config and trace."""
+    """A scenario resolved against its engine profiles, config and trace. ``profile`` and
+    ``window`` are the first replica's (the only kind in a uniform fleet); ``fleet`` lists every
+    replica."""
 
     scenario: Scenario
     cfg: QosConfig
@@ -178,18 +323,57 @@ class Prepared:
     trace: tuple[TraceRow, ...] | None = None
     capacity_rps: float | None = None
     capacity_measured: bool = False
+    fleet: tuple[ReplicaPlan, ...] = ()
+    faults: tuple[FaultPlan, ...] = ()
+
+    @property
+    def uniform(self) -> bool:
+        """Every replica has the same profile and window."""
+        return len({(p.profile, p.window, p.pausable) for p in self.fleet}) <= 1
+
+    def fleet_text(self) -> str:
+        """``qwen2.5-7b-instruct-h100 x2 (window 748) + qwen2.5-7b-instruct-a100 x1 (...)``"""
+        groups: dict[tuple[str, int, bool], int] = {}
+        for p in self.fleet:
+            key = (p.profile.name, p.window, p.pausable)
+            groups[key] = groups.get(key, 0) + 1
+        return " + ".join(
+            f"{name} x{n} (window {w}{'' if pausable else ', not pausable'})"
+            for (name, w, pausable), n in groups.items()
+        )
 
 
-def _profile(s: Scenario) -> EngineProfile:
-    prof = load_profile(s.profile)
-    if s.profile_overrides:
+def _profile(name: str, overrides: dict[str, float]) -> EngineProfile:
+    prof = load_profile(name)
+    if overrides:
         data = prof.model_dump()
-        for k, v in s.profile_overrides.items():
+        for k, v in overrides.items():
             if k not in data or k in ("name", "model", "gpu"):
                 raise ScenarioError(f"profile_overrides: unknown field {k!r}")
             data[k] = int(v) if isinstance(data[k], int) else float(v)
         prof = EngineProfile.model_validate(data)
     return prof
+
+
+def _groups(s: Scenario) -> list[ReplicaGroup]:
+    if isinstance(s.replicas, int):
+        return [ReplicaGroup(count=s.replicas)]
+    return list(s.replicas)
+
+
+def _check_mix(s: Scenario, cfg: QosConfig, api_keys: dict[str, str]) -> None:
+    """Every stream's QoS inputs classify under the config (a class typo, an unknown tenant or
+    task type is an error now, not a traceback mid-run)."""
+    classifier = Classifier(cfg)
+    for k, st in enumerate(s.mix):
+        try:
+            classifier.classify(stream_inputs(st, api_keys))
+        except QosInputError as exc:
+            raise ScenarioError(
+                f"scenario {s.name}: mix[{k}] ({st.label()}): {exc.message}"
+            ) from None
+        except ValueError as exc:
+            raise ScenarioError(f"scenario {s.name}: mix[{k}]: {exc}") from None
 
 
 def prepare(
@@ -202,8 +386,16 @@ def prepare(
         cfg = config_from_mapping(dict(s.config))
     except ValueError as exc:
         raise ScenarioError(f"scenario {s.name}: {exc}") from None
+    groups = _groups(s)
+    profiles: list[EngineProfile] = []
     try:
-        prof = _profile(s)
+        for g in groups:
+            name = g.profile if g.profile is not None else s.profile
+            # the scenario's overrides go with the scenario's profile
+            over = g.profile_overrides
+            if over is None:
+                over = s.profile_overrides if g.profile is None else {}
+            profiles.append(_profile(name, over))
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
     classes = [c.name for c in cfg.classes]
@@ -220,9 +412,14 @@ def prepare(
         for c in cfg.classes
     }
     api_keys = {t.name: t.api_keys[0] for t in cfg.tenants if t.api_keys}
+    _check_mix(s, cfg, api_keys)
     trace = None
     path: Path | None = None
-    if s.needs_trace() or trace_path is not None:
+    if trace_path is not None and not s.needs_trace():
+        raise ScenarioError(
+            f"scenario {s.name} draws nothing from a trace: --trace {trace_path} would go unused"
+        )
+    if s.needs_trace():
         try:
             path = find_trace(str(trace_path or s.trace or TRACE_NAME))
             trace = read_trace(path)
@@ -230,21 +427,47 @@ def prepare(
             raise ScenarioError(str(exc)) from None
     sample = sample_lengths(s.mix, s.lengths, trace, s.seed, 4000)
     mean_tokens = math.fsum(p + o for p, o in sample) / len(sample)
-    if s.window == "auto":
-        window = max(1, min(prof.max_num_seqs, int(prof.kv_capacity_tokens // mean_tokens)))
-    else:
-        window = s.window
-    prep = Prepared(s, cfg, prof, window, mean_tokens, slos, api_keys, path, trace)
+    plans: list[ReplicaPlan] = []
+    for g, prof in zip(groups, profiles, strict=True):
+        setting = g.window if g.window is not None else s.window
+        if setting == "auto":
+            window = max(1, min(prof.max_num_seqs, int(prof.kv_capacity_tokens // mean_tokens)))
+        else:
+            window = setting
+        pausable = g.pausable if g.pausable is not None else s.pausable
+        for _ in range(g.count):
+            plans.append(ReplicaPlan(f"r{len(plans)}", prof, window, pausable))
+    names = {p.name for p in plans}
+    faults = []
+    for f in s.faults:
+        if f.name() not in names:
+            raise ScenarioError(
+                f"scenario {s.name}: a fault on replica {f.name()}, but the fleet has "
+                f"{', '.join(p.name for p in plans)}"
+            )
+        faults.append(FaultPlan(f.name(), f.kind, f.at_s, f.until_s, f.factor or 1.0))
+    first = plans[0]
+    prep = Prepared(
+        s, cfg, first.profile, first.window, mean_tokens, slos, api_keys, path, trace,
+        fleet=tuple(plans), faults=tuple(faults),
+    )
     need = s.arrivals.load is not None or s.sweep is not None
     if measure_capacity is None:
         measure_capacity = need or s.arrivals.process == "trace"
     if s.capacity_rps is not None:
         prep.capacity_rps = s.capacity_rps
     elif measure_capacity:
-        n = max(4000, 4 * window)
+        biggest = max(p.window for p in plans)
+        n = max(4000, 4 * biggest)
         more = sample if n <= len(sample) else sample_lengths(s.mix, s.lengths, trace, s.seed, n)
-        cap = saturation_throughput(prof, window, more, s.max_tokens)
-        prep.capacity_rps = cap * s.replicas
+        each: dict[tuple[EngineProfile, int], float] = {}
+        total = 0.0
+        for p in plans:  # the fleet's capacity: the sum of each replica's own
+            key = (p.profile, p.window)
+            if key not in each:
+                each[key] = saturation_throughput(p.profile, p.window, more, s.max_tokens)
+            total += each[key]
+        prep.capacity_rps = total
         prep.capacity_measured = True
     return prep
 
@@ -281,11 +504,14 @@ def setup_for(prep: Prepared, workload: Workload) -> SimSetup:
     return SimSetup(
         cfg=prep.cfg,
         profile=prep.profile,
-        replicas=s.replicas,
+        replicas=len(prep.fleet),
         window=prep.window,
         workload=workload,
         sample_interval=max(workload.duration / s.sample_points, 1e-3),
         engine_queue=s.engine_queue,
+        fleet=prep.fleet,
+        faults=prep.faults,
+        probe_interval=s.probe_interval_s,
     )
 
 
@@ -366,4 +592,7 @@ def run_scenario(
 
 
 def attribution(prep: Prepared) -> str | None:
-    return TRACE_ATTRIBUTION if prep.trace is not None else None
+    """Who to credit for the request data: the trace the run actually read, if any."""
+    if prep.trace is None or prep.trace_path is None:
+        return None
+    return trace_attribution(prep.trace_path)

@@ -41,6 +41,18 @@ TRACE_ATTRIBUTION = (
     'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
     "ISCA 2024."
 )
+# the traces whose source qosgate knows, by file name (those in shared/traces/)
+KNOWN_TRACES: dict[str, str] = {TRACE_NAME: TRACE_ATTRIBUTION}
+
+
+def trace_attribution(path: str | Path) -> str:
+    """Whom the request data read from ``path`` comes from: a known trace's source and license,
+    else the file's name and a plain statement that its source is not known here."""
+    name = Path(path).name
+    known = KNOWN_TRACES.get(name)
+    if known is not None:
+        return known
+    return f"{name} (a trace given with --trace; its source and license are not known to qosgate)"
 
 
 class _Model(BaseModel):

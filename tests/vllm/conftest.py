@@ -46,7 +46,7 @@ GHOST = "not-served-by-vllm"  # listed in the gateway's config, unknown to vLLM:
 START_TIMEOUT_S = 900.0  # eager start-up is 1-2 min; two at once on 2 busy cores, more
 
 TIMINGS: list[str] = []
-_T0 = time.monotonic()
+_STARTED: list[float] = []  # when the first real-vLLM fixture began
 
 
 def enabled() -> bool:
@@ -69,7 +69,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         terminalreporter.section("real vLLM (tests/vllm)")
         for line in TIMINGS:
             terminalreporter.write_line(line)
-        terminalreporter.write_line(f"tests/vllm wall time: {time.monotonic() - _T0:.0f} s")
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +76,7 @@ def vllm_env(pytestconfig: pytest.Config) -> dict[str, Any]:
     if not enabled():
         pytest.skip("QOSGATE_VLLM=0: the real-vLLM suite is disabled")
     t = time.monotonic()
+    _STARTED.append(t)
     out = subprocess.run([PY, str(SCRIPT), "build"], capture_output=True, text=True)
     for line in out.stdout.splitlines():
         _announce(pytestconfig, line.removeprefix("[vllm-env] "))
@@ -148,6 +148,8 @@ def vllm_servers(
     t = time.monotonic()
     codes = {p: s.stop() for p, s in servers.items()}
     _announce(pytestconfig, f"vLLM stopped with SIGTERM in {time.monotonic() - t:.1f} s: {codes}")
+    _announce(pytestconfig, f"real-vLLM part: {time.monotonic() - _STARTED[0]:.0f} s wall time "
+                            "(environment check, start-up, the tests, stop)")
 
 
 @pytest.fixture(scope="session")

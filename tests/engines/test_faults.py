@@ -87,7 +87,9 @@ def test_json_form_spec_or_members() -> None:
     assert fault_from_json({"fault": "hang-mid-stream", "after": 3, "count": 1}) == Fault(
         "hang-mid-stream", after=3.0, count=1
     )
-    for bad in ({}, {"fault": 3}, [], {"fault": "429", "factor": 2}, {"fault": "429", "count": 0}):
+    bads: list[object] = [{}, {"fault": 3}, [], {"fault": "429", "factor": 2},
+                          {"fault": "429", "count": 0}]
+    for bad in bads:
         with pytest.raises(FaultError):
             fault_from_json(bad)
 

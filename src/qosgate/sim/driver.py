@@ -401,6 +401,8 @@ class _Run:
             return self.sched.attempt_failed(rid, now, UNREACHABLE, unreachable=True)
         self._touch(rep, now)
         if d.resume:
+            if rid not in rep.seqs:  # not in this engine (cannot happen): its state is gone
+                return self._call_lost(rid, now, rid in self.started, 0)
             rep.paused.discard(rid)
             parked = rep.parked.pop(rid, None)
             if not parked:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,6 +37,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from qosgate.asgi import BODY_TIMEOUT, json_bytes
+
+# a timer firing this much after its time means the event loop was held up: grace before acting
+_LATE_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             and not cycle.response_complete
         ):
             self._body_timer = self.loop.call_later(self.limits.body_timeout_s,
-                                                    self._body_timed_out)
+                                                    self._body_timed_out, self.loop.time())
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(400, "invalid_http", "Invalid HTTP request.")
@@ -184,7 +187,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     # ---------------------------------------------------------------- timers
     def _arm_head(self) -> None:
         self._head_timer = self.loop.call_later(self.limits.header_timeout_s,
-                                                self._head_timed_out)
+                                                self._head_timed_out, self.loop.time())
+
+    def _late(self, armed_at: float, timeout: float, retry: Callable[[], None]) -> bool:
+        """True if the timer fires well after its time: the loop was held up (a burst of work,
+        the CPU taken by others), and the client's bytes may be waiting unread -- libuv runs
+        due timers before it reads. Then it is given one short grace, re-armed by ``retry``."""
+        if self.loop.time() - (armed_at + timeout) > _LATE_S:
+            handle = self.loop.call_later(_LATE_S, retry)
+            if retry == self._head_grace:
+                self._head_timer = handle
+            else:
+                self._body_timer = handle
+            return True
+        return False
+
+    def _head_grace(self) -> None:
+        self._head_timed_out(None)
+
+    def _body_grace(self) -> None:
+        self._body_timed_out(None)
 
     def _cancel_timers(self) -> None:
         for timer in (self._head_timer, self._body_timer):
@@ -192,9 +214,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._head_timer = self._body_timer = None
 
-    def _head_timed_out(self) -> None:
+    def _head_timed_out(self, armed_at: float | None) -> None:
         self._head_timer = None
         if not self._in_head or self.transport.is_closing():
+            return
+        if armed_at is not None and self._late(armed_at, self.limits.header_timeout_s,
+                                               self._head_grace):
             return
         if self.cycle is not None and not self.cycle.response_complete:
             # a response is still going out (a pipelined head behind it): wait for it
@@ -209,10 +234,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refused = True
             self.transport.close()
 
-    def _body_timed_out(self) -> None:
+    def _body_timed_out(self, armed_at: float | None) -> None:
         self._body_timer = None
         cycle = self.cycle
         if cycle is None or not cycle.more_body or cycle.response_complete:
+            return
+        if armed_at is not None and self._late(armed_at, self.limits.body_timeout_s,
+                                               self._body_grace):
             return
         # the app, reading the body, wakes with what it has and the scope's flag; it answers 408
         # and the connection closes after that answer

@@ -567,3 +567,44 @@ def test_11_choices_are_listed_in_help() -> None:
     r = subprocess.run([*QOSGATE, "serve", "--engine", "vllm"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2
+
+
+def test_9_a_queued_upstream_stream_gets_keep_alives_then_its_tokens(standin: Server,
+                                                                      tmp_session: Path) -> None:
+    """The same through the upstream client's relay: after the early head, the engine's stream
+    follows on the same response, whole."""
+    cfg = write(tmp_session, "abuse-ka-up.yaml", f"""
+server: {{sse_keepalive_s: 0.2}}
+fleet: {{window: {{mode: fixed}}}}
+upstreams: [{{url: {standin.url}, name: standin, capacity: 1, priority_polarity: vllm}}]
+""")
+    gw = start_gateway(tmp_session, "--config", str(cfg))
+    try:
+        c = OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=60)
+        hold = c.chat.completions.create(model=MODEL, messages=HI, max_tokens=2000, stream=True)
+        it = iter(hold)
+        next(it)
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=30) as s:
+            body = json.dumps({"model": MODEL, "messages": HI, "max_tokens": 5,
+                               "stream": True}).encode()
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            got = b""
+            while got.count(b": keep-alive") < 2:
+                chunk = s.recv(4096)
+                assert chunk, got
+                got += chunk
+            assert b"data:" not in got
+            hold.close()  # the slot frees: the queued stream runs
+            while not got.endswith(b"0\r\n\r\n"):
+                chunk = s.recv(65536)
+                assert chunk, got[-300:]
+                got += chunk
+        assert got.count(b"HTTP/1.1 200") == 1
+        events = re.findall(rb"data: ([^\n]*)", got)
+        assert events[-1] == b"[DONE]"
+        text = "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                       for e in events[:-1] if json.loads(e)["choices"])
+        assert len(text.split()) == 5
+    finally:
+        gw.stop()

@@ -5,6 +5,7 @@ connection, errors, and what ``OpenAIUpstream.run`` hands the sink and the call.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -496,6 +497,35 @@ def test_a_first_byte_timeout_of_an_eager_call_ends_that_call_not_its_dispatcher
             await asyncio.sleep(0.5)  # this (dispatching) task is not the one cancelled
             await task
             assert call.outcome == ("attempt_failed", ("first_byte_timeout", {}))
+            await asyncio.wait_for(s.eof_seen.wait(), 2)
+            await eng.close()
+
+    run(main())
+
+
+def test_a_stream_that_stalls_after_its_first_byte_ends_at_the_idle_bound() -> None:
+    """The idle bound holds from the first byte on, even when the first-byte bound (the timer
+    armed at the start) is much further off."""
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n" + _chunk(SSE[0]) + _chunk(SSE[1]))
+        await writer.drain()
+        assert await reader.read() == b""  # silence until the gateway gives up and closes
+        srv.eof_seen.set()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = OpenAIUpstream(UpstreamSettings(url=s.url, models=("m",), idle_timeout_s=0.3))
+            call = FakeCall(stream=True)
+            call.job.first_byte_timeout_s = 30.0
+            t0 = time.monotonic()
+            await asyncio.wait_for(asyncio.create_task(eng.run(call)), 5)
+            assert call.outcome == ("timed_out", "idle_timeout")
+            assert 0.3 <= time.monotonic() - t0 < 2.0
+            assert call.sink.started
             await asyncio.wait_for(s.eof_seen.wait(), 2)
             await eng.close()
 

@@ -631,7 +631,10 @@ def _error_body(status: int, data: bytes, ctype: bytes | None) -> bytes:
 class _Watchdog:
     """One timer per engine call for its time bounds: the first byte to the client, silence
     between streamed chunks, and the whole call. It re-arms itself lazily (a chunk only stamps
-    ``last``), and on expiry cancels the call's task with ``fired`` naming the bound."""
+    ``last``; the first byte only sets ``delivered``), and on expiry cancels the call's task with
+    ``fired`` naming the bound. Until the first byte it also wakes every ``idle_s``, so that
+    once the first byte is out the idle bound holds from then on, however far off the
+    first-byte bound was (an offline class's is ~50 minutes by default)."""
 
     __slots__ = ("delivered", "fired", "first_at", "handle", "idle_s", "last", "loop", "task",
                  "total_at")
@@ -649,7 +652,7 @@ class _Watchdog:
         self.last = now
         self.delivered = False  # the first byte reached the client
         self.fired: str | None = None
-        self.handle = loop.call_at(min(self.first_at, self.total_at), self._check)
+        self.handle = loop.call_at(min(self.first_at, self.total_at, now + idle_s), self._check)
 
     def _check(self) -> None:
         now = self.loop.time()
@@ -659,7 +662,8 @@ class _Watchdog:
             if now >= self.first_at:
                 self._fire("first_byte_timeout")
             else:
-                self.handle = self.loop.call_at(min(self.first_at, self.total_at), self._check)
+                self.handle = self.loop.call_at(
+                    min(self.first_at, self.total_at, now + self.idle_s), self._check)
         elif now - self.last >= self.idle_s:
             self._fire("idle_timeout")
         else:

@@ -274,6 +274,34 @@ def test_a_hung_upstream_times_out_is_retried_elsewhere_and_ejected(tmp_path: Pa
                                         ("timed_out", "first_byte_timeout"): 1}
 
 
+def test_an_upstream_silent_mid_stream_ends_the_stream_at_the_idle_bound(tmp_path: Path) -> None:
+    """After its first byte a request is never retried: an engine that stops mid-stream ends
+    it ``timed_out``/``idle_timeout`` with an error event, within the upstream's idle bound."""
+    s = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "hang-mid-stream:after=3")
+    idle = 1.0
+    cfg = write_config(tmp_path / "gw.yaml", [{**upstream(s, "s"), "idle_timeout_s": idle}])
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(s, gw):
+        c = client(gw)
+        chunks = 0
+        t_last = t0 = time.monotonic()
+        with pytest.raises(openai.APIError) as exc:
+            for ch in c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=50,
+                stream=True,
+            ):
+                if ch.choices and ch.choices[0].delta.content:
+                    chunks += 1
+                    t_last = time.monotonic()
+        assert not isinstance(exc.value, openai.APIStatusError)  # an event inside the stream
+        assert exc.value.code == "idle_timeout"
+        assert chunks == 3
+        assert idle <= time.monotonic() - t_last < idle + 2.0
+        assert time.monotonic() - t0 < idle + 3.0
+        assert faults(s)["hits"] == {"hang-mid-stream": 1}  # not retried
+        assert outcomes(scrape(gw)) == {("timed_out", "idle_timeout"): 1}
+
+
 # ---------------------------------------------------------------------- (c) kill -9
 WAVE = 240  # requests in flight when a replica is killed
 AFTER = 60  # requests sent after the kill

@@ -40,12 +40,15 @@ def _scheduler(policy: str, depth: int) -> Scheduler:
     )
     # nothing is refused (caps far above the depth, no deadline admission): this measures the
     # queue and dispatch, not admission control
+    # (nor held back: no reserved share, no prefill budget, so the depth stays fixed)
     classes = tuple(
-        c.model_copy(update={"max_queue": depth * 4, "deadline_admission": False})
+        c.model_copy(update={"max_queue": depth * 4, "deadline_admission": False,
+                             "admission_wait_s": 1e9, "reserved_share": 0.0})
         for c in cfg.classes
     )
-    cfg = cfg.model_copy(update={"classes": classes})
-    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY)])
+    fleet = cfg.fleet.model_copy(update={"prefill_budget_tokens": None})
+    cfg = cfg.model_copy(update={"classes": classes, "fleet": fleet})
+    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY, window="fixed")])
 
 
 def _inputs(rng: random.Random, n: int) -> list[QosInputs]:

@@ -152,8 +152,8 @@ class OutlierDetector:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "cooled_until", "inflight", "limit", "models", "name", "pausable",
-                 "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
+    __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
+                 "pausable", "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
 
     def __init__(
         self,
@@ -179,6 +179,7 @@ class Replica:
         self.prefill_tokens = 0
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
+        self.failing = False  # its breaker was told of a failure and no success since
 
     @property
     def capacity(self) -> int:

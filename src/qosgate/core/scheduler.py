@@ -55,11 +55,14 @@ class ReplicaSpec:
     pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
     models: tuple[str, ...] = ()  # model ids it serves; empty = any
     up: bool = True  # until its first health probe says otherwise
-    # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: config
+    # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: the
+    # config's mode, but fixed for a pausable engine
     window: str | None = None
 
 
 _HOLD_MAX = 256  # requests set aside in one fill because no replica of theirs has room
+_RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
+_PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
 
 
 class DecayingRate:
@@ -116,6 +119,8 @@ class Scheduler:
         self._wq = cfg.fairness.output_weight
         self._tenant_cfg = {t.name: t for t in cfg.tenants}
         self._strict = [c.strict for c in self.classes]
+        self._strict_levels = [c.level for c in self.classes if c.strict]
+        self._weighted_levels = [(c.level, c.weight) for c in self.classes if not c.strict]
         # share of each window kept for the classes above a band (replica-level isolation), and
         # whether a class may borrow it while idle (it can give it back: it is preemptible)
         self._reserve_above = [
@@ -124,6 +129,8 @@ class Scheduler:
         ]
         self._may_borrow = [c.preemptible for c in self.classes]
         self._prefill_budget = cfg.fleet.prefill_budget_tokens
+        self._rate_at = (-math.inf, 0.0)
+        self._predicted: list[tuple[float, float | None] | None] = [None] * len(self.classes)
         self._admission_wait = [
             c.admission_wait_s if c.admission_wait_s is not None else c.queue_timeout_s
             for c in self.classes
@@ -207,7 +214,10 @@ class Scheduler:
         )
         if limit is None:
             w = self.cfg.fleet.window
-            if (spec.window or w.mode) == "adaptive":
+            # a pausable (in-process) engine is scheduled here token by token: its window is
+            # its batch unless asked otherwise
+            mode = spec.window or ("fixed" if spec.pausable else w.mode)
+            if mode == "adaptive":
                 limit = EngineLimit(
                     min(spec.capacity, w.initial), min_limit=min(w.min, spec.capacity),
                     max_limit=spec.capacity, kv_target=w.kv_target,
@@ -342,10 +352,13 @@ class Scheduler:
                 rep.prefill_tokens -= req.prompt_tokens
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
-                if not rep.pausable:
-                    self._unmark_preemptible(req)
-                rep.breaker.on_result(now, True)
-                self._sampled(rep, now, now - (req.dispatched_at or now), False)
+                if not rep.pausable and self._preemptible.pop(rid, None) is not None:
+                    rep.preemptible -= 1
+                if rep.failing:  # a success ends a run of failures
+                    rep.failing = False
+                    rep.breaker.on_result(now, True)
+                if type(rep.limit) is not FixedLimit:
+                    self._sampled(rep, now, now - (req.dispatched_at or now), False)
             return True
         return state is QUEUED and req.replica is not None and req.first_token_at is not None
 
@@ -400,6 +413,7 @@ class Scheduler:
                 rep.cooled_until = max(rep.cooled_until, now + wait)
                 rep.limit.on_sample(now, now - (req.dispatched_at or now), len(rep.inflight), True)
             else:
+                rep.failing = True
                 rep.breaker.on_result(now, False)
             if unreachable:
                 rep.up = False
@@ -597,16 +611,26 @@ class Scheduler:
         cls = self.classes[req.level]
         if len(self.queued[req.class_level]) >= cls.max_queue:
             return "class_queue_full", self._clamp_retry(self._slot_wait(now))
-        predicted = self.predicted_wait(req.level, now)
-        if predicted is not None and predicted > 0:
+        if self.queued_total:
             # honest overload: refuse now what would wait past what its class promises, with
             # the time after which the queue ahead is predicted to have drained enough
+            level = req.level
             if cls.deadline_admission and self.policy.class_aware:
+                predicted = self.predicted_wait(level, now)  # exact: budgets are short
                 budget = req.deadline - now
-                if predicted > budget:
+                if predicted is not None and predicted > budget:
                     return "deadline_infeasible", self._clamp_retry(predicted - budget)
-            limit = self._admission_wait[req.level]
-            if predicted > limit:
+            else:
+                # a queue-timeout promise is tens of seconds: a reading up to
+                # _PREDICT_EVERY_S old will do, and spares every admission the computation
+                hit = self._predicted[level]
+                if hit is not None and 0 <= now - hit[0] < _PREDICT_EVERY_S:
+                    predicted = hit[1]
+                else:
+                    predicted = self.predicted_wait(level, now)
+                    self._predicted[level] = (now, predicted)
+            limit = self._admission_wait[level]
+            if predicted is not None and predicted > limit:
                 return "overloaded", self._clamp_retry(predicted - limit)
         if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
             return "queue_full", self._clamp_retry(self._slot_wait(now))
@@ -635,32 +659,42 @@ class Scheduler:
         queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
         those held by preemptible less urgent requests) and the recent completion rate; None
         while no rate is known."""
-        counts = [len(q) for q in self.queued]
+        queued = self.queued
         cls = self.classes[level]
         if not self.policy.class_aware:
-            ahead = float(sum(counts))
+            ahead = float(self.queued_total)
         elif cls.strict:
-            ahead = float(
-                sum(counts[c.level] for c in self.classes if c.strict and c.level <= level)
-            )
+            ahead = float(sum(len(queued[lv]) for lv in self._strict_levels if lv <= level))
         else:
-            strict_ahead = sum(counts[c.level] for c in self.classes if c.strict)
-            weights = sum(c.weight for c in self.classes if not c.strict and counts[c.level])
-            share = cls.weight / (weights + (0 if counts[level] else cls.weight))
-            ahead = strict_ahead + counts[level] / share
+            strict_ahead = sum(len(queued[lv]) for lv in self._strict_levels)
+            own = len(queued[level])
+            weights = 0.0 if own else cls.weight
+            for lv, w in self._weighted_levels:
+                if queued[lv]:
+                    weights += w
+            ahead = strict_ahead + own * weights / cls.weight
         room = self.free_slots
         if cls.can_preempt and self.policy.preemptive:
             # a slot held by a less urgent preemptible request is as good as free for this one
             room += sum(1 for r in self._preemptible.values() if r.level > level)
         if ahead < room:
             return 0.0
-        rate = self.completions.value(now)
+        rate = self._rate(now)
         if rate <= 0:
             return None
         return (ahead + 1 - room) / rate
 
+    def _rate(self, now: float) -> float:
+        """The decayed completion rate, re-read at most every ``_RATE_EVERY_S``: it moves with
+        a 10 s time constant, and every admission under a queue asks for it."""
+        at, value = self._rate_at
+        if now - at >= _RATE_EVERY_S or now < at:
+            value = self.completions.value(now)
+            self._rate_at = (now, value)
+        return value
+
     def _slot_wait(self, now: float) -> float:
-        rate = self.completions.value(now)
+        rate = self._rate(now)
         return 1.0 / rate if rate > 0 else 0.0
 
     def _clamp_retry(self, seconds: float) -> float:
@@ -797,6 +831,9 @@ class Scheduler:
             self._prefill_budget is not None and not self._strict[req.class_level]
         ):
             usable = [r for r in usable if self._isolated_ok(r, req, now)]
+        if len(usable) == 1:  # nothing to choose between
+            only = usable[0]
+            return only if len(only.inflight) < only.limit.limit else None
         if req.avoid is not None:  # a retry: another replica if one has room, else any
             avoid = req.avoid
             rep = self.router.pick(req, [r for r in usable if r.name != avoid], now)
@@ -918,8 +955,7 @@ class Scheduler:
         req.finished_at = now
         if req.avoid is not None:
             self._retrying -= 1
-        self.requests.pop(req.id, None)
-        self._unmark_preemptible(req)
+        self.requests.pop(req.id, None)  # (it left _preemptible with its slot)
         # the state is a StrEnum: it is its own label string
         self.outcomes[(req.service_class, req.tenant, req.state, req.reason)] += 1
         out.append(Finished(req))

@@ -106,8 +106,7 @@ class Gateway:
             [
                 # an in-process engine's window is its batch (it is scheduled here, token by
                 # token); an upstream's adapts to what the engine reports of its own load
-                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
-                            window="fixed" if e.pausable else None)
+                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()))
                 for name, e in engines.items()
             ],
         )

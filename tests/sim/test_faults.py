@@ -228,3 +228,21 @@ def test_phases_cut_the_arrival_window_at_each_fault() -> None:
     ]
     assert sum(p["count"] for p in ph) == res.arrivals
     assert all(p["top_class"] == "realtime" for p in ph)
+
+
+def test_per_replica_stats_carry_the_time_averaged_window() -> None:
+    from qosgate.sim.metrics import Slo, replica_stats
+    from qosgate.sim.report import _window
+
+    reqs = [(0.01 * i, "batch", 16, 8) for i in range(100)]
+    res = run(reqs, (FaultPlan("r0", "die", 0.3, until=0.6),), probe=0.25)
+    stats = replica_stats(res, lambda r: Slo(1.0, 1.0))
+    assert set(stats) == {"r0", "r1"}
+    for g in stats.values():
+        assert g["window"] == 2 and g["gpu"] == "none"
+        assert 1 <= g["window_mean"] <= 2
+    assert sum(g["count"] for g in stats.values()) == res.arrivals
+    assert len(res.samples[0].windows) == 2
+    assert _window({"window": 748, "window_mean": 748.2}) == "748"
+    assert _window({"window": 748, "window_mean": 212.4}) == "212/748"
+    assert _window({"window": None}) == "-"

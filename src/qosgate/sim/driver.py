@@ -174,6 +174,7 @@ class Sample:
     engine_paused: int
     kv_usage: float  # mean over the replicas that are up
     replicas_up: int = 0  # replicas whose engine is alive
+    windows: tuple[int, ...] = ()  # each replica's window in the core now (adaptive ones move)
 
 
 @dataclass(slots=True)
@@ -620,6 +621,7 @@ class _Run:
                 paused,
                 kv / up if up else 0.0,
                 up,
+                tuple(r.window for r in view.replicas),
             )
         )
 

@@ -331,6 +331,8 @@ def replica_stats(
         if r.replica:
             by.setdefault(r.replica, []).append(r)
     info = {str(r["name"]): r for r in reps}
+    names = [str(r["name"]) for r in reps]
+    inside = [s for s in result.samples if s.t < result.window_end and s.windows]
     out: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
         g = group_stats(rs, slo_of, result.window_end, result.makespan)
@@ -339,6 +341,12 @@ def replica_stats(
             key: extra.get(key)
             for key in ("profile", "gpu", "window", "ejections", "kv_evictions", "busy_s")
         }
+        k = names.index(name) if name in names else -1
+        # the core's window for it, time-averaged over the arrival window (it moves when
+        # adaptive), and the most it may be
+        out[name]["window_mean"] = (
+            mean([float(s.windows[k]) for s in inside]) if k >= 0 and inside else None
+        )
         out[name].update(g)
     return out
 

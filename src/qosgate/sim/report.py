@@ -59,6 +59,12 @@ def _round(x: Any) -> Any:
     return x
 
 
+def _replica_names(run: Run) -> list[str]:
+    reps = run.result.fleet.get("replicas", [])
+    assert isinstance(reps, list)
+    return [str(rep["name"]) for rep in reps]
+
+
 def _timeseries(run: Run) -> dict[str, Any]:
     r = run.result
     classes = r.classes
@@ -67,6 +73,10 @@ def _timeseries(run: Run) -> dict[str, Any]:
         "queued": {c: [s.queued[i] for s in r.samples] for i, c in enumerate(classes)},
         "inflight": [s.inflight for s in r.samples],
         "replicas_up": [s.replicas_up for s in r.samples],
+        "windows": {
+            name: [s.windows[k] if s.windows else None for s in r.samples]
+            for k, name in enumerate(_replica_names(run))
+        },
         "engine_running": [s.engine_running for s in r.samples],
         "engine_waiting": [s.engine_waiting for s in r.samples],
         "engine_paused": [s.engine_paused for s in r.samples],
@@ -308,7 +318,8 @@ def _fairness_table(runs: Iterable[Run]) -> Table | None:
 
 def _replica_table(runs: Iterable[Run]) -> Table:
     t = Table(
-        title="per replica (requests by the replica they were last dispatched to)",
+        title="per replica (requests by the replica they were last dispatched to; window: the "
+        "core's, time-averaged/most if it moved)",
         title_justify="left",
     )
     for col in (
@@ -339,7 +350,7 @@ def _replica_table(runs: Iterable[Run]) -> Table:
                 run.policy if i == 0 else "",
                 name,
                 val(g["gpu"]),
-                val(g["window"]),
+                _window(g),
                 str(g["count"]),
                 str(g["completed"]),
                 str(g["failed"]),
@@ -353,6 +364,18 @@ def _replica_table(runs: Iterable[Run]) -> Table:
                 end_section=i == len(reps) - 1,
             )
     return t
+
+
+def _window(g: dict[str, Any]) -> str:
+    """``748`` for a window that stayed put, ``212/748`` (time-averaged / most) for one that
+    moved."""
+    most = g.get("window")
+    avg = g.get("window_mean")
+    if most is None:
+        return "-"
+    if avg is None or abs(avg - most) < 0.5:
+        return str(most)
+    return f"{avg:.0f}/{most}"
 
 
 def _faults_table(runs: Iterable[Run]) -> Table:

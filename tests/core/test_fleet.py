@@ -80,27 +80,43 @@ def test_retry_cap_and_non_retryable_failures_end_the_request() -> None:
     assert _finished(out) == {"r2": ("timed_out", "first_byte_timeout")}
 
 
-def test_a_replica_is_ejected_after_consecutive_failures_and_comes_back() -> None:
+def test_a_replica_is_ejected_after_consecutive_failures_and_comes_back_on_probation() -> None:
     out_cfg = Fleet(outlier=Outlier(consecutive_failures=3, base_ejection_s=30, jitter=0),
                     retries=Retries(max_attempts=10, min_retries=100))
-    s = _sched(ReplicaSpec("a", 1), ReplicaSpec("b", 1), fleet=out_cfg)
-    s.replicas["b"].limit.set(0)  # type: ignore[attr-defined]
-    s._refresh(0.0)
-    _submit(s, "r1")
+    s = _sched(ReplicaSpec("a", 4, models=("m",)), ReplicaSpec("b", 4, models=("x",)),
+               fleet=out_cfg)
+    _submit(s, "r1", model="m")
     for i in range(3):
-        assert s.requests["r1"].replica == "a"
-        s.attempt_failed("r1", 1.0 + i, "upstream_unreachable")
+        assert s.requests["r1"].replica == "a"  # the model's only replica
+        s.attempt_failed("r1", 1.0 + i, "upstream_500")
     assert s.replicas["a"].breaker.state(3.0) == "open"
     assert s.requests["r1"].state is State.QUEUED  # nowhere to go: waits, is not sent to a
     assert s.next_timer() is not None and abs(s.next_timer() - 33.0) < 1e-9  # type: ignore[operator]
+    _submit(s, "r2", now=10.0, model="m")
     out = s.tick(33.0)
+    # back on probation (half-open): one request at a time until one succeeds
     assert _dispatched(out) == {"r1": "a"}
     snap = s.snapshot(33.0)
-    assert [(r.name, r.breaker, r.ejections) for r in snap.replicas] == [
-        ("a", "closed", 1), ("b", "closed", 0)]
-    # a success resets the count: three more failures are needed to eject again
-    s.first_token("r1", 34.0)
-    assert s.replicas["a"].breaker.allow(34.0)
+    assert [(r.name, r.breaker, r.ejections, r.window) for r in snap.replicas] == [
+        ("a", "closed", 1, 1), ("b", "closed", 0, 4)]
+    out = s.first_token("r1", 34.0)
+    assert s.requests["r2"].replica == "a"  # proven: its whole window again
+    assert s.replicas["a"].window == 4 and s.replicas["a"].breaker.allow(34.0)
+
+
+def test_one_failure_on_probation_ejects_again() -> None:
+    s = _sched(ReplicaSpec("a", 4, models=("m",)),
+               fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=10, jitter=0),
+                           retries=Retries(max_attempts=10, min_retries=100)))
+    _submit(s, "r1", model="m")
+    s.attempt_failed("r1", 1.0, "upstream_500")
+    s.attempt_failed("r1", 1.0, "upstream_500")
+    assert s.replicas["a"].breaker.state(1.0) == "open"
+    s.tick(11.0)
+    assert s.requests["r1"].replica == "a"
+    s.attempt_failed("r1", 11.5, "upstream_500")  # one failure: out again, for longer
+    assert s.replicas["a"].breaker.state(11.5) == "open"
+    assert s.replicas["a"].breaker.ejections == 2
 
 
 def test_ejection_time_grows_with_each_ejection_and_is_capped() -> None:

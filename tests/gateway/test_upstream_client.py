@@ -249,6 +249,9 @@ class FakeCall:
     def timed_out(self, reason: str) -> None:
         self.outcome = ("timed_out", reason)
 
+    def refused(self, status: int, body: bytes) -> None:
+        self.outcome = ("refused", (status, body))
+
 
 def _engine(url: str) -> OpenAIUpstream:
     return OpenAIUpstream(UpstreamSettings(url=url, priority_polarity="vllm", models=("m",)))
@@ -296,9 +299,9 @@ def test_run_passes_an_engine_error_through() -> None:
             eng = _engine(s.url)
             call = FakeCall(stream=True)
             await eng.run(call)
-            assert call.sink.status == 400
-            assert call.sink.sends == [(b'{"error":{"message":"nope"}}', False)]
-            assert call.outcome == ("failed", "upstream_400")
+            # handed to the core as a refusal (the request ends rejected), the body passed on
+            assert not call.sink.started
+            assert call.outcome == ("refused", (400, b'{"error":{"message":"nope"}}'))
             await eng.close()
 
     run(main())

@@ -77,6 +77,11 @@ class Breaker(Protocol):
     @property
     def ejections(self) -> int: ...
 
+    @property
+    def probation(self) -> bool:
+        """Back from an ejection and not yet proven: the replica takes one request at a time."""
+        ...
+
     def state(self, now: float) -> str:
         """``closed`` (serving) or ``open`` (ejected)."""
         ...
@@ -85,6 +90,7 @@ class Breaker(Protocol):
 class AlwaysClosed:
     __slots__ = ()
     ejections = 0
+    probation = False
 
     def allow(self, now: float) -> bool:
         return True
@@ -103,10 +109,12 @@ class OutlierDetector:
     """Eject after ``consecutive`` failures before the first byte, for ``base_s`` x the number of
     ejections so far, capped at ``max_s``, plus up to ``jitter`` of that at random (seeded), so
     that replicas ejected together do not all come back in the same instant. Envoy's defaults:
-    5 consecutive 5xx / gateway failures, 30 s base, 300 s cap."""
+    5 consecutive 5xx / gateway failures, 30 s base, 300 s cap. Back from an ejection, a replica
+    is on probation (half-open): one request at a time, and one failure ejects it again; its
+    first success ends the probation."""
 
     __slots__ = ("_failures", "_rng", "base_s", "consecutive", "ejected_until", "ejections",
-                 "jitter", "max_s")
+                 "jitter", "max_s", "probation")
 
     def __init__(
         self,
@@ -124,6 +132,7 @@ class OutlierDetector:
         self._failures = 0
         self.ejections = 0
         self.ejected_until = float("-inf")
+        self.probation = False
 
     def allow(self, now: float) -> bool:
         return now >= self.ejected_until
@@ -131,11 +140,13 @@ class OutlierDetector:
     def on_result(self, now: float, ok: bool) -> None:
         if ok:
             self._failures = 0
+            self.probation = False
             return
         if now < self.ejected_until:
             return  # failures of attempts sent before the ejection do not extend it
         self._failures += 1
-        if self._failures >= self.consecutive:
+        if self._failures >= self.consecutive or self.probation:
+            self.probation = True
             self._failures = 0
             self.ejections += 1
             span = min(self.max_s, self.base_s * self.ejections)
@@ -186,8 +197,13 @@ class Replica:
         return self.limit.limit
 
     @property
+    def window(self) -> int:
+        """The window in force: the limit's, or one request while on probation."""
+        return 1 if self.breaker.probation else self.limit.limit
+
+    @property
     def free(self) -> int:
-        return max(0, self.limit.limit - len(self.inflight))
+        return max(0, self.window - len(self.inflight))
 
     def serves(self, model: str) -> bool:
         return not model or not self.models or model in self.models
@@ -221,7 +237,7 @@ class MostFreeRouter:
         best: Replica | None = None
         best_free = 0
         for rep in candidates:
-            f = rep.limit.limit - len(rep.inflight)
+            f = rep.window - len(rep.inflight)
             if f > best_free:
                 best, best_free = rep, f
         return best
@@ -252,7 +268,7 @@ class LeastLoadRouter:
         best: Replica | None = None
         best_key = (True, float("inf"))
         for rep in candidates:
-            window = rep.limit.limit
+            window = rep.window
             n = len(rep.inflight)
             if n >= window:
                 continue

@@ -55,6 +55,7 @@ _LEGAL: dict[State, frozenset[State]] = {
     State.DISPATCHED: frozenset(
         {
             State.QUEUED,  # its attempt failed before the first byte: re-queued for a retry
+            State.REJECTED,  # the engine refused the request itself (a 4xx)
             State.RUNNING,
             State.PREEMPTED,
             State.COMPLETED,

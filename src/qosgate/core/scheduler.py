@@ -336,7 +336,9 @@ class Scheduler:
         pulled back or ended meanwhile): the caller then sends nothing.
 
         On a pausable engine a request paused after its first byte still delivers the tokens
-        of its last step, in order; that is no new first byte and is allowed."""
+        of its last step, in order; that is no new first byte and is allowed. A first byte that
+        changes a replica's window (the end of a probation) makes ``next_timer`` due at once,
+        so the driver's next tick hands the room to the queue."""
         req = self.requests.get(rid)
         if req is None:
             return False
@@ -347,6 +349,9 @@ class Scheduler:
             req.move(RUNNING)
             if req.first_token_at is None:
                 req.first_token_at = now
+            if req.avoid is not None:  # a retry that got through: out of the retry budget
+                self._retrying -= 1
+                req.avoid = None
             rep = self.replicas.get(req.replica or "")
             if rep is not None:
                 rep.prefill_tokens -= req.prompt_tokens
@@ -354,9 +359,10 @@ class Scheduler:
                     rep.strict_streams += 1
                 if not rep.pausable and self._preemptible.pop(rid, None) is not None:
                     rep.preemptible -= 1
-                if rep.failing:  # a success ends a run of failures
+                if rep.failing:  # a success ends a run of failures (and a probation)
                     rep.failing = False
                     rep.breaker.on_result(now, True)
+                    self._next_change = now  # recount the room at the next tick (now)
                 if type(rep.limit) is not FixedLimit:
                     self._sampled(rep, now, now - (req.dispatched_at or now), False)
             return True
@@ -370,6 +376,9 @@ class Scheduler:
         if (timers and timers[0][0] <= now) or now >= self._next_change:
             self._advance(now, out)
         self.first_byte(rid, now)
+        if now >= self._next_change:  # it changed a window: the room goes to the queue
+            self._advance(now, out)
+            self._fill(now, out)
         return out
 
     def progress(self, rid: str, tokens: int) -> None:
@@ -420,8 +429,10 @@ class Scheduler:
         self._release_slot(req)
         self._refresh(now)
         req.failures += 1
+        # the budget bounds retries that add load; a replica that refused the connection
+        # took none, and a request already retrying is counted once
         retry = retryable and req.failures < self.cfg.fleet.retries.max_attempts and (
-            req.avoid is not None or self._retry_budget_left()
+            req.avoid is not None or unreachable or self._retry_budget_left()
         )
         if not retry:
             state = TIMED_OUT if reason.endswith("timeout") else FAILED
@@ -439,6 +450,24 @@ class Scheduler:
         self.policy.settle(req, -req.cost)  # refunded: charged again when re-dispatched
         req.replica = None
         self._enqueue(req, now)
+        self._fill(now, out)
+        return out
+
+    def engine_refused(self, rid: str, now: float, reason: str) -> list[Decision]:
+        """The engine judged the request itself unservable (a 4xx, before any byte reached the
+        client): it ends ``rejected``, as a bad request refused by the gateway would. Not the
+        replica's fault: its breaker is not told, and nothing is charged."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        req = self.requests.get(rid)
+        if req is None or req.state is not DISPATCHED:
+            self._fill(now, out)
+            return out
+        self._release_slot(req)
+        self.policy.settle(req, -req.cost)
+        req.move(REJECTED, reason)
+        self._release_tenant(req, 0)
+        self._record(req, now, out)
         self._fill(now, out)
         return out
 
@@ -540,7 +569,7 @@ class Scheduler:
             ReplicaView(
                 name=r.name,
                 models=tuple(sorted(r.models)),
-                window=r.limit.limit,
+                window=r.window,
                 inflight=len(r.inflight),
                 up=r.up,
                 eligible=r.name in self._usable_names and r.eligible(now),
@@ -797,6 +826,10 @@ class Scheduler:
             return False
         if req.replica is not None and req.replica != rep.name:
             return False  # paused: its state lives on that replica
+        if req.avoid == rep.name and any(
+            r is not rep and r.serves(req.model) for r in self._usable
+        ):
+            return False  # a retry waits for another replica while the model has one
         return self._isolated_ok(rep, req, now)
 
     def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
@@ -831,14 +864,13 @@ class Scheduler:
             self._prefill_budget is not None and not self._strict[req.class_level]
         ):
             usable = [r for r in usable if self._isolated_ok(r, req, now)]
+        if req.avoid is not None:  # a retry: another replica while the model has one
+            others = [r for r in usable if r.name != req.avoid]
+            if others:
+                usable = others
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
-            return only if len(only.inflight) < only.limit.limit else None
-        if req.avoid is not None:  # a retry: another replica if one has room, else any
-            avoid = req.avoid
-            rep = self.router.pick(req, [r for r in usable if r.name != avoid], now)
-            if rep is not None:
-                return rep
+            return only if only.free > 0 else None
         return self.router.pick(req, usable, now)
 
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
@@ -907,7 +939,7 @@ class Scheduler:
             rep.prefill_tokens -= req.prompt_tokens
         elif self._strict[req.class_level]:
             rep.strict_streams -= 1
-        if len(rep.inflight) < rep.limit.limit and rep.name in self._usable_names:
+        if len(rep.inflight) < rep.window and rep.name in self._usable_names:
             self.free_slots += 1
 
     def _end_running(

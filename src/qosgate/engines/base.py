@@ -115,6 +115,11 @@ class Call(Protocol):
         """A bound ran out after the first byte (idle between chunks, total time)."""
         ...
 
+    def refused(self, status: int, body: bytes) -> None:
+        """The engine refused the request itself (a 4xx) before anything reached the client:
+        the request ends ``rejected`` and the client gets ``body`` (OpenAI's error format)."""
+        ...
+
 
 @dataclass(slots=True, frozen=True)
 class Unservable:

@@ -846,9 +846,7 @@ class OpenAIUpstream:
                     call.attempt_failed(f"upstream_{status}")
                     return
                 # the engine's judgement of the request itself: the client's answer
-                await sink.start(status, [(b"content-type", b"application/json")])
-                await sink.send(_error_body(status, data, ctype), False)
-                call.failed(f"upstream_{status}")
+                call.refused(status, _error_body(status, data, ctype))
                 return
             if not job.stream:
                 data = await conn.read_all()
@@ -885,11 +883,13 @@ class OpenAIUpstream:
                 refused = isinstance(exc, ConnectionRefusedError) or (
                     isinstance(exc, UpstreamError) and "connect" in str(exc)
                 )
-                call.attempt_failed(
-                    "upstream_unreachable" if refused else
-                    ("upstream_disconnected" if got else "upstream_unreachable"),
-                    unreachable=refused,
-                )
+                if refused or not got:
+                    reason = "upstream_unreachable"
+                elif isinstance(exc, UpstreamError) and "invalid HTTP" in str(exc):
+                    reason = "upstream_bad_response"  # garbled: it answered, not HTTP
+                else:
+                    reason = "upstream_disconnected"
+                call.attempt_failed(reason, unreachable=refused)
         finally:
             dog.stop()
             if conn is not None:

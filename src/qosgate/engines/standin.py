@@ -152,6 +152,9 @@ class _Call:
     def timed_out(self, reason: str) -> None:
         pass
 
+    def refused(self, status: int, body: bytes) -> None:
+        pass
+
 
 class _Sink:
     __slots__ = ("_send", "complete", "stall_after", "started", "stream")

@@ -58,15 +58,17 @@ class DeliverySink:
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         t = self._ticket
         d = t._driver
-        if not self.client.started and not d.scheduler.first_byte(t.req.id, d.clock()):
-            raise Withdrawn(t.req.id)
+        if not self.client.started:
+            if not d.scheduler.first_byte(t.req.id, d.clock()):
+                raise Withdrawn(t.req.id)
+            d.rearm()  # a first byte may have made a timer due (a window that grew)
         await self.client.start(status, headers)
 
 
 class Ticket:
     """One client request as the driver tracks it; it is also the engine's ``Call``."""
 
-    __slots__ = ("_driver", "client", "finished", "job", "req", "sink", "task")
+    __slots__ = ("_driver", "answer", "client", "finished", "job", "req", "sink", "task")
 
     def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
         self._driver = driver
@@ -75,6 +77,7 @@ class Ticket:
         self.client = sink
         self.sink = DeliverySink(self, sink)
         self.task: asyncio.Task[None] | None = None
+        self.answer: tuple[int, bytes] | None = None  # an engine's refusal, for the client
         # resolved once the request reached its terminal state (req.state / req.reason)
         self.finished: asyncio.Future[None] = driver.loop().create_future()
 
@@ -120,6 +123,12 @@ class Ticket:
         d = self._driver
         self.task = None
         d.apply(d.scheduler.timed_out(self.req.id, d.clock(), reason))
+
+    def refused(self, status: int, body: bytes) -> None:
+        d = self._driver
+        self.task = None
+        self.answer = (status, body)
+        d.apply(d.scheduler.engine_refused(self.req.id, d.clock(), f"upstream_{status}"))
 
 
 class Driver:
@@ -304,6 +313,11 @@ class Driver:
             self.apply(self.scheduler.fail(t.req.id, self.clock(), "engine_error"))
 
     # ------------------------------------------------------------------ timers
+    def rearm(self) -> None:
+        """Make sure the timer fires by ``scheduler.next_timer()`` (after a fact that returns
+        no decisions)."""
+        self._arm()
+
     def _arm(self) -> None:
         nt = self.scheduler.next_timer()
         if nt is None:

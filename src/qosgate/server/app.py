@@ -524,6 +524,10 @@ class Gateway:
             else:
                 await sink.send(b"", False)
             return
+        if t.answer is not None and req.state is State.REJECTED:  # the engine's own 4xx
+            status, body = t.answer
+            await sink.whole(status, body, [(b"content-type", b"application/json")])
+            return
         status, body, extra = outcome_error(req, self.cfg)
         await sink.whole(status, body, [(b"content-type", b"application/json"), *extra])
 

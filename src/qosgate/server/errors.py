@@ -42,6 +42,7 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "queue_timeout": (504, "timeout_error", "The request waited too long in the queue."),
     "upstream_unreachable": (502, "server_error", "No engine could be reached."),
     "upstream_disconnected": (502, "server_error", "The engine closed the connection."),
+    "upstream_bad_response": (502, "server_error", "The engine's answer was not valid HTTP."),
     "engine_error": (500, "server_error", "The engine failed."),
     "no_replica_available": (
         503,

@@ -65,6 +65,12 @@ class FairShare(Generic[K]):
         if cost < 0 and key in self._active:
             self._push(key)
 
+    def merge(self, key: K, delta: float) -> None:
+        """Add service accounted elsewhere (another gateway instance's, already weighted)."""
+        self.counter[key] = self.counter.get(key, 0.0) + delta
+        if delta < 0 and key in self._active:
+            self._push(key)
+
     def pick(self) -> K | None:
         """The backlogged key with the least weighted service, or None."""
         heap = self._heap

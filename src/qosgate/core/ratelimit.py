@@ -68,14 +68,14 @@ class TenantLimiter:
                 return "rate_limit_tokens", wait
         return None
 
-    def admit(self, tokens: int) -> None:
+    def admit(self, tokens: int, rid: str = "") -> None:
         self.concurrent += 1
         if self.rpm is not None:
             self.rpm.take(1)
         if self.tpm is not None:
             self.tpm.take(tokens)
 
-    def release(self, charged_tokens: int, used_tokens: int) -> None:
+    def release(self, charged_tokens: int, used_tokens: int, rid: str = "") -> None:
         """A request ended: free its concurrency slot and correct the token estimate."""
         self.concurrent -= 1
         if self.tpm is not None and used_tokens != charged_tokens:

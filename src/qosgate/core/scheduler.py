@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from qosgate.config import QosConfig, ServiceClass, TenantLimits
 from qosgate.core.classifier import Classifier, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.limits import EngineLimit
 from qosgate.core.policies import Policy, build_policy
-from qosgate.core.ratelimit import TenantLimiter
 from qosgate.core.replica import (
     AlwaysClosed,
     Breaker,
@@ -108,8 +108,11 @@ class Scheduler:
         policy: str | None = None,
         replicas: Iterable[ReplicaSpec] = (),
         router: Router | None = None,
+        ledger: TenantLedger | None = None,
     ) -> None:
         self.cfg = cfg
+        # where each tenant's limiter comes from: this instance's own (default) or a fleet's
+        self.ledger: TenantLedger = ledger if ledger is not None else LocalLedger()
         self.policy: Policy = build_policy(cfg, policy)
         self.classifier = Classifier(cfg)
         self.classes: list[ServiceClass] = list(cfg.classes)
@@ -162,7 +165,7 @@ class Scheduler:
         self._timers: list[tuple[float, int, Request, int]] = []
         self._aging = cfg.aging.enabled and self.policy.class_aware
         self._timer_seq = 0
-        self._limiters: dict[str, TenantLimiter] = {}
+        self._limiters: dict[str, Limiter] = {}
         self._out_est = [256.0] * len(self.classes)
         self.completions = DecayingRate()
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
@@ -317,7 +320,7 @@ class Scheduler:
             self._record(req, now, out)
             return out
         tokens = req.prompt_tokens + req.est_output_tokens
-        limiter.admit(tokens)
+        limiter.admit(tokens, req.id)
         req.charged_tpm = tokens
         self.requests[req.id] = req
         self._enqueue(req, now, arm=False)
@@ -611,15 +614,17 @@ class Scheduler:
         )
 
     # ---------------------------------------------------------------- internals
-    def _limiter(self, tenant: str, now: float) -> TenantLimiter:
+    def _limiter(self, tenant: str, now: float) -> Limiter:
         lim = self._limiters.get(tenant)
         if lim is None:
             t = self._tenant_cfg.get(tenant)
-            lim = self._limiters[tenant] = TenantLimiter(t.limits if t else TenantLimits(), now)
+            lim = self._limiters[tenant] = self.ledger.limiter(
+                tenant, t.limits if t else TenantLimits(), now
+            )
         return lim
 
     def _admission(
-        self, req: Request, limiter: TenantLimiter, now: float, out: list[Decision]
+        self, req: Request, limiter: Limiter, now: float, out: list[Decision]
     ) -> tuple[str, float | None] | None:
         adm = self.cfg.admission
         if req.prompt_tokens > adm.max_prompt_tokens:
@@ -981,7 +986,7 @@ class Scheduler:
     def _release_tenant(self, req: Request, used_tokens: int) -> None:
         lim = self._limiters.get(req.tenant)
         if lim is not None:
-            lim.release(req.charged_tpm, used_tokens)
+            lim.release(req.charged_tpm, used_tokens, req.id)
 
     def _record(self, req: Request, now: float, out: list[Decision]) -> None:
         req.finished_at = now

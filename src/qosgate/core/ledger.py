@@ -1,0 +1,216 @@
+"""TenantLedger: where the scheduler gets each tenant's limiter (check / admit / release).
+
+The default, ``LocalLedger``, is today's in-memory ``TenantLimiter`` per tenant. ``LeasedLedger``
+is the half of the shared state that lives in the core: admission stays synchronous against local
+*leased budgets* (request and token stock, concurrency slots) that the runtime
+(``qosgate.runtime.shared_state``) tops up from, and gives back to, a store shared by every
+gateway instance, on an interval. The core never waits for the store.
+
+Reservations are keyed per request id: admitting an id that already holds a reservation charges
+nothing more, and releasing an id settles its reservation once (a retry is never charged twice).
+
+Modes of a leased limiter:
+- ``leased``: spend only what was leased from the fleet (the store), so a limit holds fleet-wide;
+- ``local``: the store is unreachable and the gateway fails open: local token buckets at this
+  instance's share of each limit (limit / live instances), the concurrency cap likewise;
+- ``closed``: the store is unreachable and the gateway fails closed: a limited tenant is refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterator
+from typing import Protocol
+
+from qosgate.config import TenantLimits
+from qosgate.core.fairshare import FairShare
+from qosgate.core.ratelimit import TenantLimiter
+
+
+class Limiter(Protocol):
+    def check(self, tokens: int, now: float) -> tuple[str, float] | None: ...
+
+    def admit(self, tokens: int, rid: str = "") -> None: ...
+
+    def release(self, charged_tokens: int, used_tokens: int, rid: str = "") -> None: ...
+
+
+class TenantLedger(Protocol):
+    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter: ...
+
+
+class LocalLedger:
+    """One in-memory ``TenantLimiter`` per tenant: one instance's own limits (the default)."""
+
+    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter:
+        return TenantLimiter(limits, now)
+
+
+def share_of(limits: TenantLimits, live: int) -> TenantLimits:
+    """An instance's share of a tenant's limits when the fleet cannot be asked: limit / live
+    instances (a concurrency cap rounds down, but leaves at least one slot)."""
+    n = max(1, live)
+    return TenantLimits(
+        requests_per_minute=limits.requests_per_minute / n if limits.requests_per_minute else None,
+        tokens_per_minute=limits.tokens_per_minute / n if limits.tokens_per_minute else None,
+        max_concurrent=max(1, limits.max_concurrent // n) if limits.max_concurrent else None,
+    )
+
+
+class LeasedLimiter:
+    """A tenant's limits as budgets leased from the fleet (see the module's docstring)."""
+
+    __slots__ = (
+        "admitted", "concurrent", "limits", "local", "mode", "refused_conc", "refused_req",
+        "refused_tok", "req_stock", "reserved", "retry_hint", "slots", "tenant", "tok_stock",
+        "used_tok",
+    )
+
+    def __init__(self, tenant: str, limits: TenantLimits) -> None:
+        self.tenant = tenant
+        self.limits = limits
+        self.mode = "leased"
+        self.local: TenantLimiter | None = None
+        self.concurrent = 0
+        self.req_stock = 0.0  # requests leased and not yet spent
+        self.tok_stock = 0.0  # tokens leased and not yet spent (negative: a debt to the fleet)
+        self.slots = 0  # concurrency slots leased
+        self.reserved: dict[str, int] = {}
+        # since the last sync (the runtime reads and resets them): the demand it leases for
+        self.admitted = 0
+        self.used_tok = 0
+        self.refused_req = 0
+        self.refused_tok = 0
+        self.refused_conc = 0
+        self.retry_hint = 0.05  # seconds until a refused request may find stock (runtime sets)
+
+    @property
+    def limited(self) -> bool:
+        lim = self.limits
+        return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrent)
+
+    def check(self, tokens: int, now: float) -> tuple[str, float] | None:
+        if self.mode == "local" and self.local is not None:
+            return self.local.check(tokens, now)
+        if self.mode == "closed":
+            return ("shared_state_unavailable", self.retry_hint) if self.limited else None
+        lim = self.limits
+        if lim.max_concurrent is not None and self.concurrent >= self.slots:
+            self.refused_conc += 1
+            return "concurrency_limit", 0.0
+        if lim.requests_per_minute and self.req_stock < 1:
+            self.refused_req += 1
+            return "rate_limit_requests", self.retry_hint
+        if lim.tokens_per_minute and self.tok_stock < min(tokens, lim.tokens_per_minute):
+            self.refused_tok += max(1, tokens)
+            return "rate_limit_tokens", self.retry_hint
+        return None
+
+    def admit(self, tokens: int, rid: str = "") -> None:
+        if rid:
+            if rid in self.reserved:
+                return  # already reserved under this id: never charged twice
+            self.reserved[rid] = tokens
+        self.concurrent += 1
+        self.admitted += 1
+        if self.mode == "local" and self.local is not None:
+            self.local.admit(tokens)
+            return
+        if self.limits.requests_per_minute:
+            self.req_stock -= 1
+        if self.limits.tokens_per_minute:
+            self.tok_stock -= tokens
+            self.used_tok += tokens
+
+    def release(self, charged_tokens: int, used_tokens: int, rid: str = "") -> None:
+        if rid and self.reserved.pop(rid, None) is None:
+            return  # settled already (or never reserved here)
+        self.concurrent -= 1
+        if self.mode == "local" and self.local is not None:
+            self.local.release(charged_tokens, used_tokens)
+            self.local.concurrent = max(0, self.local.concurrent)
+            return
+        if self.limits.tokens_per_minute and used_tokens != charged_tokens:
+            # settle: an over-estimate returns to the stock, an under-estimate is a debt
+            self.tok_stock += charged_tokens - used_tokens
+            self.used_tok += used_tokens - charged_tokens
+
+    # ------------------------------------------------------------ modes (the runtime calls)
+    def go_local(self, live: int, now: float) -> None:
+        """Fail open: local buckets at this instance's share; the requests running stay
+        counted against the local concurrency cap."""
+        local = TenantLimiter(share_of(self.limits, live), now)
+        local.concurrent = self.concurrent
+        self.local = local
+        self.mode = "local"
+
+    def go_closed(self) -> None:
+        self.local = None
+        self.mode = "closed"
+
+    def go_leased(self) -> None:
+        """The store is back: spend only leased budgets again (from empty: the next sync leases
+        afresh; requests running keep their place in ``concurrent``)."""
+        self.local = None
+        self.mode = "leased"
+        self.req_stock = 0.0
+        self.tok_stock = min(self.tok_stock, 0.0)
+        self.slots = 0
+
+
+class LeasedLedger:
+    """The ledger of one instance of a fleet: a ``LeasedLimiter`` per tenant."""
+
+    def __init__(self) -> None:
+        self.limiters: dict[str, LeasedLimiter] = {}
+        self.mode = "leased"
+        self.live = 1
+        self.fail_open = True
+
+    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter:
+        lim = self.limiters.get(tenant)
+        if lim is None:
+            lim = self.limiters[tenant] = LeasedLimiter(tenant, limits)
+            if self.mode == "degraded":
+                if self.fail_open:
+                    lim.go_local(self.live, now)
+                else:
+                    lim.go_closed()
+        return lim
+
+    def degrade(self, live: int, fail_open: bool, now: float) -> None:
+        self.mode = "degraded"
+        self.live = max(1, live)
+        self.fail_open = fail_open
+        for lim in self.limiters.values():
+            if fail_open:
+                lim.go_local(self.live, now)
+            else:
+                lim.go_closed()
+
+    def recover(self) -> None:
+        self.mode = "leased"
+        for lim in self.limiters.values():
+            lim.go_leased()
+
+
+# ---------------------------------------------------------------- fair-share counters
+def fair_shares(root: object, path: str = "") -> Iterator[tuple[str, FairShare[Hashable]]]:
+    """Every fair-share counter set in a policy's queue tree, each with a stable path
+    (``b<band>/c<class>`` ...), so the runtime can merge the counters of several instances."""
+    from qosgate.core.queues import FairSplit, StrictBands
+
+    if isinstance(root, FairSplit):
+        yield path or "root", root.share
+        for key, child in list(root._children.items()):
+            yield from fair_shares(child, f"{path}/k{key}")
+    elif isinstance(root, StrictBands):
+        for i, band in enumerate(root._bands):
+            yield from fair_shares(band, f"{path}/b{i}")
+
+
+def merge_counter(share: FairShare[Hashable], key: Hashable, delta: float) -> None:
+    """Add other instances' service (already weighted) to ``key``'s counter."""
+    if not delta or not math.isfinite(delta):
+        return
+    share.merge(key, delta)

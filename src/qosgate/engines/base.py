@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from qosgate.core.signals import LoadSignals
 
-Route = Literal["chat", "completions"]
+Route = Literal["chat", "completions", "embeddings"]
 
 
 @dataclass(slots=True)
@@ -38,6 +38,11 @@ class Job:
     include_usage: bool = False
     has_priority: bool = False  # the body has a top-level "priority" member
     first_byte_timeout_s: float = 60.0  # the engine's silence after dispatch that fails an attempt
+    # embeddings: the inputs (strings, or token arrays), as parsed; how the client wants vectors
+    inputs: list[str] | list[list[int]] | None = None
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class Withdrawn(Exception):

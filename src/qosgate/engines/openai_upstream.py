@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qosgate.core.signals import LoadSignals
 from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
+from qosgate.engines.embeddings import apportion, deliver
 from qosgate.engines.engine_metrics import parse_engine_metrics
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
@@ -46,7 +47,8 @@ log = logging.getLogger("qosgate.upstream")
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
-_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
+          "embeddings": "/v1/embeddings"}
 _IDLE_S = 30.0  # a pooled connection idle this long is closed
 _MAX_BUFFERED = 1 << 20  # response bytes held for a slow client before reading pauses
 _SSE_CACHE = (b"cache-control", b"no-cache")
@@ -800,6 +802,88 @@ class OpenAIUpstream:
         if sent is not None:
             coro.send(None)  # to the first suspension: the ``try`` below is entered
         return coro
+
+    # ------------------------------------------------------------------ embeddings
+    async def run_batch(self, calls: list[Call]) -> None:
+        """Serve a batch of embeddings requests (``runtime/batches.py``): those that can share
+        an upstream call (same model, dimensions and kind of input) go as one
+        ``/v1/embeddings`` with their inputs in one list; the answer is split back, each client
+        its own vectors in order and its share of the usage."""
+        groups: dict[tuple[str, int | None, bool], list[Call]] = {}
+        for c in calls:
+            j = c.job
+            kind = bool(j.inputs) and isinstance(j.inputs[0], list)  # type: ignore[index]
+            groups.setdefault((j.model, j.dimensions, kind), []).append(c)
+        await asyncio.gather(*(self._embed(g) for g in groups.values()))
+
+    async def _embed(self, calls: list[Call]) -> None:
+        first = calls[0].job
+        inputs: list[Any] = []
+        for c in calls:
+            inputs.extend(c.job.inputs or [])
+        req: dict[str, Any] = {"model": first.model, "input": inputs, "encoding_format": "float"}
+        if first.dimensions is not None:
+            req["dimensions"] = first.dimensions
+        conn: _Conn | None = None
+        try:
+            async with asyncio.timeout(self.cfg.total_timeout_s):
+                conn = await self._pool.request(self._heads["embeddings"],
+                                                msgspec.json.encode(req))
+                data = await conn.read_all()
+            status = conn.status
+            ctype = conn.content_type or b"application/json"
+            retry_after = conn.retry_after
+            self._pool.release(conn)
+            conn = None
+        except (TimeoutError, OSError) as exc:
+            log.warning("upstream %s: embeddings: %s", self.base, exc)
+            if conn is not None:
+                conn.close()
+            refused = isinstance(exc, ConnectionRefusedError) or (
+                isinstance(exc, UpstreamError) and "connect" in str(exc))
+            reason = ("first_byte_timeout" if isinstance(exc, TimeoutError) else
+                      "upstream_unreachable")
+            for c in calls:
+                c.attempt_failed(reason, unreachable=refused)
+            return
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        if status >= 400:
+            if status in (429, 503):
+                for c in calls:
+                    c.attempt_failed(f"upstream_{status}", backpressure=True,
+                                     retry_after=_retry_after_s(retry_after))
+            elif status >= 500:
+                for c in calls:
+                    c.attempt_failed(f"upstream_{status}")
+            elif len(calls) == 1:
+                calls[0].refused(status, _error_body(status, data, ctype))
+            else:  # one of them is at fault: each on its own, to answer each as it deserves
+                await asyncio.gather(*(self._embed([c]) for c in calls))
+            return
+        try:
+            doc = msgspec.json.decode(data)
+            rows = sorted(doc["data"], key=lambda r: r["index"])
+            vectors = [r["embedding"] for r in rows]
+            if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
+                raise ValueError("wrong number or kind of embeddings")
+            usage = doc.get("usage") or {}
+            total = usage.get("prompt_tokens")
+        except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
+            log.warning("upstream %s: embeddings answer unreadable: %s", self.base, exc)
+            for c in calls:
+                c.attempt_failed("upstream_bad_response")
+            return
+        weights = [c.job.prompt_tokens for c in calls]
+        shares = apportion(int(total), weights) if isinstance(total, int) else weights
+        model = doc.get("model") or first.model
+        at = 0
+        for c, share in zip(calls, shares, strict=True):
+            n = len(c.job.inputs or [])
+            await deliver(c, model, vectors[at:at + n], share)
+            at += n
 
     async def _run(self, call: Call, body: bytes | None, sent: _Conn | None) -> None:
         job = call.job

@@ -67,6 +67,13 @@ from qosgate.asgi import (
     wait_disconnect,
 )
 from qosgate.engines.base import Job, Route, Sink
+from qosgate.engines.embeddings import (
+    BadEmbeddings,
+    estimate_tokens,
+    parse_embeddings,
+    text_vector,
+)
+from qosgate.engines.embeddings import response as embeddings_response
 from qosgate.engines.faults import (
     Fault,
     FaultError,
@@ -222,6 +229,9 @@ class StandIn:
         record: str | None = None,
         max_model_len: int = 32768,
         faults: Sequence[Fault] = (),
+        embed_overhead_ms: float = 20.0,
+        embed_token_us: float = 50.0,
+        embed_dim: int = 384,
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
@@ -249,6 +259,13 @@ class StandIn:
         # vllm:request_success_total: what the engine finished (client aborts are not counted)
         self.success: dict[str, int] = dict.fromkeys(_FINISH_REASONS, 0)
         self._ids = itertools.count(1)
+        # /v1/embeddings: one batch at a time (one accelerator), each costing a fixed overhead
+        # plus a per-token cost, times the time scale
+        self.embed_overhead_s = embed_overhead_ms / 1000
+        self.embed_token_s = embed_token_us / 1e6
+        self.embed_dim = embed_dim
+        self.embed_batches: list[int] = []  # inputs per upstream call, for tests
+        self._embed_lock = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -263,6 +280,8 @@ class StandIn:
             await self._generate(scope, receive, send, "chat")
         elif method == "POST" and path == "/v1/completions":
             await self._generate(scope, receive, send, "completions")
+        elif method == "POST" and path == "/v1/embeddings":
+            await self._embeddings(receive, send)
         elif path == "/v1/models":
             await send_json(send, 200, models_list([self.model], owned_by="vllm"))
         elif path in ("/health", "/ping"):
@@ -277,9 +296,44 @@ class StandIn:
             if method == "DELETE":
                 self.recorded.clear()
                 self.finished.update(dict.fromkeys(self.finished, 0))
-            await send_json(send, 200, {"requests": self.recorded, "finished": self.finished})
+                self.embed_batches.clear()
+            await send_json(send, 200, {"requests": self.recorded, "finished": self.finished,
+                                        "embed_batches": self.embed_batches})
         else:
             await send_json(send, 404, {"detail": "Not Found"})  # FastAPI's, as vLLM's
+
+    async def _embeddings(self, receive: Receive, send: Send) -> None:
+        """Deterministic unit vectors from each input's bytes; a batch's time is the fixed
+        overhead plus the per-token cost of all its inputs (tokens: characters / 4)."""
+        try:
+            body = await read_body(receive, 64 << 20)
+            b = parse_embeddings(body, max_inputs=1 << 20, max_input_tokens=self.max_model_len)
+        except BodyTooLarge:
+            await send_json(send, 413, error_body("body too large", "BadRequestError", 413))
+            return
+        except BadEmbeddings as exc:
+            await send_json(send, 400, _error(str(exc), "BadRequestError", exc.param))
+            return
+        if b.model is not None and b.model != self.model:
+            await send_json(send, 404, _error(
+                f"The model `{b.model}` does not exist.", "NotFoundError", "model", 404))
+            return
+        if self.faults.armed:
+            status = self.faults.take_status()
+            if status is not None:
+                await self._answer_fault(send, status)
+                return
+        tokens = [estimate_tokens(x) for x in b.inputs]
+        async with self._embed_lock:
+            self.embed_batches.append(len(b.inputs))
+            await asyncio.sleep(
+                (self.embed_overhead_s + self.embed_token_s * sum(tokens))
+                * self.engine.time_scale)  # a ``slow`` fault multiplies it
+        dim = b.dimensions or self.embed_dim
+        vectors = [text_vector(x, dim) for x in b.inputs]
+        await send_bytes(send, 200, embeddings_response(self.model, vectors, b.encoding_format,
+                                                        sum(tokens)),
+                         [(b"content-type", b"application/json")])
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:
@@ -503,6 +557,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(see qosgate.engines.faults)")
     p.add_argument("--slow", type=float, default=None, metavar="FACTOR",
                    help="every engine step takes FACTOR times as long (the fault slow:factor=F)")
+    p.add_argument("--embed-overhead-ms", type=float, default=20.0,
+                   help="/v1/embeddings: fixed cost of one call (a batch)")
+    p.add_argument("--embed-token-us", type=float, default=50.0,
+                   help="/v1/embeddings: cost per input token (characters / 4)")
+    p.add_argument("--embed-dim", type=int, default=384)
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -533,6 +592,9 @@ def main(argv: list[str] | None = None) -> None:
         record=args.record,
         max_model_len=args.max_model_len,
         faults=faults,
+        embed_overhead_ms=args.embed_overhead_ms,
+        embed_token_us=args.embed_token_us,
+        embed_dim=args.embed_dim,
     )
     kwargs: dict[str, Any] = {}
     try:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.engines.base import Engine, Health, Job, SendFn, Sink, Withdrawn
+from qosgate.runtime.batches import BatchRunner
 
 log = logging.getLogger("qosgate.runtime")
 
@@ -153,6 +154,8 @@ class Driver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
+        # embeddings batching (runtime/batches.py), per replica; None: every call runs alone
+        self.batches: BatchRunner | None = None
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, looked up once: on Python 3.11 every ``get_running_loop()`` costs a
@@ -182,6 +185,8 @@ class Driver:
             self.cancel(t, "server_shutdown")
         if self._timer is not None:
             self._timer.cancel()
+        if self.batches is not None:
+            await self.batches.close()
         for eng in self.engines.values():
             await eng.close()
 
@@ -262,6 +267,10 @@ class Driver:
         if t is None:  # pragma: no cover - every live request has a ticket
             log.error("dispatch of unknown request %s", d.req.id)
             return
+        b = self.batches
+        if b is not None and t.job.route == "embeddings" and b.handles(d.replica):
+            b.add(d.replica, t)  # collected; its batch runs when the batcher says
+            return
         eng = self.engines[d.replica]
         if d.resume and t.task is not None and not t.task.done():
             eng.resume(d.req.id)
@@ -280,6 +289,8 @@ class Driver:
         if d.pause:
             self.engines[d.replica].pause(d.req.id)
             return
+        if self.batches is not None:
+            self.batches.remove(d.req.id)
         task, t.task = t.task, None
         if task is not None:
             task.cancel()
@@ -288,6 +299,9 @@ class Driver:
         t = self.tickets.pop(req.id, None)
         if t is None:
             return
+        if self.batches is not None:
+            self.batches.remove(req.id)
+            self.batches.poke()  # a slot freed: a batch waiting for room may be due
         task, t.task = t.task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()

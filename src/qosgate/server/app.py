@@ -41,12 +41,15 @@ from qosgate.asgi import (
 )
 from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.engines.base import Engine, Job, Route
+from qosgate.engines.embeddings import BadEmbeddings, parse_embeddings
 from qosgate.engines.openai_format import models_list
 from qosgate.engines.splice import set_max_tokens
+from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
-from qosgate.server.metrics import GatewayMetrics
+from qosgate.server.metrics import BatchingCollector, GatewayMetrics
 from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
 from qosgate.server.settings import GatewaySettings
 from qosgate.server.status import status_view
@@ -128,6 +131,20 @@ class Gateway:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex() + "-"
         self.started = False
+        # embeddings: a batcher per replica whose engine serves batches (core/batching.py)
+        es = settings.embeddings
+        self.embed_settings = es
+        batchers = {
+            name: Batcher(
+                BatchLimits(es.max_batch, es.max_batch_tokens),
+                make_controller(es.window, window_s=es.window_ms / 1000,
+                                floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
+                                target_s=es.target_ms / 1000, every=es.every, alpha=es.alpha),
+            )
+            for name, e in engines.items() if hasattr(e, "run_batch")
+        }
+        self.driver.batches = BatchRunner(self.driver, batchers, es.urgent_levels)
+        self.metrics.registry.register(BatchingCollector(self.driver.batches))
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:
@@ -183,6 +200,9 @@ class Gateway:
                     return
                 if path == "/v1/completions":
                     await self._guarded(self.complete(scope, receive, send, "completions"), send)
+                    return
+                if path == "/v1/embeddings":
+                    await self._guarded(self.embeddings(scope, receive, send), send)
                     return
             elif method in ("GET", "HEAD"):
                 if path == "/v1/models":
@@ -453,6 +473,110 @@ class Gateway:
             finally:
                 if keepalive is not None:
                     keepalive[0].cancel()
+        await self._conclude(t)
+
+    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
+        dispatched, collected by its replica's batcher and served in a batch."""
+        now = self.clock()
+        sched = self.scheduler
+        key = _bearer(scope)
+        denied: QosInputError | None = None
+        try:
+            tenant_cfg = sched.classifier.tenant_for(key)
+        except QosInputError as exc:
+            denied, tenant_cfg = exc, None
+        tenant = (_UNKNOWN_TENANT if denied is not None else
+                  tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant)
+        try:
+            body = await read_body(receive, self.max_body, scope)
+        except BodyTooLarge:
+            await self._refuse(send, "body_too_large", tenant, message=(
+                f"The request body is over the limit of {self.max_body} bytes."))
+            return
+        except BodyTimeout:
+            await self._refuse(send, "body_timeout", tenant, message=(
+                "The request body did not arrive within "
+                f"{self.settings.server.body_timeout_s:g} s."),
+                headers=[(b"connection", b"close")])
+            return
+        except ClientGone:
+            self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
+            return
+        if denied is not None:
+            await self._refuse(send, denied.code, tenant, message=denied.message)
+            return
+        es = self.embed_settings
+        try:
+            b = parse_embeddings(body, es.max_inputs, es.max_input_tokens)
+        except BadEmbeddings as exc:
+            await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
+            return
+        serving = {n: e for n, e in self.engines.items() if hasattr(e, "run_batch")}
+        models: dict[str, None] = {}
+        for e in serving.values():
+            for m in e.models():
+                models.setdefault(m, None)
+        model = b.model if b.model is not None else next(iter(models), "")
+        if model not in models:
+            await self._refuse(
+                send, "model_not_found", tenant, param="model",
+                message=f"The model `{model}` does not serve embeddings here. Embedding models: "
+                + (", ".join(models) or "none") + ".",
+            )
+            return
+        qos_class = b.qos_class
+        hc = header(scope, b"x-qos-class")
+        if hc is not None:
+            qos_class = hc.decode("latin-1").strip()
+        if qos_class is not None:
+            qos_class = self._class_names.get(qos_class.lower(), qos_class)
+        priority = b.priority
+        hp = header(scope, b"x-qos-priority")
+        if hp is not None:
+            try:
+                priority = int(hp)
+            except ValueError:
+                await self._refuse(send, "invalid_priority", tenant,
+                                   message="x-qos-priority must be an integer.")
+                return
+        rid = self._id_prefix + str(next(self._ids))
+        try:
+            req = sched.make_request(
+                rid,
+                QosInputs(api_key=key, qos_class=qos_class, priority=priority,
+                          task_type=b.task_type, latency_budget_ms=b.latency_budget_ms),
+                now, b.tokens, 1, model,
+            )
+        except QosInputError as exc:
+            await self._refuse(send, exc.code, tenant, message=exc.message)
+            return
+        if b.tokens > self.cfg.admission.max_prompt_tokens:
+            await self._refuse(
+                send, "prompt_too_long", tenant, req.service_class, param="input",
+                message=f"The input is about {b.tokens} tokens (text estimated as characters "
+                f"/ 4), over the limit of {self.cfg.admission.max_prompt_tokens} tokens.",
+            )
+            return
+        qos_headers: Headers = [
+            (b"x-qosgate-request-id", rid.encode()),
+            (b"x-qosgate-class", req.service_class.encode()),
+        ]
+        if not self.driver.accepting:
+            await self._refuse(send, "shutting_down", tenant, req.service_class,
+                               headers=qos_headers + retry_after_header(None))
+            return
+        job = Job(
+            rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,
+            prompt_tokens=b.tokens, has_priority=b.has_priority,
+            first_byte_timeout_s=self._first_byte_s[req.class_level], inputs=b.inputs,
+            encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
+        )
+        sink = AsgiSink(send, qos_headers)
+        t = self.driver.ticket(req, job, sink)
+        self.driver.submit(t)
+        if not t.finished.done():
+            await self._await_end(receive, t)
         await self._conclude(t)
 
     def _keepalive(self, t: Ticket, sink: AsgiSink) -> list[asyncio.TimerHandle]:

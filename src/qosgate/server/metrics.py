@@ -42,6 +42,7 @@ from prometheus_client.core import (
 from prometheus_client.utils import floatToGoString
 
 from qosgate.core import Request, Scheduler, State
+from qosgate.runtime.batches import SIZE_BUCKETS, BatchRunner
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
@@ -288,3 +289,49 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class BatchingCollector:
+    """The embeddings batchers (``runtime/batches.py``): each replica's window now, its batches
+    by release reason and by size, and the window controller's decisions."""
+
+    def __init__(self, runner: BatchRunner) -> None:
+        self.runner = runner
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.runner
+        st = r.stats
+        window = GaugeMetricFamily("qosgate_embeddings_batch_window_seconds",
+                                   "The batch window in force at a replica.", labels=["replica"])
+        pending = GaugeMetricFamily("qosgate_embeddings_batch_pending",
+                                    "Embeddings requests waiting in a batch window.",
+                                    labels=["replica"])
+        for name, b in r.batchers.items():
+            window.add_metric([name], b.window_s)
+            pending.add_metric([name], len(b))
+        yield window
+        yield pending
+        released = CounterMetricFamily(
+            "qosgate_embeddings_batches",
+            "Batches released, by reason (size, tokens, urgent, full, window).",
+            labels=["replica", "reason"])
+        for (name, why), n in sorted(st.released.items()):
+            released.add_metric([name, why], n)
+        yield released
+        sizes = HistogramMetricFamily("qosgate_embeddings_batch_size",
+                                      "Requests per released batch.", labels=["replica"])
+        for name, counts in sorted(st.sizes.items()):
+            acc = 0
+            buckets: list[tuple[str, float]] = []
+            for bound, c in zip((*SIZE_BUCKETS, float("inf")), counts, strict=True):
+                acc += c
+                buckets.append((floatToGoString(bound), acc))  # type: ignore[no-untyped-call]
+            sizes.add_metric([name], buckets, st.size_sum.get(name, 0))
+        yield sizes
+        decisions = CounterMetricFamily(
+            "qosgate_embeddings_window_decisions",
+            "The adaptive window's evaluations: grow, shrink or hold.",
+            labels=["replica", "decision"])
+        for (name, dec), n in sorted(st.decisions.items()):
+            decisions.add_metric([name, dec], n)
+        yield decisions

@@ -136,10 +136,39 @@ class EngineSettings(_Strict):
     )
 
 
+class EmbeddingsSettings(_Strict):
+    """``POST /v1/embeddings``: limits on the input and the per-replica dynamic batcher
+    (``core/batching.py``, ``docs/embeddings.md``)."""
+
+    max_inputs: int = Field(default=2048, ge=1, description="items in one request's input")
+    max_input_tokens: int = Field(
+        default=8192, ge=1, description="tokens per input (text: characters / 4)")
+    window: Literal["off", "fixed", "adaptive"] = Field(
+        default="adaptive", description="off: a batch is what is there when a request arrives")
+    window_ms: float = Field(default=10.0, ge=0, description="fixed: the window")
+    floor_ms: float = Field(default=10.0, ge=0, description="adaptive: smallest window")
+    ceiling_ms: float = Field(default=100.0, ge=0, description="adaptive: largest window")
+    target_ms: float = Field(
+        default=150.0, gt=0, description="adaptive: per-batch latency (oldest arrival to done)")
+    every: int = Field(default=10, ge=1, description="adaptive: batches between evaluations")
+    alpha: float = Field(default=0.5, gt=0, le=1, description="adaptive: smoothing")
+    max_batch: int = Field(default=32, ge=1, description="requests in one batch at most")
+    max_batch_tokens: int = Field(default=16384, ge=1, description="a batch's token budget")
+    urgent_levels: int = Field(
+        default=1, ge=0, description="classes of a level below this skip the window (realtime)")
+
+    @model_validator(mode="after")
+    def _floor_le_ceiling(self) -> EmbeddingsSettings:
+        if self.floor_ms > self.ceiling_ms:
+            raise ValueError("floor_ms must not exceed ceiling_ms")
+        return self
+
+
 class GatewaySettings(_Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
     engine: EngineSettings = EngineSettings()
+    embeddings: EmbeddingsSettings = EmbeddingsSettings()
 
 
 def load_settings(path: str | Path | None) -> GatewaySettings:
@@ -147,7 +176,8 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     if path is None:
         return GatewaySettings()
     raw = read_yaml_mapping(path)
-    data = {k: raw[k] for k in ("server", "upstreams", "engine") if raw.get(k) is not None}
+    sections = ("server", "upstreams", "engine", "embeddings")
+    data = {k: raw[k] for k in sections if raw.get(k) is not None}
     return settings_from_mapping(data)
 
 

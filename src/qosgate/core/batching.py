@@ -1,0 +1,264 @@
+"""Dynamic batching for embeddings: a pure, per-replica policy (the batching seam).
+
+Requests the scheduler has dispatched to a replica are *collected* here before they run, and
+released as one engine call (one upstream ``/v1/embeddings`` with a list, one llama.cpp decode):
+
+- on **size** (``max_batch`` requests) or on a **token budget** (``max_tokens``, TEI's way);
+- at once for a request that must not wait (realtime: ``urgent``), taking along what is pending;
+- at once when nothing more can come (the replica has no room left for another dispatch);
+- when the oldest pending request has waited the **window**.
+
+The window is a ``WindowController``'s: ``FixedWindow`` (0: no batching window at all; every
+request runs when it arrives, as without a batcher) or ``AdaptiveWindow``, which follows seed
+003's feedback rule between a floor and a ceiling: every ``every`` batches it compares the
+measured per-batch latency (smoothed, exponentially) against a target; over 1.2x the target the
+window shrinks by the ratio, under 0.8x it grows (by at most 2x, and only while batches do fill
+up beyond one request: a window that collects nobody only adds latency); the step is smoothed
+too (``alpha``), so it does not oscillate.
+
+Invariant (the property tests): a pending request is released no later than ``window`` after
+it arrived, and the window never exceeds the ceiling -- the core stays work-conserving except
+while a batch window is open, and then for at most the ceiling. Every request that enters is
+released exactly once or removed (pulled back, cancelled) exactly once.
+
+No clock reads: ``now`` is passed in by the driver (real time) or the simulator (virtual time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Decision = Literal["grow", "shrink", "hold"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDecision:
+    """What the controller decided at an evaluation (a metric)."""
+
+    at: float
+    decision: Decision
+    latency_s: float  # the smoothed per-batch latency it judged
+    window_s: float  # the window from now on
+    mean_batch: float  # the mean batch size over the evaluated batches
+
+
+class WindowController(Protocol):
+    @property
+    def window_s(self) -> float: ...
+
+    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
+        """A batch of ``size`` finished, its oldest request ``latency_s`` after it arrived."""
+        ...
+
+
+class FixedWindow:
+    """A window that never moves (0: none)."""
+
+    def __init__(self, window_s: float) -> None:
+        if window_s < 0:
+            raise ValueError("window_s must be >= 0")
+        self._w = window_s
+
+    @property
+    def window_s(self) -> float:
+        return self._w
+
+    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
+        return None
+
+
+class AdaptiveWindow:
+    """Seed 003's rule: 10-100 ms, re-evaluated every 10 batches against a latency target,
+    exponentially smoothed (both the latency it measures and the step it takes)."""
+
+    def __init__(
+        self,
+        floor_s: float = 0.010,
+        ceiling_s: float = 0.100,
+        target_s: float = 0.150,
+        *,
+        initial_s: float | None = None,
+        every: int = 10,
+        alpha: float = 0.5,
+    ) -> None:
+        if not 0 <= floor_s <= ceiling_s:
+            raise ValueError("need 0 <= floor_s <= ceiling_s")
+        if target_s <= 0 or every < 1 or not 0 < alpha <= 1:
+            raise ValueError("need target_s > 0, every >= 1, 0 < alpha <= 1")
+        self.floor_s = floor_s
+        self.ceiling_s = ceiling_s
+        self.target_s = target_s
+        self.every = every
+        self.alpha = alpha
+        w = (floor_s + ceiling_s) / 2 if initial_s is None else initial_s
+        self._w = min(ceiling_s, max(floor_s, w))
+        self._lat: float | None = None  # smoothed per-batch latency
+        self._n = 0
+        self._sizes = 0
+        self.decisions: dict[Decision, int] = {"grow": 0, "shrink": 0, "hold": 0}
+
+    @property
+    def window_s(self) -> float:
+        return self._w
+
+    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
+        lat = self._lat
+        self._lat = latency_s if lat is None else lat + self.alpha * (latency_s - lat)
+        self._n += 1
+        self._sizes += size
+        if self._n < self.every:
+            return None
+        mean = self._sizes / self._n
+        self._n = self._sizes = 0
+        smoothed = self._lat
+        ratio = smoothed / self.target_s
+        w = self._w
+        decision: Decision = "hold"
+        if ratio > 1.2:
+            proposed = w / ratio
+            decision = "shrink"
+        elif ratio < 0.8 and mean > 1.0:
+            proposed = w * min(2.0, 1.0 / max(ratio, 1e-9))
+            decision = "grow"
+        elif ratio < 0.8:  # nobody to collect: the window only adds latency
+            proposed = self.floor_s
+            decision = "shrink" if w > self.floor_s else "hold"
+        else:
+            proposed = w
+        new = min(self.ceiling_s, max(self.floor_s, w + self.alpha * (proposed - w)))
+        if (decision == "grow" and new <= w) or (decision == "shrink" and new >= w):
+            decision = "hold"
+        self._w = new
+        self.decisions[decision] += 1
+        return WindowDecision(now, decision, smoothed, new, mean)
+
+
+@dataclass(slots=True)
+class Pending:
+    rid: str
+    tokens: int
+    urgent: bool
+    arrived: float
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    rids: tuple[str, ...]
+    tokens: int
+    opened: float  # when its oldest request arrived
+    released: float
+    why: Literal["size", "tokens", "urgent", "full", "window"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_batch: int = 32
+    max_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.max_tokens < 1:
+            raise ValueError("max_batch and max_tokens must be >= 1")
+
+
+@dataclass(slots=True)
+class Batcher:
+    """One replica's collector. Requests keep the order they were added in (the scheduler's
+    dispatch order: class, fairness); a batch takes the oldest first."""
+
+    limits: BatchLimits
+    controller: WindowController
+    pending: list[Pending] = field(default_factory=list)
+    _tokens: int = 0
+
+    @property
+    def window_s(self) -> float:
+        return self.controller.window_s
+
+    def add(self, rid: str, tokens: int, now: float, urgent: bool = False) -> None:
+        self.pending.append(Pending(rid, max(0, tokens), urgent, now))
+        self._tokens += max(0, tokens)
+
+    def remove(self, rid: str) -> bool:
+        for i, p in enumerate(self.pending):
+            if p.rid == rid:
+                del self.pending[i]
+                self._tokens -= p.tokens
+                return True
+        return False
+
+    def __contains__(self, rid: str) -> bool:
+        return any(p.rid == rid for p in self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def deadline(self) -> float | None:
+        """When the window of the oldest pending request closes (None: nothing pending)."""
+        if not self.pending:
+            return None
+        return self.pending[0].arrived + self.controller.window_s
+
+    def release(self, now: float, room: bool = True) -> list[Batch]:
+        """The batches due now. ``room``: may the replica still take another dispatch (if not,
+        nothing more can join: waiting is pointless)."""
+        out: list[Batch] = []
+        lim = self.limits
+        while self.pending:
+            why: Literal["size", "tokens", "urgent", "full", "window"] | None = None
+            if len(self.pending) >= lim.max_batch:
+                why = "size"
+            elif self._tokens >= lim.max_tokens:
+                why = "tokens"
+            elif any(p.urgent for p in self.pending):
+                why = "urgent"
+            elif not room:
+                why = "full"
+            elif now >= self.pending[0].arrived + self.controller.window_s:
+                why = "window"
+            if why is None:
+                break
+            out.append(self._take(now, why))
+        return out
+
+    def _take(self, now: float, why: Literal["size", "tokens", "urgent", "full", "window"]
+              ) -> Batch:
+        lim = self.limits
+        n = 0
+        tokens = 0
+        for p in self.pending:
+            if n >= lim.max_batch or (n > 0 and tokens + p.tokens > lim.max_tokens):
+                break
+            n += 1
+            tokens += p.tokens
+        taken = self.pending[:n]
+        del self.pending[:n]
+        self._tokens -= tokens
+        return Batch(tuple(p.rid for p in taken), tokens, taken[0].arrived, now, why)
+
+    def finished(self, now: float, batch: Batch) -> WindowDecision | None:
+        """A released batch finished: its latency (from its oldest arrival) feeds the window."""
+        return self.controller.on_batch(now, len(batch.rids), now - batch.opened)
+
+
+def make_controller(
+    mode: str,
+    *,
+    window_s: float = 0.0,
+    floor_s: float = 0.010,
+    ceiling_s: float = 0.100,
+    target_s: float = 0.150,
+    every: int = 10,
+    alpha: float = 0.5,
+) -> WindowController:
+    """``off`` (no window), ``fixed`` (``window_s``) or ``adaptive``."""
+    factories: dict[str, Callable[[], WindowController]] = {
+        "off": lambda: FixedWindow(0.0),
+        "fixed": lambda: FixedWindow(window_s),
+        "adaptive": lambda: AdaptiveWindow(floor_s, ceiling_s, target_s, every=every,
+                                           alpha=alpha),
+    }
+    if mode not in factories:
+        raise ValueError(f"unknown batch window mode {mode!r} (off, fixed, adaptive)")
+    return factories[mode]()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -115,6 +116,30 @@ def serve(
                      envvar="QOSGATE_METRICS_AUTH", show_envvar=True,
                      help="/metrics answers only requests with an admin key (default: off)."),
     ] = None,
+    redis: Annotated[
+        str | None,
+        _opt("Share tenant limits and fair-share counters with other gateway instances through "
+             "this Redis, e.g. redis://127.0.0.1:6379/0 (default: none, each instance its own).",
+             "QOSGATE_REDIS", "--redis"),
+    ] = None,
+    workers: Annotated[
+        int,
+        _opt("Gateway processes on the one port (SO_REUSEPORT); with --redis they share "
+             "tenant state, without it each keeps its own limits.", "QOSGATE_WORKERS",
+             "--workers"),
+    ] = 1,
+    instance_id: Annotated[
+        str | None,
+        _opt("This instance's id in /metrics and /v1/qos/status (default: host-pid).",
+             "QOSGATE_INSTANCE_ID", "--instance-id"),
+    ] = None,
+    redis_fail_open: Annotated[
+        bool | None,
+        typer.Option("--redis-fail-open/--redis-fail-closed", show_default=False,
+                     envvar="QOSGATE_REDIS_FAIL_OPEN", show_envvar=True,
+                     help="Redis unreachable: serve on local state at each limit / live "
+                          "instances (open, the default) or refuse limited tenants (closed)."),
+    ] = None,
     max_connections: Annotated[
         int | None,
         _opt("Open client connections at most; more are answered 503 and closed (default: the "
@@ -202,6 +227,10 @@ def serve(
     /healthz (or /health), /readyz, /metrics (Prometheus) and /v1/qos/status. Flags override
     environment variables, which override the config file.
     """
+    if workers > 1:
+        from qosgate.server.workers import run_workers
+
+        raise typer.Exit(run_workers(workers, instance_id))
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
     from qosgate.server.settings import check_settings, load_settings, settings_from_mapping
@@ -219,6 +248,13 @@ def serve(
                      ("max_connections", max_connections)):
             if v is not None:
                 srv[k] = v
+        rd = data["redis"]
+        for k, v in (("url", redis), ("instance_id", instance_id),
+                     ("fail_open", redis_fail_open)):
+            if v is not None:
+                rd[k] = v
+        if os.environ.get("QOSGATE_REUSE_PORT") == "1":
+            srv["reuse_port"] = True
         if admin_key:
             srv["admin_keys"] = [k for arg in admin_key for k in arg.split(",") if k]
         for k, v in (("profile", profile), ("time_scale", time_scale), ("capacity", capacity),

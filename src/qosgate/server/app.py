@@ -42,12 +42,21 @@ from qosgate.asgi import (
 from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
+from qosgate.core.ledger import LeasedLedger
 from qosgate.engines.base import Engine, Job, Route
 from qosgate.engines.embeddings import BadEmbeddings, parse_embeddings
 from qosgate.engines.openai_format import models_list
 from qosgate.engines.splice import set_max_tokens
 from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.driver import Driver, Ticket
+from qosgate.runtime.shared_state import (
+    InstanceInfo,
+    RedisStore,
+    SharedState,
+    new_instance_id,
+    prime,
+    status_of,
+)
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
 from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
@@ -103,6 +112,10 @@ class Gateway:
         self.settings = settings
         self.engines = engines
         self.clock = time.monotonic
+        # shared tenant state (docs/shared-state.md): leased budgets synced with Redis
+        rs = settings.redis
+        self.instance = rs.instance_id or new_instance_id()
+        ledger = LeasedLedger() if rs.url else None
         self.scheduler = Scheduler(
             cfg,
             policy,
@@ -112,9 +125,24 @@ class Gateway:
                 ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()))
                 for name, e in engines.items()
             ],
+            ledger=ledger,
         )
         self._first_byte_s = [c.first_byte_timeout for c in cfg.classes]
         self.metrics = GatewayMetrics(self.scheduler, self.clock)
+        self.shared: SharedState | None = None
+        if rs.url and ledger is not None:
+            sched = self.scheduler
+            self.shared = SharedState(
+                RedisStore(rs.url, rs.prefix, rs.timeout_s), ledger, self.clock,
+                sched.policy.root, self.instance, rs.sync_interval_s, rs.lease_ttl_s,
+                rs.fail_open,
+                info=lambda: msgspec.json.encode({
+                    "queued_total": sched.queued_total,
+                    "inflight": len(sched.requests) - sched.queued_total,
+                }).decode(),
+            )
+            self.metrics.registry.register(self.shared)
+        self.metrics.registry.register(InstanceInfo(self.instance, "redis" if rs.url else "none"))
         self.driver = Driver(
             self.scheduler, engines, clock=self.clock, on_finished=self.metrics.observe
         )
@@ -159,6 +187,10 @@ class Gateway:
 
     async def startup(self) -> None:
         await self.driver.start()
+        if self.shared is not None:
+            prime(self.shared.ledger, [(t.name, t.limits) for t in self.cfg.tenants],
+                  self.clock())
+            await self.shared.start()
         self.started = True
         # Everything loaded so far lives as long as the process: move it out of the cyclic
         # collector's reach, so that its collections only walk what requests allocate (they
@@ -178,6 +210,8 @@ class Gateway:
 
     async def shutdown(self) -> None:
         await self.driver.close()
+        if self.shared is not None:
+            await self.shared.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
@@ -290,6 +324,7 @@ class Gateway:
             tenant = t.name if t is not None else None
         view = status_view(self.scheduler, self.clock(), tenant)
         view["accepting"] = self.driver.accepting
+        view.update(status_of(self.shared, self.instance))
         await send_json(send, 200, view)
 
     # ------------------------------------------------------------------ completions

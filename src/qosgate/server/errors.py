@@ -23,6 +23,11 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "rate_limit_requests": (429, "rate_limit_error", "Request rate limit reached for this key."),
     "rate_limit_tokens": (429, "rate_limit_error", "Token rate limit reached for this key."),
     "concurrency_limit": (429, "rate_limit_error", "Too many concurrent requests for this key."),
+    "shared_state_unavailable": (
+        503,
+        "overloaded_error",
+        "The shared tenant state is unreachable and this gateway fails closed.",
+    ),
     "class_queue_full": (503, "overloaded_error", "The queue of this class is full."),
     "queue_full": (503, "overloaded_error", "The gateway queue is full."),
     "displaced": (503, "overloaded_error", "Shed to make room for more urgent requests."),

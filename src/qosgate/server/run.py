@@ -89,7 +89,7 @@ def build_gateway(cfg: QosConfig, settings: GatewaySettings, policy: str | None 
 
 
 # ---------------------------------------------------------------------- sockets
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound to ``host:port`` (not yet listening: connections are refused until
     the server serves). ``OSError`` if the address cannot be bound."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -97,6 +97,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, type_, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:  # --workers N: the kernel spreads connections over the processes
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
@@ -110,7 +112,7 @@ class Listeners:
     """The bound sockets: the API port and, if configured, the metrics port."""
 
     def __init__(self, srv: ServerSettings) -> None:
-        self.api = bind_socket(srv.host, srv.port)
+        self.api = bind_socket(srv.host, srv.port, srv.reuse_port)
         self.metrics: socket.socket | None = None
         if srv.metrics_port is not None:
             try:

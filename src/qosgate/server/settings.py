@@ -74,6 +74,8 @@ class ServerSettings(_Strict):
         description="tenants with a label of their own in /metrics (in config order); the rest "
         "are counted as tenant=\"other\"",
     )
+    reuse_port: bool = Field(default=False, description="SO_REUSEPORT: several processes "
+                             "on one port (qosgate serve --workers N)")
     # connections (server/protocol.py)
     max_connections: int | None = Field(
         default=None, ge=1,
@@ -164,11 +166,29 @@ class EmbeddingsSettings(_Strict):
         return self
 
 
+class RedisSettings(_Strict):
+    """Tenant limits and fair-share counters shared by several gateway instances through Redis
+    (docs/shared-state.md). Without ``url`` each instance keeps its own (no Redis needed)."""
+
+    url: str | None = Field(default=None, description="redis://host:port/db; default: no Redis")
+    prefix: str = "qosgate:"
+    sync_interval_s: float = Field(default=0.05, gt=0, le=10)
+    lease_ttl_s: float = Field(default=2.0, gt=0, le=600,
+                               description="concurrency slots and instance heartbeats expire "
+                                           "after this long without a sync")
+    timeout_s: float = Field(default=0.25, gt=0, le=10)
+    fail_open: bool = Field(default=True, description="Redis down: serve on local state at "
+                                                      "each limit / live instances (open) or "
+                                                      "refuse limited tenants (closed)")
+    instance_id: str | None = Field(default=None, description="default: host-pid")
+
+
 class GatewaySettings(_Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
     engine: EngineSettings = EngineSettings()
     embeddings: EmbeddingsSettings = EmbeddingsSettings()
+    redis: RedisSettings = RedisSettings()
 
 
 def load_settings(path: str | Path | None) -> GatewaySettings:
@@ -176,7 +196,7 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     if path is None:
         return GatewaySettings()
     raw = read_yaml_mapping(path)
-    sections = ("server", "upstreams", "engine", "embeddings")
+    sections = ("server", "upstreams", "engine", "embeddings", "redis")
     data = {k: raw[k] for k in sections if raw.get(k) is not None}
     return settings_from_mapping(data)
 

@@ -42,6 +42,8 @@ def llamacpp_replica(
     evict_paused: bool = True,
     pausable: bool = True,
     name: str = REPLICA_NAME,
+    embeddings: bool = True,
+    embed_batch_tokens: int = 512,
 ) -> InProcessEngine:
     """Load the model (FileNotFoundError if the GGUF is missing, ImportError without
     llama-cpp-python) and wrap it as a replica that steps in a worker thread in real time."""
@@ -64,7 +66,7 @@ def llamacpp_replica(
     )
     if served_model_name is None:
         served_model_name = DEFAULT_MODEL_NAME if model is None else path.stem.lower()
-    return InProcessEngine(
+    replica = InProcessEngine(
         engine,
         name=name,
         capacity=window,
@@ -73,3 +75,11 @@ def llamacpp_replica(
         text=True,
         pausable=pausable,
     )
+    if embeddings:  # /v1/embeddings: the same model, mean-pooled (engines/llama_embed.py)
+        from qosgate.engines.llama_embed import LlamaEmbedder
+
+        replica.embedder = LlamaEmbedder(
+            path, n_batch=embed_batch_tokens, max_seqs=64,
+            n_threads=n_threads or default_threads(),
+        )
+    return replica

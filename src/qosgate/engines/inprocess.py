@@ -31,8 +31,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
 from qosgate.engines.base import Call, Health, Route, Unservable
+from qosgate.engines.embeddings import deliver
 from qosgate.engines.openai_format import Formatter
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
@@ -94,6 +97,8 @@ class InProcessEngine:
         self.tokens_out = 0
         self.pauses = 0
         self.evictions = 0
+        # embeddings (engines/llama_embed.py): a context of its own, batches in a worker thread
+        self.embedder: Any | None = None
 
     # ------------------------------------------------------------------ Engine protocol
     @property
@@ -129,6 +134,45 @@ class InProcessEngine:
         close = getattr(self.engine, "close", None)
         if callable(close):  # llama.cpp: free the context and the model (waits for a step)
             await asyncio.to_thread(close)
+        if self.embedder is not None:
+            await asyncio.to_thread(self.embedder.close)
+            self.embedder = None
+
+    # ------------------------------------------------------------------ embeddings
+    @property
+    def embeds(self) -> bool:
+        return self.embedder is not None
+
+    async def run_batch(self, calls: list[Call]) -> None:
+        """A batch of embeddings requests: all their inputs pooled in one llama.cpp decode
+        (if it fits the embedder's ``n_batch``), in a worker thread; each client gets its own
+        vectors and its own token count."""
+        emb = self.embedder
+        if emb is None:
+            body = msgspec.json.encode(error_body("This replica does not serve embeddings.",
+                                                  "invalid_request_error", "not_supported"))
+            for c in calls:
+                c.refused(400, body)
+            return
+        items: list[str | list[int]] = []
+        for c in calls:
+            items.extend(c.job.inputs or [])
+        try:
+            vectors, counts = await asyncio.to_thread(emb.embed, items)
+        except ValueError as exc:  # a token id out of the vocabulary
+            if len(calls) > 1:  # find whose: each on its own
+                for c in calls:
+                    await self.run_batch([c])
+                return
+            calls[0].refused(400, msgspec.json.encode({"error": {
+                "message": str(exc), "type": "invalid_request_error", "param": "input",
+                "code": 400}}))
+            return
+        at = 0
+        for c in calls:
+            n = len(c.job.inputs or [])
+            await deliver(c, c.job.model, vectors[at:at + n], sum(counts[at:at + n]))
+            at += n
 
     def pause(self, rid: str) -> None:
         paused = self._paused

@@ -683,6 +683,7 @@ class _Watchdog:
 
 class OpenAIUpstream:
     pausable = False
+    embeds = True  # /v1/embeddings is forwarded (merged into batches)
 
     def __init__(self, cfg: UpstreamSettings, index: int = 0) -> None:
         self.cfg = cfg

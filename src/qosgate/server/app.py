@@ -169,7 +169,7 @@ class Gateway:
                                 floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
                                 target_s=es.target_ms / 1000, every=es.every, alpha=es.alpha),
             )
-            for name, e in engines.items() if hasattr(e, "run_batch")
+            for name, e in engines.items() if getattr(e, "embeds", False)
         }
         self.driver.batches = BatchRunner(self.driver, batchers, es.urgent_levels)
         self.metrics.registry.register(BatchingCollector(self.driver.batches))
@@ -547,7 +547,7 @@ class Gateway:
         except BadEmbeddings as exc:
             await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
             return
-        serving = {n: e for n, e in self.engines.items() if hasattr(e, "run_batch")}
+        serving = {n: e for n, e in self.engines.items() if getattr(e, "embeds", False)}
         models: dict[str, None] = {}
         for e in serving.values():
             for m in e.models():

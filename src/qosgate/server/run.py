@@ -65,6 +65,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
             model=es.model, capacity=es.capacity, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
             n_threads=es.n_threads, served_model_name=es.served_model_name,
             evict_paused=es.evict_paused, pausable=es.pausable,
+            embeddings=es.embeddings, embed_batch_tokens=es.embed_batch_tokens,
         )
         return {llama.name: llama}
     prof = load_profile(es.profile)

@@ -136,6 +136,10 @@ class EngineSettings(_Strict):
     pausable: bool = Field(
         default=True, description="pause at a token boundary (false: preempt before 1st token)"
     )
+    embeddings: bool = Field(
+        default=True, description="llamacpp: serve /v1/embeddings (the model, mean-pooled)")
+    embed_batch_tokens: int = Field(
+        default=512, ge=16, description="llamacpp: tokens of one embeddings decode")
 
 
 class EmbeddingsSettings(_Strict):

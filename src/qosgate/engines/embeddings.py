@@ -183,6 +183,22 @@ async def deliver(call: Call, model: str, vectors: Sequence[Sequence[float]],
     return True
 
 
+def pooled(v: object) -> list[float]:
+    """An upstream's embedding as one vector: as it is, or -- token-level embeddings (a list of
+    vectors, as llama.cpp's server gives for a model without pooling) -- mean-pooled and
+    L2-normalized, as the in-process engine pools. ValueError for anything else."""
+    if isinstance(v, list) and v and all(isinstance(x, int | float) for x in v):
+        return [float(x) for x in v]
+    if isinstance(v, list) and v and all(isinstance(r, list) and r for r in v):
+        n = len(v[0])
+        if not all(len(r) == n for r in v):
+            raise ValueError("token embeddings of different sizes")
+        mean = [sum(float(r[i]) for r in v) / len(v) for i in range(n)]
+        norm = math.sqrt(sum(x * x for x in mean)) or 1.0
+        return [x / norm for x in mean]
+    raise ValueError("an embedding is neither a vector nor a list of token vectors")
+
+
 def apportion(total: int, weights: Sequence[int]) -> list[int]:
     """Split ``total`` in proportion to ``weights`` (largest remainders): each client's share of
     an upstream's usage when it reports only the batch's total."""

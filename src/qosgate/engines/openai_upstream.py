@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qosgate.core.signals import LoadSignals
 from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
-from qosgate.engines.embeddings import apportion, deliver
+from qosgate.engines.embeddings import apportion, deliver, pooled
 from qosgate.engines.engine_metrics import parse_engine_metrics
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
@@ -867,9 +867,9 @@ class OpenAIUpstream:
         try:
             doc = msgspec.json.decode(data)
             rows = sorted(doc["data"], key=lambda r: r["index"])
-            vectors = [r["embedding"] for r in rows]
-            if len(vectors) != len(inputs) or not all(isinstance(v, list) for v in vectors):
-                raise ValueError("wrong number or kind of embeddings")
+            vectors = [pooled(r["embedding"]) for r in rows]
+            if len(vectors) != len(inputs):
+                raise ValueError("wrong number of embeddings")
             usage = doc.get("usage") or {}
             total = usage.get("prompt_tokens")
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:

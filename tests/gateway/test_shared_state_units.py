@@ -17,7 +17,8 @@ def fleet(n: int, store: MemoryStore, root: list[object] | None = None,
           fail_open: bool = True) -> list[SharedState]:
     return [
         SharedState(store, LeasedLedger(), time.monotonic,
-                    root[i] if root else None, f"i{i}", interval=0.01, fail_open=fail_open)
+                    root[i] if root else None, f"i{i}", interval=0.01, fail_open=fail_open,
+                    degrade_after=0.0)
         for i in range(n)
     ]
 

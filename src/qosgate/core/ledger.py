@@ -68,7 +68,7 @@ class LeasedLimiter:
     """
 
     __slots__ = (
-        "admitted", "concurrent", "limits", "live", "mode", "refused_conc", "refused_req",
+        "admitted", "concurrent", "limits", "live", "mode", "peak", "refused_conc", "refused_req",
         "refused_tok", "req_stock", "reserved", "retry_hint", "shadow", "slots", "tenant",
         "tok_stock", "used_tok",
     )
@@ -86,6 +86,7 @@ class LeasedLimiter:
         self.reserved: dict[str, int] = {}
         # since the last sync (the runtime reads and resets them): the demand it leases for
         self.admitted = 0
+        self.peak = 0  # the most requests held at once
         self.used_tok = 0
         self.refused_req = 0
         self.refused_tok = 0
@@ -138,6 +139,8 @@ class LeasedLimiter:
             self.reserved[rid] = tokens
         self.concurrent += 1
         self.admitted += 1
+        if self.concurrent > self.peak:
+            self.peak = self.concurrent
         self.shadow.admit(tokens)
         if self.mode == "local":
             return

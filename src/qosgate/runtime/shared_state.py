@@ -263,6 +263,7 @@ class SharedState:
         interval: float = 0.05,
         lease_ttl: float = 2.0,
         fail_open: bool = True,
+        degrade_after: float = 1.0,
         info: Callable[[], str] | None = None,
     ) -> None:
         self.store = store
@@ -273,6 +274,10 @@ class SharedState:
         self.interval = interval
         self.lease_ttl = lease_ttl
         self.fail_open = fail_open
+        # a store that does not answer for this long is down (before: no new leases, the
+        # budgets held are spent, nothing more; one slow answer under load is not an outage)
+        self.degrade_after = degrade_after
+        self._failing_since: float | None = None
         self.info = info or (lambda: "{}")
         self.degraded = False
         self.live = 1
@@ -326,9 +331,13 @@ class SharedState:
             if self.root is not None:
                 await self._sync_counters()
             self.syncs += 1
+            self._failing_since = None
         except StoreDown as exc:
             self.errors += 1
-            if not self.degraded:
+            now = self.clock()
+            if self._failing_since is None:
+                self._failing_since = now
+            if not self.degraded and now - self._failing_since >= self.degrade_after:
                 self._degrade(str(exc))
 
     def _degrade(self, why: str) -> None:
@@ -375,11 +384,15 @@ class SharedState:
                     lim.retry_hint = max(lim.retry_hint, wait)
         if limits.max_concurrent:
             cap_c = limits.max_concurrent
-            spare = min(lim.refused_conc, cap_c) or (1 if lim.admitted else 0)
-            want_c = min(cap_c, lim.concurrent + spare)
+            # what it held at the peak of the last interval, a quarter more, plus what it
+            # refused (one spare while it admits): a lease follows demand one sync late
+            spare = lim.refused_conc or (1 if lim.admitted else 0)
+            held = max(lim.concurrent, lim.peak)
+            want_c = min(cap_c, held + max(spare, math.ceil(0.25 * held)))
             lim.slots = await self.store.lease(
                 "conc:" + key, self.instance, want_c, cap_c, self.lease_ttl)
         lim.admitted = lim.used_tok = lim.refused_req = lim.refused_tok = lim.refused_conc = 0
+        lim.peak = lim.concurrent
 
     async def _give_back(self, lim: LeasedLimiter) -> None:
         limits = lim.limits

@@ -135,7 +135,7 @@ class Gateway:
             self.shared = SharedState(
                 RedisStore(rs.url, rs.prefix, rs.timeout_s), ledger, self.clock,
                 sched.policy.root, self.instance, rs.sync_interval_s, rs.lease_ttl_s,
-                rs.fail_open,
+                rs.fail_open, rs.degrade_after_s,
                 info=lambda: msgspec.json.encode({
                     "queued_total": sched.queued_total,
                     "inflight": len(sched.requests) - sched.queued_total,

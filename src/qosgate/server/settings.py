@@ -163,6 +163,11 @@ class EmbeddingsSettings(_Strict):
     urgent_levels: int = Field(
         default=1, ge=0, description="classes of a level below this skip the window (realtime)")
 
+    @field_validator("window", mode="before")
+    @classmethod
+    def _yaml_off(cls, v: object) -> object:
+        return "off" if v is False else v  # YAML 1.1 reads a bare ``off`` as false
+
     @model_validator(mode="after")
     def _floor_le_ceiling(self) -> EmbeddingsSettings:
         if self.floor_ms > self.ceiling_ms:
@@ -180,7 +185,9 @@ class RedisSettings(_Strict):
     lease_ttl_s: float = Field(default=2.0, gt=0, le=600,
                                description="concurrency slots and instance heartbeats expire "
                                            "after this long without a sync")
-    timeout_s: float = Field(default=0.25, gt=0, le=10)
+    timeout_s: float = Field(default=0.5, gt=0, le=10, description="each call to Redis")
+    degrade_after_s: float = Field(default=1.0, ge=0, le=60,
+                                   description="Redis unanswered this long: degraded mode")
     fail_open: bool = Field(default=True, description="Redis down: serve on local state at "
                                                       "each limit / live instances (open) or "
                                                       "refuse limited tenants (closed)")

@@ -246,3 +246,4 @@ def test_per_replica_stats_carry_the_time_averaged_window() -> None:
     assert _window({"window": 748, "window_mean": 748.2}) == "748"
     assert _window({"window": 748, "window_mean": 212.4}) == "212/748"
     assert _window({"window": None}) == "-"
+    assert _window({"window": 1 << 30, "window_mean": float(1 << 30)}) == "all"

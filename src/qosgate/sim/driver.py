@@ -321,6 +321,7 @@ class _Run:
         self.setup = setup
         self.policy = policy
         self.plans = setup.plans()
+        self.passthrough = ps.passthrough
         self.sched = Scheduler(setup.cfg, ps.core_policy)
         for plan in self.plans:
             if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
@@ -775,7 +776,7 @@ class _Run:
                     "name": p.name,
                     "profile": p.profile.name,
                     "gpu": p.profile.gpu,
-                    "window": p.window,
+                    "window": PASSTHROUGH_WINDOW if self.passthrough else p.window,
                     "pausable": p.pausable,
                     "ejections": ejections.get(p.name, 0),
                     "steps": sum(m.steps_total for m in ms),

@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from qosgate.sim.driver import PASSTHROUGH_WINDOW
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution, describe
 
 FORMAT_VERSION = 2
@@ -349,7 +350,7 @@ def _replica_table(runs: Iterable[Run]) -> Table:
             t.add_row(
                 run.policy if i == 0 else "",
                 name,
-                val(g["gpu"]),
+                val(g["gpu"]).split("-")[0],
                 _window(g),
                 str(g["count"]),
                 str(g["completed"]),
@@ -373,6 +374,8 @@ def _window(g: dict[str, Any]) -> str:
     avg = g.get("window_mean")
     if most is None:
         return "-"
+    if most >= PASSTHROUGH_WINDOW:
+        return "all"  # engine-priority: everything passes through
     if avg is None or abs(avg - most) < 0.5:
         return str(most)
     return f"{avg:.0f}/{most}"

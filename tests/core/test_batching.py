@@ -52,15 +52,15 @@ def controllers() -> st.SearchStrategy[str]:
 
 @settings(max_examples=300, deadline=None)
 @given(events, controllers(), st.integers(1, 8), st.integers(1, 3000),
-       st.floats(0.0, 0.2))
+       st.floats(0.0, 0.2), st.integers(0, 2))
 def test_work_conserving_unless_a_window_is_open(
-    evs: list[Ev], mode: str, max_batch: int, max_tokens: int, fixed: float
+    evs: list[Ev], mode: str, max_batch: int, max_tokens: int, fixed: float, max_inflight: int
 ) -> None:
     ceiling = 0.1
     ctl = make_controller(mode, window_s=fixed, floor_s=0.01, ceiling_s=ceiling,
                           target_s=0.05, every=2)
     bound = fixed if mode == "fixed" else ceiling if mode == "adaptive" else 0.0
-    b = Batcher(BatchLimits(max_batch, max_tokens), ctl)
+    b = Batcher(BatchLimits(max_batch, max_tokens, max_inflight), ctl)
     now = 0.0
     ids = 0
     live: dict[str, float] = {}  # rid -> arrival, while pending
@@ -75,17 +75,21 @@ def test_work_conserving_unless_a_window_is_open(
             for rid in batch.rids:
                 assert rid not in ended, "released twice"
                 ended[rid] = "released"
-                # never held beyond the window, and the window never beyond its bound
-                assert now - live.pop(rid) <= bound + 1e-9
+                waited = now - live.pop(rid)
+                if not max_inflight:  # never held beyond the window, nor it beyond its bound
+                    assert waited <= bound + 1e-9
             running.append(batch)
+            if max_inflight and batch.why != "urgent":
+                assert len(running) <= max_inflight
         # work-conserving unless a window is open: what stays pending is only what a window
         # (still open, within its bound) holds; nothing that must go is left behind
         if b.pending:
-            assert room
-            assert len(b.pending) < max_batch
-            assert sum(p.tokens for p in b.pending) < max_tokens
-            assert not any(p.urgent for p in b.pending)
-            assert now < b.pending[0].arrived + b.window_s
+            assert not any(p.urgent for p in b.pending)  # realtime never waits
+            if not (max_inflight and b.inflight >= max_inflight):  # else: the engine is busy
+                assert room
+                assert len(b.pending) < max_batch
+                assert sum(p.tokens for p in b.pending) < max_tokens
+                assert now < b.pending[0].arrived + b.window_s
         assert 0.0 <= b.window_s <= bound + 1e-12
         if mode == "adaptive":
             assert 0.01 - 1e-12 <= b.window_s <= ceiling + 1e-12
@@ -121,8 +125,30 @@ def test_work_conserving_unless_a_window_is_open(
             advance(ev.dt, True)
             b.finished(now, batch)
     advance(1.0, True)
+    while running:  # the batches in flight end; what waited for them goes
+        b.finished(now, running.pop(0))
+        advance(1.0, True)
     assert not b.pending and not live
     assert len(ended) == ids  # every request ended exactly once
+
+
+def test_a_busy_engine_makes_the_next_batch() -> None:
+    """max_inflight 1: while a batch runs, arrivals wait (no timer), then go as one batch."""
+    b = Batcher(BatchLimits(max_inflight=1), FixedWindow(0.0))
+    b.add("a", 1, 0.0)
+    (first,) = b.release(0.0)
+    for i in range(5):
+        b.add(f"w{i}", 1, 0.001 * i)
+        assert b.release(0.001 * i) == []
+    assert b.deadline() is None  # nothing to wake up for: the batch's end will release
+    b.finished(0.02, first)
+    (nxt,) = b.release(0.02)
+    assert nxt.rids == tuple(f"w{i}" for i in range(5))  # one batch of what waited
+    b.add("x", 1, 0.021)
+    b.add("rt", 1, 0.022, urgent=True)
+    (rt,) = b.release(0.022)
+    assert rt.why == "urgent" and rt.rids == ("x", "rt")  # realtime does not wait, takes x
+    assert b.inflight == 2
 
 
 def test_realtime_skips_the_window() -> None:

@@ -16,10 +16,15 @@ window shrinks by the ratio, under 0.8x it grows (by at most 2x, and only while 
 up beyond one request: a window that collects nobody only adds latency); the step is smoothed
 too (``alpha``), so it does not oscillate.
 
-Invariant (the property tests): a pending request is released no later than ``window`` after
-it arrived, and the window never exceeds the ceiling -- the core stays work-conserving except
-while a batch window is open, and then for at most the ceiling. Every request that enters is
-released exactly once or removed (pulled back, cancelled) exactly once.
+``max_inflight`` (optional) bounds the batches running at the replica at once: while that many
+run, the next one fills up (TEI's continuous batching: a busy engine makes big batches by
+itself), and only a realtime request goes at once.
+
+Invariant (the property tests): a request stays pending only while a batch window is open (never
+longer than the window, which never exceeds the ceiling) or while the replica already runs
+``max_inflight`` batches -- work-conserving unless a batch window is open, bounded by its
+ceiling. Every request that enters is released exactly once or removed (pulled back, cancelled)
+exactly once.
 
 No clock reads: ``now`` is passed in by the driver (real time) or the simulator (virtual time).
 """
@@ -156,10 +161,13 @@ class Batch:
 class BatchLimits:
     max_batch: int = 32
     max_tokens: int = 16384
+    # batches in flight at the replica at once (0: no limit). While that many run, the next
+    # batch fills up (TEI's way: a busy engine makes batches by itself); realtime still goes.
+    max_inflight: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_tokens < 1:
-            raise ValueError("max_batch and max_tokens must be >= 1")
+        if self.max_batch < 1 or self.max_tokens < 1 or self.max_inflight < 0:
+            raise ValueError("max_batch and max_tokens must be >= 1, max_inflight >= 0")
 
 
 @dataclass(slots=True)
@@ -170,6 +178,7 @@ class Batcher:
     limits: BatchLimits
     controller: WindowController
     pending: list[Pending] = field(default_factory=list)
+    inflight: int = 0  # batches released and not finished
     _tokens: int = 0
 
     @property
@@ -195,8 +204,9 @@ class Batcher:
         return len(self.pending)
 
     def deadline(self) -> float | None:
-        """When the window of the oldest pending request closes (None: nothing pending)."""
-        if not self.pending:
+        """When the window of the oldest pending request closes (None: nothing pending, or
+        nothing can go before a batch in flight finishes)."""
+        if not self.pending or 0 < self.limits.max_inflight <= self.inflight:
             return None
         return self.pending[0].arrived + self.controller.window_s
 
@@ -207,7 +217,11 @@ class Batcher:
         lim = self.limits
         while self.pending:
             why: Literal["size", "tokens", "urgent", "full", "window"] | None = None
-            if len(self.pending) >= lim.max_batch:
+            busy = 0 < lim.max_inflight <= self.inflight
+            if busy:  # the engine is busy with its batches: only realtime goes now
+                if any(p.urgent for p in self.pending):
+                    why = "urgent"
+            elif len(self.pending) >= lim.max_batch:
                 why = "size"
             elif self._tokens >= lim.max_tokens:
                 why = "tokens"
@@ -235,10 +249,12 @@ class Batcher:
         taken = self.pending[:n]
         del self.pending[:n]
         self._tokens -= tokens
+        self.inflight += 1
         return Batch(tuple(p.rid for p in taken), tokens, taken[0].arrived, now, why)
 
     def finished(self, now: float, batch: Batch) -> WindowDecision | None:
         """A released batch finished: its latency (from its oldest arrival) feeds the window."""
+        self.inflight = max(0, self.inflight - 1)
         return self.controller.on_batch(now, len(batch.rids), now - batch.opened)
 
 

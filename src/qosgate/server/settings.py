@@ -160,6 +160,9 @@ class EmbeddingsSettings(_Strict):
     alpha: float = Field(default=0.5, gt=0, le=1, description="adaptive: smoothing")
     max_batch: int = Field(default=32, ge=1, description="requests in one batch at most")
     max_batch_tokens: int = Field(default=16384, ge=1, description="a batch's token budget")
+    max_inflight_batches: int = Field(
+        default=1, ge=0, description="batches running at a replica at once (0: no limit); "
+        "while they run the next one fills up, realtime excepted")
     urgent_levels: int = Field(
         default=1, ge=0, description="classes of a level below this skip the window (realtime)")
 

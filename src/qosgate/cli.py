@@ -451,6 +451,30 @@ from qosgate.sim.cli import simulate_command  # noqa: E402
 app.command("simulate")(simulate_command)
 
 
+@app.command("simulate-embeddings")
+def simulate_embeddings_command(
+    rates: Annotated[str, typer.Option(help="arrivals per second, comma-separated")] = "20,60,150",
+    seconds: Annotated[float, typer.Option(help="virtual seconds of arrivals per row")] = 30.0,
+    seed: Annotated[int, typer.Option()] = 1,
+    max_inflight: Annotated[int, typer.Option(
+        help="batches in flight per replica (0: no limit)")] = 0,
+    parallel: Annotated[int, typer.Option(help="engine calls served at once")] = 1,
+    realtime_share: Annotated[float, typer.Option(help="share of realtime requests")] = 0.0,
+    target_ms: Annotated[float, typer.Option(help="adaptive: per-batch latency target")] = 150.0,
+) -> None:
+    """Embeddings batching in virtual time: window off, fixed 10/50/100 ms and adaptive, at each
+    rate, with the gateway's own batcher and scheduler (see docs/embeddings.md)."""
+    from qosgate.sim.embeddings import compare, table
+
+    res = compare([float(r) for r in rates.split(",")], seconds=seconds, seed=seed,
+                  max_inflight=max_inflight, parallel=parallel, realtime_share=realtime_share,
+                  target_s=target_ms / 1000)
+    typer.echo(f"embeddings, virtual time: engine call 20 ms + 50 us/token, {parallel} at once, "
+               f"batches in flight {'no limit' if max_inflight == 0 else max_inflight}, "
+               f"{seconds:g} s per row, seed {seed}")
+    typer.echo(table(res))
+
+
 def main() -> None:
     app()
 

@@ -201,6 +201,19 @@ def test_adaptive_window_shrinks_when_batches_miss_the_target() -> None:
     assert ctl.window_s == pytest.approx(0.010)
 
 
+def test_adaptive_window_opens_when_the_latency_is_the_engines_queue() -> None:
+    """Batches released while others still queue at the engine (no limit on batches in
+    flight): the latency is the engine's backlog; a smaller window would only make it worse."""
+    ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.010, every=10, alpha=0.5)
+    seen = []
+    for i in range(60):
+        d = ctl.on_batch(float(i), 4, 0.800, ahead=5)
+        if d is not None:
+            seen.append(d.decision)
+    assert seen and all(d == "grow" for d in seen)
+    assert ctl.window_s > 0.05
+
+
 def test_adaptive_window_does_not_wait_for_nobody() -> None:
     """Batches of one (a sparse stream): a window only adds latency; it goes to the floor."""
     ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.080, every=5, alpha=1.0)

@@ -14,7 +14,10 @@ request runs when it arrives, as without a batcher) or ``AdaptiveWindow``, which
 measured per-batch latency (smoothed, exponentially) against a target; over 1.2x the target the
 window shrinks by the ratio, under 0.8x it grows (by at most 2x, and only while batches do fill
 up beyond one request: a window that collects nobody only adds latency); the step is smoothed
-too (``alpha``), so it does not oscillate.
+too (``alpha``), so it does not oscillate. One exception to the seed's rule, after measuring it:
+when the latency is the engine's queue (batches are released while two or more others are still
+in flight there, smoothed), shrinking would make more and smaller calls and a longer queue, so
+the window grows instead.
 
 ``max_inflight`` (optional) bounds the batches running at the replica at once: while that many
 run, the next one fills up (TEI's continuous batching: a busy engine makes big batches by
@@ -53,8 +56,10 @@ class WindowController(Protocol):
     @property
     def window_s(self) -> float: ...
 
-    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
-        """A batch of ``size`` finished, its oldest request ``latency_s`` after it arrived."""
+    def on_batch(self, now: float, size: int, latency_s: float,
+                 ahead: int = 0) -> WindowDecision | None:
+        """A batch of ``size`` finished, its oldest request ``latency_s`` after it arrived;
+        ``ahead`` batches were still in flight at the engine when it was released."""
         ...
 
 
@@ -70,7 +75,8 @@ class FixedWindow:
     def window_s(self) -> float:
         return self._w
 
-    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
+    def on_batch(self, now: float, size: int, latency_s: float,
+                 ahead: int = 0) -> WindowDecision | None:
         return None
 
 
@@ -100,6 +106,7 @@ class AdaptiveWindow:
         w = (floor_s + ceiling_s) / 2 if initial_s is None else initial_s
         self._w = min(ceiling_s, max(floor_s, w))
         self._lat: float | None = None  # smoothed per-batch latency
+        self._ahead = 0.0  # smoothed count of batches still in flight at a release
         self._n = 0
         self._sizes = 0
         self.decisions: dict[Decision, int] = {"grow": 0, "shrink": 0, "hold": 0}
@@ -108,9 +115,11 @@ class AdaptiveWindow:
     def window_s(self) -> float:
         return self._w
 
-    def on_batch(self, now: float, size: int, latency_s: float) -> WindowDecision | None:
+    def on_batch(self, now: float, size: int, latency_s: float,
+                 ahead: int = 0) -> WindowDecision | None:
         lat = self._lat
         self._lat = latency_s if lat is None else lat + self.alpha * (latency_s - lat)
+        self._ahead += self.alpha * (ahead - self._ahead)
         self._n += 1
         self._sizes += size
         if self._n < self.every:
@@ -121,7 +130,14 @@ class AdaptiveWindow:
         ratio = smoothed / self.target_s
         w = self._w
         decision: Decision = "hold"
-        if ratio > 1.2:
+        # the engine is backed up (batches are released while two or more are still in flight
+        # there, as when batches in flight are not limited): a smaller window would only make
+        # more, smaller calls and a longer queue -- the latency is the engine's, so open up
+        congested = self._ahead >= 2.0
+        if ratio > 1.2 and congested:
+            proposed = w * 2.0
+            decision = "grow"
+        elif ratio > 1.2:
             proposed = w / ratio
             decision = "shrink"
         elif ratio < 0.8 and mean > 1.0:
@@ -155,6 +171,7 @@ class Batch:
     opened: float  # when its oldest request arrived
     released: float
     why: Literal["size", "tokens", "urgent", "full", "window"]
+    ahead: int = 0  # batches in flight at the engine when this one was released
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,13 +266,14 @@ class Batcher:
         taken = self.pending[:n]
         del self.pending[:n]
         self._tokens -= tokens
+        ahead = self.inflight
         self.inflight += 1
-        return Batch(tuple(p.rid for p in taken), tokens, taken[0].arrived, now, why)
+        return Batch(tuple(p.rid for p in taken), tokens, taken[0].arrived, now, why, ahead)
 
     def finished(self, now: float, batch: Batch) -> WindowDecision | None:
         """A released batch finished: its latency (from its oldest arrival) feeds the window."""
         self.inflight = max(0, self.inflight - 1)
-        return self.controller.on_batch(now, len(batch.rids), now - batch.opened)
+        return self.controller.on_batch(now, len(batch.rids), now - batch.opened, batch.ahead)
 
 
 def make_controller(

@@ -64,11 +64,12 @@ def post(gw: Server, key: str, max_tokens: int = 2, timeout: float = 30) -> int:
 
 def post_admitted(gw: Server, key: str, max_tokens: int, timeout: float = 60) -> int:
     """Retry while refused with 429 (an instance leases a slot once it sees the demand)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while True:
         code = post(gw, key, max_tokens, timeout)
         if code != 429 or time.monotonic() > deadline:
             return code
+        time.sleep(0.02)  # a client's back-off
 
 
 def status(gw: Server) -> dict[str, Any]:
@@ -134,11 +135,12 @@ def test_a_rate_limit_over_4_instances_admits_r_not_4r(fleet: Fleet) -> None:
     elapsed = time.monotonic() - t0
     admitted = codes.count(200)
     refill = r * elapsed / 60
-    # leases are spent only once: no overshoot while Redis answers (docs/shared-state.md);
-    # what refilled during the run may be admitted too, and up to one unit per instance may be
-    # still leased, unspent, when the run ends
+    # a lease is spent once; the documented overshoot (docs/shared-state.md) is what the
+    # instances held leased while the bucket refilled to full when idle: max(1, R/60/live) each,
+    # here 1 per instance; and up to one per instance may still be leased, unspent, at the end
     assert set(codes) <= {200, 429}, Counter(codes)
-    assert r - 4 <= admitted <= r + refill + 1, (admitted, elapsed)
+    assert r - 4 <= admitted <= r + refill + 4, (admitted, elapsed)
+    assert admitted < 2 * r
 
 
 def test_a_concurrency_cap_holds_across_instances(fleet: Fleet) -> None:
@@ -154,14 +156,13 @@ def test_a_concurrency_cap_holds_across_instances(fleet: Fleet) -> None:
     w = threading.Thread(target=watch)
     w.start()
     try:
-        with ThreadPoolExecutor(16) as pool:
-            codes = list(pool.map(lambda i: post(fleet.gws[i % 4], "sk-capped", 40),
-                                  range(48)))
+        with ThreadPoolExecutor(12) as pool:  # 12 clients, each retrying while refused
+            codes = list(pool.map(lambda i: post_admitted(fleet.gws[i % 4], "sk-capped", 40),
+                                  range(12)))
     finally:
         stop.set()
         w.join()
-    assert set(codes) <= {200, 429}, Counter(codes)
-    assert codes.count(200) >= cap
+    assert codes == [200] * 12, Counter(codes)
     assert 1 <= peak <= cap, peak
 
 

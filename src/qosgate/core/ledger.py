@@ -177,7 +177,6 @@ class LeasedLimiter:
         self.mode = "leased"
         self.req_stock = 0.0
         self.tok_stock = min(self.tok_stock, 0.0)
-        self.slots = 0
 
 
 class LeasedLedger:

@@ -100,12 +100,24 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local inst = ARGV[1]; local want = tonumber(ARGV[2]); local cap = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-for i = 0, cap - 1 do redis.call('ZREM', KEYS[1], inst .. ':' .. i) end
-local free = cap - redis.call('ZCARD', KEYS[1])
-local n = math.max(0, math.min(want, free))
-for i = 0, n - 1 do redis.call('ZADD', KEYS[1], now + ttl, inst .. ':' .. i) end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
+for _, m in ipairs(dead) do redis.call('HDEL', KEYS[1], m) end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+local others = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if all[i] ~= inst then others = others + tonumber(all[i + 1]) end
+end
+local n = math.max(0, math.min(want, cap - others))
+if n > 0 then
+  redis.call('HSET', KEYS[1], inst, n)
+  redis.call('ZADD', KEYS[2], now + ttl, inst)
+else
+  redis.call('HDEL', KEYS[1], inst)
+  redis.call('ZREM', KEYS[2], inst)
+end
 redis.call('PEXPIRE', KEYS[1], ttl * 2 + 1000)
+redis.call('PEXPIRE', KEYS[2], ttl * 2 + 1000)
 return n
 """
 
@@ -160,7 +172,7 @@ class RedisStore:
         return float(g), float(left), float(wait)
 
     async def lease(self, key: str, instance: str, want: int, cap: int, ttl_s: float) -> int:
-        n = await self._call(self._lease, [self.prefix + "c:" + key],
+        n = await self._call(self._lease, [self.prefix + "c:" + key, self.prefix + "ce:" + key],
                              [instance, want, cap, int(ttl_s * 1000)])
         return int(n)
 
@@ -193,7 +205,7 @@ class MemoryStore:
         self.clock = clock
         self.down = False
         self._buckets: dict[str, tuple[float, float]] = {}
-        self._leases: dict[str, dict[str, float]] = {}
+        self._leases: dict[str, dict[str, tuple[int, float]]] = {}
         self._instances: dict[str, tuple[float, str]] = {}
         self._counters: dict[str, dict[str, float]] = {}
 
@@ -223,12 +235,12 @@ class MemoryStore:
 
     async def lease(self, key: str, instance: str, want: int, cap: int, ttl_s: float) -> int:
         now = await self._wait()
-        held = self._leases.setdefault(key, {})
-        for m in [m for m, exp in held.items() if exp <= now or m.startswith(instance + ":")]:
-            del held[m]
-        n = max(0, min(want, cap - len(held)))
-        for i in range(n):
-            held[f"{instance}:{i}"] = now + ttl_s
+        leases = self._leases.setdefault(key, {})  # instance -> (slots, expiry)
+        for i in [i for i, (_, exp) in leases.items() if exp <= now or i == instance]:
+            del leases[i]
+        n = max(0, min(want, cap - sum(n for n, _ in leases.values())))
+        if n > 0:
+            leases[instance] = (n, now + ttl_s)
         return n
 
     async def heartbeat(self, instance: str, ttl_s: float, info: str) -> dict[str, str]:
@@ -363,11 +375,16 @@ class SharedState:
         if limits.requests_per_minute:
             cap = limits.requests_per_minute
             demand = lim.admitted + lim.refused_req
-            target = max(1.0, min(math.ceil(cap / live), 2.0 * demand))
+            # twice the last interval's demand, at least a second of the limit's refill split
+            # over the instances, at most the limit split over them
+            target = max(1.0, min(math.ceil(cap / live), max(2.0 * demand, cap / 60 / live)))
             want = target - lim.req_stock
-            if want >= 1 or want < 0:
+            if want < 0:  # off the local stock first: what is given back cannot be spent here
+                lim.req_stock += want
+                await self.store.bucket("rpm:" + key, cap, want, 0.0)
+            elif want >= 1:
                 granted, _left, wait = await self.store.bucket(
-                    "rpm:" + key, cap, math.floor(want) if want > 0 else want, 0.0)
+                    "rpm:" + key, cap, math.floor(want), 0.0)
                 lim.req_stock += granted
                 lim.retry_hint = max(self.interval, wait if lim.req_stock < 1 else 0.0)
         if limits.tokens_per_minute:
@@ -377,7 +394,10 @@ class SharedState:
             demand = lim.used_tok + lim.refused_tok
             target = max(min(cap / live, 1024.0), min(cap / live, 2.0 * demand))
             want = target - lim.tok_stock
-            if force or abs(want) >= 1:
+            if want <= -1:
+                lim.tok_stock += want
+                await self.store.bucket("tpm:" + key, cap, want, force)
+            elif force or want >= 1:
                 granted, _left, wait = await self.store.bucket("tpm:" + key, cap, want, force)
                 lim.tok_stock += granted
                 if lim.tok_stock < 1:
@@ -388,7 +408,8 @@ class SharedState:
             # refused (one spare while it admits): a lease follows demand one sync late
             spare = lim.refused_conc or (1 if lim.admitted else 0)
             held = max(lim.concurrent, lim.peak)
-            want_c = min(cap_c, held + max(spare, math.ceil(0.25 * held)))
+            floor = cap_c // (4 * live)  # a large cap: lease ahead of demand
+            want_c = min(cap_c, max(floor, held + max(spare, math.ceil(0.25 * held))))
             lim.slots = await self.store.lease(
                 "conc:" + key, self.instance, want_c, cap_c, self.lease_ttl)
         lim.admitted = lim.used_tok = lim.refused_req = lim.refused_tok = lim.refused_conc = 0
@@ -397,13 +418,11 @@ class SharedState:
     async def _give_back(self, lim: LeasedLimiter) -> None:
         limits = lim.limits
         if limits.requests_per_minute and lim.req_stock > 0:
-            await self.store.bucket("rpm:" + lim.tenant, limits.requests_per_minute,
-                                    -lim.req_stock, 0.0)
-            lim.req_stock = 0.0
+            give, lim.req_stock = lim.req_stock, 0.0
+            await self.store.bucket("rpm:" + lim.tenant, limits.requests_per_minute, -give, 0.0)
         if limits.tokens_per_minute and lim.tok_stock > 0:
-            await self.store.bucket("tpm:" + lim.tenant, limits.tokens_per_minute,
-                                    -lim.tok_stock, 0.0)
-            lim.tok_stock = 0.0
+            give, lim.tok_stock = lim.tok_stock, 0.0
+            await self.store.bucket("tpm:" + lim.tenant, limits.tokens_per_minute, -give, 0.0)
         if limits.max_concurrent:
             await self.store.lease("conc:" + lim.tenant, self.instance, 0,
                                    limits.max_concurrent, self.lease_ttl)

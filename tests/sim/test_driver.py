@@ -221,3 +221,14 @@ def test_driver_tolerates_a_core_that_pauses_before_the_first_token(
     assert res.pauses == 1 and res.aborts == 0 and res.late_finishes == 1
     assert b.state == "completed" and b.output_tokens == 3
     assert b.first_token_at is not None and b.first_token_at > 0.018
+
+
+def test_engine_priority_holds_nothing_next_to_realtime_streams() -> None:
+    # realtime streams run while long lower-class prompts arrive: the core's prefill budget and
+    # realtime's reserved share would hold them in qosgate; engine priority alone passes them on
+    reqs = [(0.0, "realtime", 8, 400), (0.0, "realtime", 8, 400)]
+    reqs += [(0.1 + 0.01 * i, ("api", "batch")[i % 2], 900, 5) for i in range(12)]
+    res = simulate(reqs, policy="engine-priority", profile=toy(kv_capacity_tokens=100_000))
+    ledger_balances(res)
+    assert max(sum(s.queued) for s in res.samples) == 0
+    assert all(r.state == "completed" for r in res.records)

@@ -31,8 +31,9 @@ Windows and preemption (the choices, and why):
   HTTP): the core may then only pull back, by abort, a request that has not produced its first
   token.
 - ``engine-priority`` ("engine priority alone"): qosgate passes everything straight through
-  (``fifo``, a fixed window of 2**30, so nothing ever queues in qosgate) and the engine's own
-  vLLM-priority queue orders by the request's level (smaller first, with its priority preemption).
+  (``fifo``, a fixed window of 2**30, no reserved share and no prefill budget, so nothing ever
+  queues in qosgate) and the engine's own vLLM-priority queue orders by the request's level
+  (smaller first, with its priority preemption).
 
 Health and faults (a fleet that fails). Every ``probe_interval`` the driver probes every replica,
 as the gateway's driver does, and hands the core what it found: ``observe(up=..., signals=...)``
@@ -224,6 +225,22 @@ class SimSetup:
         )
 
 
+def passthrough_config(cfg: QosConfig) -> QosConfig:
+    """``cfg`` with nothing that would hold a request in qosgate under ``engine-priority``: no
+    share of a window reserved for a class, no prefill budget next to realtime streams (the
+    engine's own priority queue is the whole policy there)."""
+    fleet = cfg.fleet
+    if "prefill_budget_tokens" in type(fleet).model_fields:
+        fleet = fleet.model_copy(update={"prefill_budget_tokens": None})
+    classes = tuple(
+        c.model_copy(update={"reserved_share": 0.0})
+        if "reserved_share" in type(c).model_fields
+        else c
+        for c in cfg.classes
+    )
+    return cfg.model_copy(update={"fleet": fleet, "classes": classes})
+
+
 def scaled(profile: EngineProfile, factor: float) -> EngineProfile:
     """``profile`` with every time coefficient x ``factor``: each step lasts ``factor`` x longer."""
     if factor == 1.0:
@@ -322,7 +339,8 @@ class _Run:
         self.policy = policy
         self.plans = setup.plans()
         self.passthrough = ps.passthrough
-        self.sched = Scheduler(setup.cfg, ps.core_policy)
+        cfg = passthrough_config(setup.cfg) if ps.passthrough else setup.cfg
+        self.sched = Scheduler(cfg, ps.core_policy)
         for plan in self.plans:
             if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
                 spec = ReplicaSpec(plan.name, PASSTHROUGH_WINDOW, pausable=plan.pausable)

@@ -262,3 +262,25 @@ def test_redis_killed_mid_run_degrades_to_each_share_then_resyncs(tmp_path: Path
         t.join()
         f.close()
     assert codes and set(codes) == {200}, Counter(codes)
+
+
+def test_workers_share_one_port_each_an_instance(tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path)
+    standin = start_standin(tmp_path)
+    cfg = config(tmp_path / "workers.yaml", standin.url)
+    gw = start_gateway(tmp_path, "--config", str(cfg), "--redis", redis.url, "--workers", "2",
+                       "--instance-id", "host")
+    try:
+        seen: set[str] = set()
+
+        def both() -> bool:  # each request a new connection: the kernel spreads them
+            st = status(gw)
+            seen.add(st["instance"])
+            return seen == {"host-w0", "host-w1"} and st["shared_state"]["live_instances"] == 2
+
+        assert wait_until(both, timeout=15), seen
+        assert post(gw, "sk-t0") == 200
+    finally:
+        assert gw.stop() == 0
+        standin.stop()
+        redis.stop()

@@ -37,7 +37,7 @@ import random
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 import uvloop  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.fleet_faults import CLASSES, Rec, metrics, new_request, one, pct  # noqa: E402
+from bench.fleet_faults import CLASSES, Rec, markers, metrics, new_request, one, pct  # noqa: E402
 from qosgate import config as qconfig  # noqa: E402
 from qosgate.engines.simmodel import load_profile  # noqa: E402
 from tests.gateway.conftest import Server, start_gateway, start_standin  # noqa: E402
@@ -77,11 +77,13 @@ def write_profile(tmp: Path) -> Path:
     return path
 
 
-def standins(tmp: Path, profile: Path) -> list[Server]:
+def standins(tmp: Path, profile: Path, record: str = "") -> list[Server]:
     out = []
-    for slow in SLOW:
+    for k, slow in enumerate(SLOW):
         args = ["--scheduling-policy", "priority", "--profile", str(profile),
                 "--time-scale", str(TIME_SCALE)]
+        if record:
+            args += ["--record", str(tmp / f"{record}-r{k}.jsonl")]
         if slow != 1.0:
             args += ["--slow", str(slow)]
         out.append(start_standin(tmp, *args))
@@ -153,11 +155,12 @@ class Phase:
     kv: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     preemptions: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
+    placed: dict[int, str] = field(default_factory=dict)  # request -> the replica it reached
 
 
 async def load_phase(mode: str, tmp: Path, profile: Path, rate: float, seed: int,
                      load_s: float, drain_s: float) -> Phase:
-    sis = standins(tmp, profile)
+    sis = standins(tmp, profile, record=mode)
     urls = [s.url for s in sis]
     gw = gateway(tmp, urls, mode)
     ph = Phase(mode)
@@ -171,6 +174,9 @@ async def load_phase(mode: str, tmp: Path, profile: Path, rate: float, seed: int
         gw.stop_timeout = 3.0  # clients still open after the drain: no need to wait them out
         gw.stop()
         stop_all(sis)
+    for k in range(len(sis)):
+        for i in markers(tmp / f"{mode}-r{k}.jsonl"):
+            ph.placed[i] = "several" if i in ph.placed else f"r{k}"
     return ph
 
 
@@ -235,16 +241,21 @@ def _mean(xs: list[float]) -> float:
 
 def report(phases: list[Phase]) -> None:
     print()
-    print(f"{'':<34}" + "".join(f"{p.mode:>14}" for p in phases))
+    print(f"{'':<34}" + "".join(f"{p.mode:>16}" for p in phases))
 
     def row(label: str, vals: list[str]) -> None:
-        print(f"{label:<34}" + "".join(f"{v:>14}" for v in vals))
+        print(f"{label:<34}" + "".join(f"{v:>16}" for v in vals))
 
     rt = [[r.first - r.sent for r in p.recs if r.cls == "realtime" and r.first is not None
            and r.outcome == "completed"] for p in phases]
     row("realtime TTFT p50 ms", [_ms(pct(x, 50)) for x in rt])
     row("realtime TTFT p99 ms", [_ms(pct(x, 99)) for x in rt])
     row("realtime TTFT max ms", [_ms(max(x) if x else None) for x in rt])
+    for rep in ("r0", "r1", "r2"):
+        xs = [[r.first - r.sent for r in p.recs if r.cls == "realtime" and r.first is not None
+               and r.outcome == "completed" and p.placed.get(r.i) == rep] for p in phases]
+        row(f"  at {rep}: n, p50 / p99 ms",
+            [f"{len(x)}, {_ms(pct(x, 50))} / {_ms(pct(x, 99))}" for x in xs])
     row("requests sent", [str(len(p.recs)) for p in phases])
     for cls in NAMES:
         print(f"  {cls}")
@@ -258,6 +269,12 @@ def report(phases: list[Phase]) -> None:
             [str(sum(r.outcome not in ("completed", "unresolved")
                      and not r.outcome.startswith(("http_429", "http_503")) for r in rs))
              for rs in recs])
+        codes = [Counter(r.outcome.split(":", 1)[1] for r in rs
+                         if r.outcome.startswith(("http_429", "http_503"))) for rs in recs]
+        if any(codes):
+            print("      refusals: " + "; ".join(
+                f"{p.mode} " + (", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none")
+                for p, c in zip(phases, codes, strict=True)))
         row("    still open after the drain", [str(sum(r.outcome == "unresolved" for r in rs))
                                                for rs in recs])
         row("    done/s during the load",

@@ -131,6 +131,10 @@ class Scheduler:
             for lvl in range(len(self.classes))
         ]
         self._may_borrow = [c.preemptible for c in self.classes]
+        # the largest share of a window a class may not use (kept for the classes above it)
+        self._reserve_max = max(
+            (f for f, borrow in zip(self._reserve_above, self._may_borrow, strict=True)
+             if not borrow), default=0.0)
         self._prefill_budget = cfg.fleet.prefill_budget_tokens
         self._rate_at = (-math.inf, 0.0)
         self._predicted: list[tuple[float, float | None] | None] = [None] * len(self.classes)
@@ -273,10 +277,17 @@ class Scheduler:
             rep.models = frozenset(models)
         if signals is not None:
             rep.signals = signals
-            rep.limit.on_signals(now, signals, len(rep.inflight))
+            rep.limit.on_signals(now, signals, self._busy(rep))
         self._refresh(now)
         self._fill(now, out)
         return out
+
+    def _busy(self, rep: Replica) -> int:
+        """What a window counts as in use: the requests in flight and the free room kept for
+        the classes above (the reserved share), which the queue may not fill. Without the
+        latter a window of 20 or more never counted as full under api traffic and never grew."""
+        reserved = int(self._reserve_max * rep.limit.limit)
+        return len(rep.inflight) + (min(reserved, rep.free) if reserved else 0)
 
     def _refresh(self, now: float) -> None:
         """Recount which replicas may take work (and their room) after a change of health,

@@ -218,24 +218,25 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     assert _dispatched(_submit(s, "rt", cls="realtime")) == {"rt": "a"}
     s.first_token("rt", 0.1)
     assert s.replicas["a"].strict_streams == 1
-    # b streams to nobody: a long prompt goes there
     assert _dispatched(_submit(s, "long1", now=0.2, prompt=4000)) == {"long1": "b"}
     s.first_token("long1", 0.3)
-    out = s.observe("b", 0.3, up=False)  # now only a can take work
-    assert _dispatched(_submit(s, "long2", now=0.4, prompt=4000)) == {}
-    assert _dispatched(_submit(s, "short", now=0.5, prompt=500)) == {"short": "a"}
-    assert s.replicas["a"].prefill_tokens == 500
-    s.complete("rt", 1.0, 20)  # the realtime stream ends: the long prefill may go
-    assert s.requests["long2"].replica == "a"
+    s.observe("b", 0.3, up=False)  # now only a can take work
+    # alone, a long prompt may go next to the realtime stream: one at a time
+    assert _dispatched(_submit(s, "long2", now=0.4, prompt=4000)) == {"long2": "a"}
+    assert _dispatched(_submit(s, "long3", now=0.5, prompt=4000)) == {}
+    assert _dispatched(_submit(s, "short", now=0.5, prompt=500)) == {}
+    assert s.replicas["a"].prefill_tokens == 4000
+    out = s.first_token("long2", 0.6)  # answered: the next one may go
+    assert _dispatched(out) == {"long3": "a"}
+    assert s.requests["short"].state is State.QUEUED
+    s.complete("rt", 1.0, 20)  # the realtime stream ends: no budget any more
+    assert s.requests["short"].replica == "a"
     # and a held request goes anyway past its bound (no starvation)
     _submit(s, "rt2", now=2.0, cls="realtime")
     s.first_token("rt2", 2.1)
-    s.first_token("long2", 2.1)
-    s.first_token("short", 2.1)
-    _submit(s, "long3", now=3.0, prompt=4000)
-    assert s.requests["long3"].state is State.QUEUED
-    assert _dispatched(s.tick(23.5)) == {"long3": "a"}
-    assert out == []
+    _submit(s, "long4", now=3.0, prompt=4000)
+    assert s.requests["long4"].state is State.QUEUED  # long3 is not answered yet
+    assert _dispatched(s.tick(23.5)) == {"long4": "a"}
 
 
 def test_an_adaptive_window_follows_the_engine_signals() -> None:

@@ -137,6 +137,10 @@ class Scheduler:
              if not borrow), default=0.0)
         self._prefill_budget = cfg.fleet.prefill_budget_tokens
         self._rate_at = (-math.inf, 0.0)
+        # queued requests per class and tenant: with fairness between tenants inside a class,
+        # a light tenant's request waits behind its own share of the class's queue, not all of it
+        self._tenant_queued: list[dict[str, int]] = [{} for _ in self.classes]
+        self._tenant_fair = self.policy.name == "qos"
         self._predicted: list[tuple[float, float | None] | None] = [None] * len(self.classes)
         self._admission_wait = [
             c.admission_wait_s if c.admission_wait_s is not None else c.queue_timeout_s
@@ -371,6 +375,8 @@ class Scheduler:
                 rep.prefill_tokens -= req.prompt_tokens
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
+                elif rep.strict_streams and self._prefill_budget is not None:
+                    self._next_change = now  # prefill budget freed: the queue may use it now
                 if not rep.pausable and self._preemptible.pop(rid, None) is not None:
                     rep.preemptible -= 1
                 if rep.failing:  # a success ends a run of failures (and a probation)
@@ -663,6 +669,8 @@ class Scheduler:
             if cls.deadline_admission and self.policy.class_aware:
                 predicted = self.predicted_wait(level, now)  # exact: budgets are short
                 budget = req.deadline - now
+                if predicted is not None and predicted > budget and self._tenant_fair:
+                    predicted = self.predicted_wait(level, now, req.tenant, req.class_level)
                 if predicted is not None and predicted > budget:
                     return "deadline_infeasible", self._clamp_retry(predicted - budget)
             else:
@@ -675,6 +683,9 @@ class Scheduler:
                     predicted = self.predicted_wait(level, now)
                     self._predicted[level] = (now, predicted)
             limit = self._admission_wait[level]
+            if predicted is not None and predicted > limit and self._tenant_fair:
+                # the class as a whole would wait too long: does this tenant's turn?
+                predicted = self.predicted_wait(level, now, req.tenant, req.class_level)
             if predicted is not None and predicted > limit:
                 return "overloaded", self._clamp_retry(predicted - limit)
         if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
@@ -699,11 +710,15 @@ class Scheduler:
                 return True
         return False
 
-    def predicted_wait(self, level: int, now: float) -> float | None:
+    def predicted_wait(
+        self, level: int, now: float, tenant: str | None = None, class_level: int | None = None
+    ) -> float | None:
         """Seconds a new request of ``level`` is expected to wait before dispatch, from the
         queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
         those held by preemptible less urgent requests) and the recent completion rate; None
-        while no rate is known."""
+        while no rate is known. With ``tenant`` (under a policy fair between tenants) only the
+        tenant's share of its class's queue counts as ahead of it: each backlogged tenant gets a
+        turn (VTC), so a flooder's backlog does not delay a light tenant."""
         queued = self.queued
         cls = self.classes[level]
         if not self.policy.class_aware:
@@ -713,7 +728,12 @@ class Scheduler:
         else:
             strict_ahead = sum(len(queued[lv]) for lv in self._strict_levels)
             own = len(queued[level])
-            weights = 0.0 if own else cls.weight
+            if tenant is not None and self._tenant_fair:
+                tq = self._tenant_queued[level if class_level is None else class_level]
+                mine = tq.get(tenant, 0)
+                turns = len(tq) + (0 if mine else 1)
+                own = min(own, (mine + 1) * turns)
+            weights = 0.0 if queued[level] else cls.weight
             for lv, w in self._weighted_levels:
                 if queued[lv]:
                     weights += w
@@ -752,6 +772,8 @@ class Scheduler:
         self.policy.push(req)
         self.queued[req.class_level][req.id] = req
         self.queued_total += 1
+        tq = self._tenant_queued[req.class_level]
+        tq[req.tenant] = tq.get(req.tenant, 0) + 1
         req.expires_at = now + self.classes[req.class_level].queue_timeout_s
         self._set_aging(req, now)
         if arm:
@@ -814,6 +836,15 @@ class Scheduler:
         self.policy.remove(req)
         del self.queued[req.class_level][req.id]
         self.queued_total -= 1
+        self._untenant(req)
+
+    def _untenant(self, req: Request) -> None:
+        tq = self._tenant_queued[req.class_level]
+        n = tq[req.tenant] - 1
+        if n:
+            tq[req.tenant] = n
+        else:
+            del tq[req.tenant]
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
@@ -862,6 +893,7 @@ class Scheduler:
             and rep.strict_streams > 0
             and not self._strict[req.class_level]
             and req.replica is None
+            and rep.prefill_tokens > 0  # alone, a long prompt may go: one at a time
             and rep.prefill_tokens + req.prompt_tokens > budget
             and now - req.arrival < self._prefill_wait
         )
@@ -892,6 +924,7 @@ class Scheduler:
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
         del self.queued[req.class_level][req.id]
         self.queued_total -= 1
+        self._untenant(req)
         resume = req.replica is not None
         req.move(DISPATCHED)
         req.replica = rep.name

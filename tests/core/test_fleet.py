@@ -292,3 +292,23 @@ def test_an_adaptive_window_grows_when_the_queue_fills_all_but_the_reserved_shar
     for t in range(1, 4):
         s2.observe("a", float(t), up=True, signals=LoadSignals(at=float(t), waiting=0))
     assert s2.replicas["a"].window == 30
+
+
+def test_a_suspect_replica_gets_one_unanswered_request_at_a_time() -> None:
+    """A replica whose calls just broke (it may have died) is not handed the whole queue before
+    a refused connection can say so: one request at a time until a call there succeeds."""
+    s = _sched(ReplicaSpec("a", 8, models=("m",)), ReplicaSpec("b", 2, models=("m",)),
+               fleet=Fleet(router="most-free"))
+    for i in range(30):
+        _submit(s, f"r{i}", model="m")
+    a = s.replicas["a"]
+    assert len(a.inflight) == 8
+    streams = list(a.inflight)
+    for rid in streams:
+        s.first_token(rid, 1.0)
+    for rid in streams:  # every stream on a breaks mid-way
+        s.fail(rid, 1.1, "upstream_disconnected")
+    assert a.failing and a.pending == 1 and len(a.inflight) == 1  # one probe, not eight
+    probe = next(iter(a.inflight))
+    s.first_token(probe, 1.5)  # it answers: no longer suspect
+    assert not a.failing and len(a.inflight) == 8  # its whole window again

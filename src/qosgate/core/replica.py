@@ -164,7 +164,8 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
-                 "pausable", "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
+                 "pausable", "pending", "preemptible", "prefill_tokens", "signals",
+                 "strict_streams", "up")
 
     def __init__(
         self,
@@ -188,9 +189,12 @@ class Replica:
         # local dispatch-time accounting (the scrape corrects it, the scrape lags it): prompt
         # tokens sent and not yet answered by a first byte, and streams of a strict class
         self.prefill_tokens = 0
+        self.pending = 0  # requests sent and not answered by a first byte yet
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
-        self.failing = False  # its breaker was told of a failure and no success since
+        # a call failed on it and none has succeeded since: suspect, it gets one unanswered
+        # request at a time (a replica that just died must not be sent the whole queue)
+        self.failing = False
 
     @property
     def capacity(self) -> int:

@@ -60,7 +60,7 @@ class ReplicaSpec:
     window: str | None = None
 
 
-_HOLD_MAX = 256  # requests set aside in one fill because no replica of theirs has room
+_HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
 _RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
 _PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
 
@@ -373,6 +373,7 @@ class Scheduler:
             rep = self.replicas.get(req.replica or "")
             if rep is not None:
                 rep.prefill_tokens -= req.prompt_tokens
+                rep.pending -= 1
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
                 elif rep.strict_streams and self._prefill_budget is not None:
@@ -511,6 +512,10 @@ class Scheduler:
         )
 
     def fail(self, rid: str, now: float, reason: str, output_tokens: int = 0) -> list[Decision]:
+        req = self.requests.get(rid)
+        rep = self.replicas.get(req.replica or "") if req is not None else None
+        if rep is not None and req is not None and req.state in (DISPATCHED, RUNNING):
+            rep.failing = True  # suspect until a call there succeeds again
         return self._end_running(rid, now, FAILED, reason, output_tokens, None)
 
     def cancel(
@@ -877,6 +882,8 @@ class Scheduler:
             r is not rep and r.serves(req.model) for r in self._usable
         ):
             return False  # a retry waits for another replica while the model has one
+        if rep.failing and rep.pending:
+            return False  # suspect: one unanswered request at a time
         return self._isolated_ok(rep, req, now)
 
     def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
@@ -899,6 +906,9 @@ class Scheduler:
         )
         return not held_back
 
+    def _suspects(self) -> bool:
+        return any(r.failing for r in self._usable)
+
     def _choose_replica(self, req: Request, now: float) -> Replica | None:
         if req.replica is not None:  # paused: its state lives on that replica
             rep = self.replicas.get(req.replica)
@@ -916,6 +926,8 @@ class Scheduler:
             others = [r for r in usable if r.name != req.avoid]
             if others:
                 usable = others
+        if self._suspects():
+            usable = [r for r in usable if not (r.failing and r.pending)]
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
             return only if only.free > 0 else None
@@ -937,6 +949,7 @@ class Scheduler:
                 rep.strict_streams += 1
         else:
             rep.prefill_tokens += req.prompt_tokens
+            rep.pending += 1
         self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self._may_borrow[req.class_level]:
             self._preemptible[req.id] = req
@@ -986,6 +999,7 @@ class Scheduler:
             return
         if req.state is DISPATCHED:
             rep.prefill_tokens -= req.prompt_tokens
+            rep.pending -= 1
         elif self._strict[req.class_level]:
             rep.strict_streams -= 1
         if len(rep.inflight) < rep.window and rep.name in self._usable_names:

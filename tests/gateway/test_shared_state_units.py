@@ -129,3 +129,27 @@ def test_fair_share_counters_merge_across_instances() -> None:
         assert roots[0].share.counter["x"] == 100.0  # its own growth is not counted twice
 
     asyncio.run(run())
+
+
+def test_tokens_used_beyond_the_estimate_are_charged_to_the_fleet() -> None:
+    async def run() -> None:
+        store = MemoryStore()
+        a, b = fleet(2, store)
+        limits = TenantLimits(tokens_per_minute=6000)
+        la, lb = limiter(a, limits), limiter(b, limits)
+        await a.sync()
+        await b.sync()
+        assert la.tok_stock > 0 and lb.tok_stock > 0
+        now = time.monotonic()
+        assert la.check(100, now) is None
+        la.admit(100, "r1")
+        la.release(100, 2100, "r1")  # used 2,000 more than estimated: a debt
+        debt = -min(0.0, la.tok_stock)
+        _, before, _ = await store.bucket("tpm:t", 6000, 0, 0)
+        await a.sync()
+        _, after, _ = await store.bucket("tpm:t", 6000, 0, 0)
+        assert la.tok_stock >= 0
+        # the bucket paid the debt (and the new lease), less what refilled meanwhile
+        assert before - after >= debt + la.tok_stock - 10
+
+    asyncio.run(run())

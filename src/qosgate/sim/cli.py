@@ -50,6 +50,14 @@ def simulate_command(
     window: Annotated[
         int | None, typer.Option(min=1, help="qosgate window per replica (default: auto).")
     ] = None,
+    window_mode: Annotated[
+        str | None,
+        typer.Option(
+            "--window-mode",
+            help="fixed | adaptive: the core's window per replica (adaptive: --window or auto is "
+            "its ceiling). Default: the scenario's (unset: fixed for pausable replicas).",
+        ),
+    ] = None,
     load: Annotated[
         float | None,
         typer.Option(help="Offered load (x capacity); replaces a scenario's sweep."),
@@ -95,6 +103,7 @@ def simulate_command(
             "profile": profile,
             "replicas": replicas,
             "window": window,
+            "window_mode": window_mode,
             "duration_s": duration,
         }
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}

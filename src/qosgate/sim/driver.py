@@ -124,6 +124,9 @@ class ReplicaPlan:
     profile: EngineProfile
     window: int
     pausable: bool = True
+    # the core's window mode for it: "adaptive" (``window`` is then its ceiling) or "fixed";
+    # None: the core's default (fixed for a pausable replica, ``fleet.window.mode`` otherwise)
+    window_mode: Literal["fixed", "adaptive"] | None = None
 
 
 FaultKind = Literal["die", "slow"]
@@ -346,7 +349,11 @@ class _Run:
                 spec = ReplicaSpec(plan.name, PASSTHROUGH_WINDOW, pausable=plan.pausable)
                 self.sched.add_replica(spec, FixedLimit(PASSTHROUGH_WINDOW))
             else:  # the window the config asks for, as the gateway's
-                self.sched.add_replica(ReplicaSpec(plan.name, plan.window, pausable=plan.pausable))
+                self.sched.add_replica(
+                    ReplicaSpec(
+                        plan.name, plan.window, pausable=plan.pausable, window=plan.window_mode
+                    )
+                )
         self.reps = {p.name: _Rep(p.name, p.profile, ps.engine_queue) for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
@@ -796,6 +803,7 @@ class _Run:
                     "gpu": p.profile.gpu,
                     "window": PASSTHROUGH_WINDOW if self.passthrough else p.window,
                     "pausable": p.pausable,
+                    "window_mode": None if self.passthrough else p.window_mode,
                     "ejections": ejections.get(p.name, 0),
                     "steps": sum(m.steps_total for m in ms),
                     "busy_s": math.fsum(m.busy_s_total for m in ms),

@@ -541,6 +541,11 @@ def print_report(res: ScenarioResult, console: Console) -> None:
             engine += " (not pausable)"
     else:
         engine = f"engines {prep.fleet_text()}"
+    modes = sorted({p.window_mode for p in prep.fleet if p.window_mode is not None})
+    if modes:  # asked for by the scenario or --window-mode (unset: the core's default)
+        engine += f", window mode {'/'.join(modes)}"
+        if "adaptive" in modes:
+            engine += " (the window above is the ceiling)"
     console.print(
         f"[bold]{s.name}[/bold] — {describe(s)}\n{engine}, capacity {cap}, seed {s.seed}",
         highlight=False,
@@ -571,7 +576,7 @@ def print_report(res: ScenarioResult, console: Console) -> None:
         ft = _fairness_table(res.runs)
         if ft is not None:
             console.print(ft)
-        if len(prep.fleet) > 1:
+        if len(prep.fleet) > 1 or "adaptive" in modes:
             console.print(_replica_table(res.runs))
         if s.faults or any(r.result.fleet.get("attempt_failures") for r in res.runs):
             console.print(_faults_table(res.runs))

@@ -14,12 +14,17 @@ Window. ``window: auto`` sets each replica's window to what the engine can actua
 So the engine's own waiting queue stays short (it only holds what waits for prefill budget) and
 the backlog is held, and ordered, in qosgate. With ``window = max_num_seqs`` on a KV-bound mix the
 surplus waits in the engine's queue, ordered there by class level alone (shares between classes,
-tenant fairness and deadlines no longer apply to it).
+tenant fairness and deadlines no longer apply to it). ``window_mode: adaptive`` (or
+``--window-mode adaptive``) gives each replica the core's adaptive window (``EngineLimit``, fed by
+the engines' load signals at every health probe) with ``window`` as its ceiling; ``fixed`` keeps
+``window``. Unset, the core decides: fixed for a pausable replica (the gateway's in-process
+engine), ``fleet.window.mode`` for one not pausable. ``engine-priority`` passes everything through
+whatever the mode.
 
 Fleet. ``replicas: N`` gives N replicas of ``profile`` (as before); a list gives a heterogeneous
-fleet, group by group (``{count, profile, profile_overrides, window, pausable}``, each defaulting
-to the scenario's own field; a group naming its own profile has no overrides unless it gives
-some), named r0, r1, ... in order. The capacity is then the sum of each
+fleet, group by group (``{count, profile, profile_overrides, window, pausable, window_mode}``,
+each defaulting to the scenario's own field; a group naming its own profile has no overrides
+unless it gives some), named r0, r1, ... in order. The capacity is then the sum of each
 replica's own. ``pausable: false`` models upstream servers (vLLM over HTTP), which the core can
 only pull a request back from by abort, before its first token.
 
@@ -105,6 +110,7 @@ class Sweep(_Model):
 
 
 Window = Annotated[int, Field(ge=1)] | Literal["auto"]
+WindowMode = Literal["fixed", "adaptive"]
 
 
 class ReplicaGroup(_Model):
@@ -117,6 +123,7 @@ class ReplicaGroup(_Model):
     profile_overrides: dict[str, float] | None = None
     window: Window | None = None
     pausable: bool | None = None
+    window_mode: WindowMode | None = None
 
 
 class Fault(_Model):
@@ -152,6 +159,9 @@ class Scenario(_Model):
     replicas: Annotated[int, Field(ge=1)] | tuple[ReplicaGroup, ...] = 1
     window: Window = "auto"
     pausable: bool = True
+    # the core's window per replica: "adaptive" (``window`` is then its ceiling) or "fixed";
+    # unset: the core's default, fixed for a pausable replica, ``fleet.window.mode`` otherwise
+    window_mode: WindowMode | None = None
     engine_queue: EngineQueue = "auto"
     policies: tuple[str, ...] = Field(default=("fifo", "priority", "qos"), min_length=1)
     faults: tuple[Fault, ...] = ()
@@ -435,8 +445,9 @@ def prepare(
         else:
             window = setting
         pausable = g.pausable if g.pausable is not None else s.pausable
+        mode = g.window_mode if g.window_mode is not None else s.window_mode
         for _ in range(g.count):
-            plans.append(ReplicaPlan(f"r{len(plans)}", prof, window, pausable))
+            plans.append(ReplicaPlan(f"r{len(plans)}", prof, window, pausable, mode))
     names = {p.name for p in plans}
     faults = []
     for f in s.faults:

@@ -296,7 +296,8 @@ def test_an_upstream_silent_mid_stream_ends_the_stream_at_the_idle_bound(tmp_pat
         assert not isinstance(exc.value, openai.APIStatusError)  # an event inside the stream
         assert exc.value.code == "idle_timeout"
         assert chunks == 3
-        assert idle <= time.monotonic() - t_last < idle + 2.0
+        # the bound runs from the gateway's last chunk; the client saw it a little later
+        assert idle - 0.1 <= time.monotonic() - t_last < idle + 2.0
         assert time.monotonic() - t0 < idle + 3.0
         assert faults(s)["hits"] == {"hang-mid-stream": 1}  # not retried
         assert outcomes(scrape(gw)) == {("timed_out", "idle_timeout"): 1}

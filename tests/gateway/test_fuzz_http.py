@@ -327,7 +327,22 @@ def test_fuzz_http_surface(gw: Server, path: bytes, how: str, junk: bytes,
 
 
 def test_still_serving_after_the_fuzz(gw: Server) -> None:
-    # the fuzz reached the paths it is meant to: served, and each kind of refusal
+    # after the fuzz, one request of each kind of refusal (whether or not the fuzz's examples
+    # happened to hit it) is still answered, and counted under its own reason
+    key = {"Authorization": "Bearer sk-acme"}
+    deep = b"[" * 1000 + b"]" * 1000
+    for body_ in (
+        b'{"messages": [',  # invalid_json
+        b'{"messages": 5}',  # invalid_body
+        b'{"model":"\xff","messages":[{"role":"user","content":"x"}]}',  # invalid_utf8
+        b'{"messages":[{"role":"user","content":"x"}],"tools":' + deep + b"}",  # json_too_deep
+        b'{"priority":1,"pr\\u0069ority":2,"messages":[{"role":"user","content":"x"}]}',
+    ):
+        code, _, _ = http("POST", gw.url + "/v1/chat/completions", body_, key)
+        assert code == 400, body_[:40]
+    code, _, _ = http("POST", gw.url + "/v1/chat/completions", b"{}",
+                      {"Authorization": "Bearer sk-nope"})
+    assert code == 401
     _, _, body = http("GET", gw.url + "/metrics", headers=ADMIN)
     reasons = {dict(k)["reason"] for k in metric_values(body.decode(), "qosgate_requests_total")}
     assert {"completed", "invalid_json", "invalid_body", "invalid_utf8", "json_too_deep",

@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import base64
 import json
+import math
 import random
 import signal
 import socket
@@ -352,6 +353,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
             if "hang" in events and "r2_back" not in events and "r2_ejected" in events and \
                     gauge(m, "qosgate_replica_breaker_open", "r2") == 0:
                 events["r2_back"] = now
+            if "r2_back" in events and "r2_again" not in events and \
+                    gauge(m, "qosgate_replica_breaker_open", "r2") == 1:
+                events["r2_again"] = now
 
     watcher = loop.create_task(watch())
     i = 0
@@ -398,10 +402,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         t.cancel()
     watcher.cancel()
     end_m = metrics(gw_url)
+    hung_hits = int(json.loads(get(urls[2] + "/admin/fault"))["hits"].get("hang-first-byte", 0))
     stop(gw)
     for s in sis:
         stop(s)
-    report(recs, events, t0, kill_at, hang_at, end_at, records, base_m, end_m)
+    report(recs, events, t0, kill_at, hang_at, end_at, records, base_m, end_m, hung_hits)
     if args.keep:
         keep = Path(args.keep)
         keep.mkdir(parents=True, exist_ok=True)
@@ -413,7 +418,8 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
 
 
 def report(recs: list[Rec], ev: dict[str, float], t0: float, kill_at: float, hang_at: float,
-           end_at: float, records: list[Path], base_m: Any, end_m: Any) -> None:
+           end_at: float, records: list[Path], base_m: Any, end_m: Any,
+           hung_hits: int) -> None:
     kill_t, hang_t = ev["kill"], ev["hang"]
     at = [markers(p) for p in records]
     by_id = {r.i: r for r in recs}
@@ -456,11 +462,14 @@ def report(recs: list[Rec], ev: dict[str, float], t0: float, kill_at: float, han
     print(f"    arrivals after the kill (until the hang): {len(after_kill)}, completed "
           f"{_share(sum(r.outcome in ok for r in after_kill), len(after_kill))}")
     # ---- hang
-    hit = [i for i in at[2] if by_id[i].sent >= hang_t]
+    # what r2 received and did not serve: it fails only by hanging, and r0 never fails
+    hit = [i for i in at[2] - at[1] if (by_id[i].end or math.inf) > hang_t
+           and (i in at[0] or by_id[i].outcome not in ok)]
     hit_ok = [i for i in hit if by_id[i].outcome in ok and i in at[0]]
     after_hang = [r for r in recs if r.sent >= hang_t]
-    print(f"r2 hangs at {hang_t - t0:.1f} s: requests it received while hung {len(hit)}, "
-          f"completed elsewhere {len(hit_ok)} ({_share(len(hit_ok), len(hit))}, goal >= 99%)")
+    print(f"r2 hangs at {hang_t - t0:.1f} s: requests it held without a byte {len(hit)} (its own "
+          f"count: {hung_hits} attempts), completed elsewhere {len(hit_ok)} "
+          f"({_share(len(hit_ok), len(hit))}, goal >= 99%)")
     print(f"    arrivals after the hang: {len(after_hang)}, completed "
           f"{_share(sum(r.outcome in ok for r in after_hang), len(after_hang))}")
 
@@ -473,7 +482,8 @@ def report(recs: list[Rec], ev: dict[str, float], t0: float, kill_at: float, han
     print(f"killed r1 out of use (eligible 0) after {since('r1_out', kill_t)}, "
           f"probe says down (up 0) after {since('r1_down', kill_t)}")
     print(f"hung r2 ejected (breaker open) after {since('r2_ejected', hang_t)}; "
-          f"back on trial after {since('r2_back', hang_t)}")
+          f"back on trial after {since('r2_back', hang_t)}, ejected again after "
+          f"{since('r2_again', hang_t)}")
 
     # ---- realtime TTFT
     print()

@@ -269,10 +269,10 @@ def report(phases: list[Phase]) -> None:
             [str(sum(r.outcome not in ("completed", "unresolved")
                      and not r.outcome.startswith(("http_429", "http_503")) for r in rs))
              for rs in recs])
-        codes = [Counter(r.outcome.split(":", 1)[1] for r in rs
-                         if r.outcome.startswith(("http_429", "http_503"))) for rs in recs]
+        codes = [Counter(r.outcome for r in rs if r.outcome not in ("completed", "unresolved"))
+                 for rs in recs]
         if any(codes):
-            print("      refusals: " + "; ".join(
+            print("      not completed: " + "; ".join(
                 f"{p.mode} " + (", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none")
                 for p, c in zip(phases, codes, strict=True)))
         row("    still open after the drain", [str(sum(r.outcome == "unresolved" for r in rs))

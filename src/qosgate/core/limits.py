@@ -5,11 +5,12 @@ An engine queues what it cannot run instead of refusing it, so a loss-only (429)
 sees pressure: the window that matters is the one past which requests wait *inside* the engine,
 out of qosgate's reach. ``EngineLimit`` runs two loops on the facts the core is handed:
 
-- the **capacity loop**, on the engine's own signals (``on_signals``): pressure is a queue inside
-  the engine beyond a small allowance, KV use above its target, or new engine-side preemptions.
-  Under pressure the window shrinks multiplicatively (once per ``cooldown_s``); it grows only
-  when the window was full and the signals have been settled for ``settle_s`` -- doubling until
-  the first pressure (slow start), then by ``grow_frac``;
+- the **capacity loop**, on the engine's own signals (``on_signals``): memory pressure (KV use
+  above its target, or new engine-side preemptions) shrinks the window multiplicatively (once
+  per ``cooldown_s``); a queue inside the engine beyond a small allowance, with memory fine,
+  means its batch is full: the window comes down to what the engine runs plus that allowance.
+  It grows only when the window was full and the signals have been settled for ``settle_s`` --
+  doubling until the first pressure (slow start), then by ``grow_frac``;
 - the **latency loop**, on each request's dispatch-to-first-token time (``on_sample``): an
   engine that takes longer than ``latency_target_s`` to start a request is queueing it, whatever
   its metrics say, and the window shrinks as under pressure. A refusal with back-pressure
@@ -89,11 +90,23 @@ class EngineLimit:
             self._last_preemptions = pre
         if signals.kv_usage is not None and signals.kv_usage > self.kv_target:
             pressure = True
-        allowance = max(1.0, self.waiting_allowance * self.limit)
-        if signals.waiting is not None and signals.waiting > allowance:
-            pressure = True
         if pressure:
             self._back_off(now)
+            return
+        allowance = max(1.0, self.waiting_allowance * self.limit)
+        if signals.waiting is not None and signals.waiting > allowance:
+            # the engine runs what it can and queues the rest (its batch is full, its memory is
+            # not): the window is what it runs plus a small queue, not a fraction of the old one
+            # (shrinking by a factor overshot and then regrew, in cycles)
+            self._slow_start = False
+            self._settled_since = -math.inf
+            if signals.running is None:
+                self._back_off(now)
+                return
+            target = max(self.min_limit, signals.running + int(allowance))
+            if target < self.limit and now - self._last_change >= self.cooldown_s:
+                self.limit = target
+                self._last_change = now
             return
         if self._settled_since == -math.inf:
             self._settled_since = now

@@ -52,38 +52,40 @@ def test_an_engine_not_up_yet_is_a_503_with_retry_after_not_a_404(tmp_path: Path
 
 def test_an_engine_4xx_reaches_the_client_as_is_and_counts_as_rejected(tmp_path: Path) -> None:
     s = start_standin(tmp_path, "--max-model-len", "64")
-    cfg = write_config(tmp_path / "c.yaml", [upstream(s, "r0")])
-    gw = _gateway(tmp_path, cfg)
-    with running(s, gw):
-        c = client(gw)
-        with pytest.raises(openai.BadRequestError) as exc:
-            ask(c, max_tokens=1000)  # over the engine's context: its own 400
-        assert exc.value.status_code == 400
-        body = exc.value.body
-        assert isinstance(body, dict) and "max_model_len" in str(body.get("message"))
-        counted = outcomes(scrape(gw))
-        assert counted[("rejected", "upstream_400")] == 1
-        assert not any(o == "failed" for o, _ in counted)
+    with running(s):  # stopped even if the gateway does not start
+        cfg = write_config(tmp_path / "c.yaml", [upstream(s, "r0")])
+        gw = _gateway(tmp_path, cfg)
+        with running(gw):
+            c = client(gw)
+            with pytest.raises(openai.BadRequestError) as exc:
+                ask(c, max_tokens=1000)  # over the engine's context: its own 400
+            assert exc.value.status_code == 400
+            body = exc.value.body
+            assert isinstance(body, dict) and "max_model_len" in str(body.get("message"))
+            counted = outcomes(scrape(gw))
+            assert counted[("rejected", "upstream_400")] == 1
+            assert not any(o == "failed" for o, _ in counted)
 
 
 def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: Path) -> None:
     s = start_standin(tmp_path)
-    cfg = write_config(tmp_path / "c.yaml", [upstream(s, "r0")])
-    gw = _gateway(tmp_path, cfg)
-    with running(s, gw):
-        switch(s, {"fault": "429", "retry_after": 7, "for": 120})
-        code, headers, body = http(
-            "POST", gw.url + "/v1/chat/completions",
-            json.dumps({"model": MODEL, "max_tokens": 3, "messages": [
-                {"role": "user", "content": "hi"}]}).encode(),
-            {"Authorization": "Bearer sk-admin", "Content-Type": "application/json"},
-            timeout=30,
-        )
-        # the only replica cools for 7 s; the request waits for it, then is answered 429 again
-        # after its attempts: the client hears the engine's own Retry-After
-        assert code == 503, body
-        assert int(headers["retry-after"]) == 7
-        assert json.loads(body)["error"]["code"] == "upstream_429"
+    with running(s):  # stopped even if the gateway does not start
+        cfg = write_config(tmp_path / "c.yaml", [upstream(s, "r0")])
+        gw = _gateway(tmp_path, cfg)
+        with running(gw):
+            switch(s, {"fault": "429", "retry_after": 7, "for": 120})
+            code, headers, body = http(
+                "POST", gw.url + "/v1/chat/completions",
+                json.dumps({"model": MODEL, "max_tokens": 3, "messages": [
+                    {"role": "user", "content": "hi"}]}).encode(),
+                {"Authorization": "Bearer sk-admin", "Content-Type": "application/json"},
+                timeout=30,
+            )
+            # the only replica cools for 7 s; the request waits for it, then is answered 429 again
+            # after its attempts: the client hears the engine's own Retry-After
+            assert code == 503, body
+            assert int(headers["retry-after"]) == 7
+            assert json.loads(body)["error"]["code"] == "upstream_429"
 
 
 def test_a_5xx_no_retry_got_past_is_a_502_in_openai_format_even_from_html() -> None:

@@ -365,33 +365,10 @@ class Gateway:
         key = _key_of(auth)
         if key is None:
             key = _plain_key(xkey)
-        denied: QosInputError | None = None
-        try:
-            tenant_cfg = sched.classifier.tenant_for(key)
-        except QosInputError as exc:
-            denied, tenant_cfg = exc, None
-        tenant = (_UNKNOWN_TENANT if denied is not None else
-                  tenant_cfg.name if tenant_cfg is not None else self.cfg.default_tenant)
-        # the body is read (within its limits) even when the key is refused: an answer sent
-        # while the client is still sending would be lost to the connection's reset
-        try:
-            body = await read_body(receive, self.max_body, scope)
-        except BodyTooLarge:
-            await self._refuse(send, "body_too_large", tenant, message=(
-                f"The request body is over the limit of {self.max_body} bytes."))
+        got = await self._tenant_and_body(scope, receive, send, key)
+        if got is None:
             return
-        except BodyTimeout:
-            await self._refuse(send, "body_timeout", tenant, message=(
-                "The request body did not arrive within "
-                f"{self.settings.server.body_timeout_s:g} s."),
-                headers=[(b"connection", b"close")])
-            return
-        except ClientGone:
-            self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
-            return
-        if denied is not None:
-            await self._refuse(send, denied.code, tenant, message=denied.message)
-            return
+        tenant, body = got
         try:
             b = parse_body(body, route)
         except BadBody as exc:
@@ -510,15 +487,16 @@ class Gateway:
                     keepalive[0].cancel()
         await self._conclude(t)
 
-    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
-        dispatched, collected by its replica's batcher and served in a batch."""
-        now = self.clock()
-        sched = self.scheduler
-        key = _bearer(scope)
+    async def _tenant_and_body(
+        self, scope: Scope, receive: Receive, send: Send, key: str | None
+    ) -> tuple[str, bytes] | None:
+        """The tenant of ``key`` and the request's body, read within its limits; None once the
+        request has been answered (a bad key, a body too large or too slow) or its client left.
+        The body is read even when the key is refused: an answer sent while the client is still
+        sending would be lost to the connection's reset."""
         denied: QosInputError | None = None
         try:
-            tenant_cfg = sched.classifier.tenant_for(key)
+            tenant_cfg = self.scheduler.classifier.tenant_for(key)
         except QosInputError as exc:
             denied, tenant_cfg = exc, None
         tenant = (_UNKNOWN_TENANT if denied is not None else
@@ -528,19 +506,31 @@ class Gateway:
         except BodyTooLarge:
             await self._refuse(send, "body_too_large", tenant, message=(
                 f"The request body is over the limit of {self.max_body} bytes."))
-            return
+            return None
         except BodyTimeout:
             await self._refuse(send, "body_timeout", tenant, message=(
                 "The request body did not arrive within "
                 f"{self.settings.server.body_timeout_s:g} s."),
                 headers=[(b"connection", b"close")])
-            return
+            return None
         except ClientGone:
             self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
-            return
+            return None
         if denied is not None:
             await self._refuse(send, denied.code, tenant, message=denied.message)
+            return None
+        return tenant, body
+
+    async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
+        dispatched, collected by its replica's batcher and served in a batch."""
+        now = self.clock()
+        sched = self.scheduler
+        key = _bearer(scope)
+        got = await self._tenant_and_body(scope, receive, send, key)
+        if got is None:
             return
+        tenant, body = got
         es = self.embed_settings
         try:
             b = parse_embeddings(body, es.max_inputs, es.max_input_tokens)

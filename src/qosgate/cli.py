@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from qosgate import __version__
+
+if TYPE_CHECKING:  # the server's modules load only when a command needs them
+    from qosgate.server.settings import GatewaySettings
 from qosgate.config import (
     ConfigError,
     PolicyName,
@@ -41,6 +44,17 @@ def _load(path: Path | None) -> QosConfig:
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+
+
+def _check_gateway(cfg: QosConfig, settings: GatewaySettings) -> None:
+    """Exit 2 listing what the gateway's sections get wrong together with the QoS ones."""
+    from qosgate.server.settings import check_settings
+
+    problems = check_settings(cfg, settings)
+    if problems:
+        console.print("[red]invalid gateway config:\n" + "\n".join(f"  {p}" for p in problems)
+                      + "[/red]")
+        raise typer.Exit(2)
 
 
 @app.callback(invoke_without_command=True)
@@ -233,7 +247,7 @@ def serve(
         raise typer.Exit(run_workers(workers, instance_id))
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
-    from qosgate.server.settings import check_settings, load_settings, settings_from_mapping
+    from qosgate.server.settings import load_settings, settings_from_mapping
 
     cfg = _load(config)
     if api_key:
@@ -277,11 +291,7 @@ def serve(
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    problems = check_settings(cfg, settings)
-    if problems:
-        console.print("[red]invalid gateway config:\n" + "\n".join(f"  {p}" for p in problems)
-                      + "[/red]")
-        raise typer.Exit(2)
+    _check_gateway(cfg, settings)
     s = settings.server
     # the ports first: one in use stops start-up before a model is loaded
     try:
@@ -354,7 +364,7 @@ def show_config(config: ConfigOpt = None) -> None:
     """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
     engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
     error."""
-    from qosgate.server.settings import check_settings, load_settings
+    from qosgate.server.settings import load_settings
 
     cfg = _load(config)
     try:
@@ -362,11 +372,7 @@ def show_config(config: ConfigOpt = None) -> None:
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    problems = check_settings(cfg, settings)
-    if problems:
-        console.print("[red]invalid gateway config:\n" + "\n".join(f"  {p}" for p in problems)
-                      + "[/red]")
-        raise typer.Exit(2)
+    _check_gateway(cfg, settings)
     classes = Table(title=f"service classes (policy: {cfg.policy})")
     for col in (
         "class",

@@ -40,7 +40,7 @@ from qosgate.asgi import (
     wait_disconnect,
 )
 from qosgate.config import QosConfig
-from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.engines.base import Engine, Job, Route
@@ -455,13 +455,8 @@ class Gateway:
             # the engine must stop where admission counted: without a cap of its own it applies
             # its own default (vLLM: the rest of the context)
             body = set_max_tokens(body, admitted, b.has_max_tokens)
-        qos_headers: Headers = [
-            (b"x-qosgate-request-id", rid.encode()),
-            (b"x-qosgate-class", req.service_class.encode()),
-        ]
-        if not self.driver.accepting:
-            await self._refuse(send, "shutting_down", tenant, req.service_class,
-                               headers=qos_headers + retry_after_header(None))
+        qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
+        if qos_headers is None:
             return
         job = Job(
             rid=rid,
@@ -486,6 +481,21 @@ class Gateway:
                 if keepalive is not None:
                     keepalive[0].cancel()
         await self._conclude(t)
+
+    async def _qos_headers_unless_draining(
+        self, send: Send, tenant: str, req: Request
+    ) -> Headers | None:
+        """The response headers naming the request and its class; None once a draining gateway
+        has refused it (503 with Retry-After)."""
+        qos_headers: Headers = [
+            (b"x-qosgate-request-id", req.id.encode()),
+            (b"x-qosgate-class", req.service_class.encode()),
+        ]
+        if not self.driver.accepting:
+            await self._refuse(send, "shutting_down", tenant, req.service_class,
+                               headers=qos_headers + retry_after_header(None))
+            return None
+        return qos_headers
 
     async def _tenant_and_body(
         self, scope: Scope, receive: Receive, send: Send, key: str | None
@@ -583,13 +593,8 @@ class Gateway:
                 f"/ 4), over the limit of {self.cfg.admission.max_prompt_tokens} tokens.",
             )
             return
-        qos_headers: Headers = [
-            (b"x-qosgate-request-id", rid.encode()),
-            (b"x-qosgate-class", req.service_class.encode()),
-        ]
-        if not self.driver.accepting:
-            await self._refuse(send, "shutting_down", tenant, req.service_class,
-                               headers=qos_headers + retry_after_header(None))
+        qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
+        if qos_headers is None:
             return
         job = Job(
             rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,

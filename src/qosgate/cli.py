@@ -452,6 +452,30 @@ def show_config(config: ConfigOpt = None) -> None:
                                               f", model {e.model or 'SmolLM2-135M (default)'}"))
 
 
+@app.command()
+def top(
+    urls: Annotated[list[str], typer.Argument(
+        help="Gateway base URLs (or host:port), one per instance.", show_default=False)],
+    key: Annotated[str | None, _opt("Admin key (Authorization: Bearer) for /v1/qos/status and "
+                                    "/metrics; the first of a comma-separated list.",
+                                    "QOSGATE_ADMIN_KEY", "--key")] = None,
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Seconds each HTTP call may take.")] = 2.0,
+    once: Annotated[bool, typer.Option(
+        "--once", help="Print one frame and exit: 0 if a gateway answered, else 1.")] = False,
+    width: Annotated[int | None, typer.Option(
+        help="Frame width (default: the terminal's, 120 when stdout is not a terminal).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        help="Read /metrics on this port of each URL's host (server.metrics_port).")] = None,
+) -> None:
+    """A live view of one gateway or several: classes, tenants and replicas, from
+    /v1/qos/status and /metrics (see docs/top.md)."""
+    from qosgate.server.top import run
+
+    raise typer.Exit(run(urls, key.split(",")[0] if key else None, interval, timeout, once,
+                         width, metrics_port))
+
+
 from qosgate.sim.cli import simulate_command  # noqa: E402
 
 app.command("simulate")(simulate_command)

@@ -455,12 +455,13 @@ def show_config(config: ConfigOpt = None) -> None:
 @app.command()
 def top(
     urls: Annotated[list[str], typer.Argument(
-        help="Gateway base URLs (or host:port), one per instance.", show_default=False)],
+        help="Gateway base URLs (or host:port), one per instance.", metavar="URL...")],
     key: Annotated[str | None, _opt("Admin key (Authorization: Bearer) for /v1/qos/status and "
                                     "/metrics; the first of a comma-separated list.",
                                     "QOSGATE_ADMIN_KEY", "--key")] = None,
-    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
-    timeout: Annotated[float, typer.Option(help="Seconds each HTTP call may take.")] = 2.0,
+    interval: Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes.")] = 1.0,
+    timeout: Annotated[float, typer.Option(min=0.1, help="Seconds each HTTP call may take.")
+                       ] = 2.0,
     once: Annotated[bool, typer.Option(
         "--once", help="Print one frame and exit: 0 if a gateway answered, else 1.")] = False,
     width: Annotated[int | None, typer.Option(

@@ -370,3 +370,48 @@ def test_a_silent_gateway_times_out() -> None:
         p = top(url, "--once", "--timeout", "0.5")
     assert p.returncode == 1
     assert f"{url}: no answer within 0.5s" in p.stdout
+
+
+def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None:
+    """``serve --workers 2 --redis``: one URL, two instances; the frame lists both from the
+    shared state's fleet, whichever answered."""
+    from tests.gateway.redis_server import RedisServer
+
+    redis = RedisServer(tmp_path)
+    cfg = tmp_path / "top.yaml"
+    cfg.write_text(CONFIG.format(a=live.a.url, b=live.b.url))
+    gw = start_gateway(tmp_path, "--config", str(cfg), "--redis", redis.url, "--workers", "2",
+                       "--instance-id", "wk")
+    try:
+        assert wait_until(lambda: len(gw_status(gw)["shared_state"]["fleet"]) == 2, timeout=15)
+        p = top(gw.url, "--once", "--key", "sk-admin")
+    finally:
+        assert gw.stop() == 0
+        redis.stop()
+    assert p.returncode == 0, p.stderr
+    assert row(p.stdout, "gateways", gw.url)[-3:] == ["redis,", "2", "live"]
+    answered = row(p.stdout, "gateways", gw.url)[1]
+    assert answered in ("wk-w0", "wk-w1")
+    for w in ("wk-w0", "wk-w1"):
+        cells = row(p.stdout, "fleet", w)
+        assert cells[1:4] == ["0", "0", gw.url]
+    assert row(p.stdout, "fleet", answered)[-1] == "yes"
+
+
+def test_metrics_on_their_own_port(live: Live, tmp_path: Path) -> None:
+    """``server.metrics_port``: /metrics is not on the API port; ``--metrics-port`` finds it."""
+    cfg = tmp_path / "top.yaml"
+    cfg.write_text(CONFIG.format(a=live.a.url, b=live.b.url))
+    mport = free_port()
+    gw = start_gateway(tmp_path, "--config", str(cfg), "--metrics-port", str(mport))
+    try:
+        assert http("GET", gw.url + "/metrics", headers=ADMIN)[0] != 200
+        without = top(gw.url, "--once", "--key", "sk-admin")
+        with_port = top(gw.url, "--once", "--key", "sk-admin", "--metrics-port", str(mport))
+    finally:
+        gw.stop()
+    assert without.returncode == 0  # the status answered
+    assert row(without.stdout, "gateways", gw.url)[2:4] == ["no", "metrics"]
+    assert with_port.returncode == 0, with_port.stderr
+    assert row(with_port.stdout, "gateways", gw.url)[2] == "ok"
+    assert row(with_port.stdout, "replicas", "engine-a")[1] == "yes"

@@ -301,7 +301,7 @@ def fleet_table(scrapes: list[Scrape]) -> Table | None:
             fleet.setdefault(inst, (info if isinstance(info, dict) else {}, s.url))
     if not fleet:
         return None
-    answering = {s.instance for s in scrapes}
+    answering = {s.instance for s in scrapes} | {_get(s.status, "instance") for s in scrapes}
     t = _table("fleet (shared state, as last synced)", "instance", "queued", "inflight",
                "seen via", "answered this frame")
     for inst, (info, url) in sorted(fleet.items()):
@@ -408,7 +408,8 @@ def replicas_table(scrapes: list[Scrape], w: Window) -> Table:
             cap = _pick(r, "capacity", gauges["qosgate_replica_capacity"], name)
             cool = _pick(r, "cooling_s", gauges["qosgate_replica_cooling_seconds"], name)
             ej = _pick(r, "ejections", gauges["qosgate_replica_ejections_total"], name)
-            row: list[str | Text] = [name, *([s.instance or s.url] if several else [])]
+            gw = _get(s.status, "instance") or s.instance or s.url
+            row: list[str | Text] = [name, *([str(gw)] if several else [])]
             row += [
                 _yes(up), _yes(elig),
                 Text(str(breaker or "-"), style="red" if breaker not in (None, "closed") else ""),
@@ -523,6 +524,7 @@ class Fetcher:
         self.key = key
         self.timeout = timeout
         self.metrics_port = metrics_port
+        self.retries_for_same_worker = 4
         self.pool = ThreadPoolExecutor(max_workers=min(32, 2 * len(self.urls)))
 
     def _status(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -549,7 +551,14 @@ class Fetcher:
         for u, fs, fm in zip(self.urls, st, me, strict=True):
             status, serr = fs.result()
             metrics, merr = fm.result()
-            out.append(Scrape(u, at, status, serr, metrics, merr))
+            sc = Scrape(u, at, status, serr, metrics, merr)
+            # --workers behind one port: each connection may reach another worker; ask again
+            # (a new connection each time) for the metrics of the worker whose status we have
+            for _ in range(self.retries_for_same_worker):
+                if status is None or sc.metrics is None or sc.instance == status.get("instance"):
+                    break
+                sc.metrics, sc.metrics_error = self._metrics(u)
+            out.append(sc)
         return out
 
     def close(self) -> None:
@@ -583,13 +592,18 @@ def _print_frames(fetcher: Fetcher, console: Console, interval: float, once: boo
         while True:
             t0 = time.monotonic()
             scrapes = fetcher.scrape()
-            console.print(frame(scrapes, previous))
+            if console.is_terminal:
+                console.print(frame(scrapes, previous))
+            else:  # a file or a pipe: no trailing padding for scripts to strip
+                with console.capture() as cap:
+                    console.print(frame(scrapes, previous))
+                print("\n".join(ln.rstrip() for ln in cap.get().splitlines()), flush=True)
             if once:
                 if not any(s.answered for s in scrapes):
                     print(_no_answer(scrapes), file=sys.stderr)
                     return 1
                 return 0
-            console.print()
+            print(flush=True)
             previous.update({s.key: s for s in scrapes if s.metrics is not None})
             time.sleep(max(0.0, interval - (time.monotonic() - t0)))
     except KeyboardInterrupt:

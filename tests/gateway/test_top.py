@@ -389,13 +389,15 @@ def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None
         assert gw.stop() == 0
         redis.stop()
     assert p.returncode == 0, p.stderr
-    assert row(p.stdout, "gateways", gw.url)[-3:] == ["redis,", "2", "live"]
-    answered = row(p.stdout, "gateways", gw.url)[1]
-    assert answered in ("wk-w0", "wk-w1")
+    # each worker scraped on its own (new connections reach the other one): a row each
+    gws = [ln.split() for ln in p.stdout.splitlines() if ln.startswith(gw.url + " ")]
+    assert [c[1] for c in gws] == ["wk-w0", "wk-w1"]
+    assert all(c[2] == "ok" and c[-3:] == ["redis,", "2", "live"] for c in gws)
     for w in ("wk-w0", "wk-w1"):
-        cells = row(p.stdout, "fleet", w)
-        assert cells[1:4] == ["0", "0", gw.url]
-    assert row(p.stdout, "fleet", answered)[-1] == "yes"
+        assert row(p.stdout, "fleet", w)[1:] == ["0", "0", gw.url, "yes"]
+    reps = [ln.split()[:2] for ln in p.stdout.splitlines() if ln.startswith("engine-")]
+    assert sorted(reps) == [["engine-a", "wk-w0"], ["engine-a", "wk-w1"],
+                            ["engine-b", "wk-w0"], ["engine-b", "wk-w1"]]
 
 
 def test_metrics_on_their_own_port(live: Live, tmp_path: Path) -> None:

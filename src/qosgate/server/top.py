@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import socket
 import sys
 import time
@@ -525,7 +526,7 @@ class Fetcher:
         self.timeout = timeout
         self.metrics_port = metrics_port
         self.retries_for_same_worker = 4
-        self.pool = ThreadPoolExecutor(max_workers=min(32, 2 * len(self.urls)))
+        self.pool = ThreadPoolExecutor(max_workers=min(32, len(self.urls)))
 
     def _status(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
         try:
@@ -543,23 +544,44 @@ class Fetcher:
         except Exception as exc:
             return None, _why(exc, self.timeout)
 
+    def _one(self, url: str, at: float) -> Scrape:
+        """Status and metrics of one URL, from the same worker if several share its port: each
+        connection may reach another one, so ask again (a new connection each time)."""
+        status, serr = self._status(url)
+        metrics, merr = self._metrics(url)
+        sc = Scrape(url, at, status, serr, metrics, merr)
+        for _ in range(self.retries_for_same_worker):
+            if status is None or sc.metrics is None or sc.instance == status.get("instance"):
+                break
+            sc.metrics, sc.metrics_error = self._metrics(url)
+        return sc
+
+    def _url(self, url: str, at: float) -> list[Scrape]:
+        """Every worker behind ``url``: with ``--workers`` and Redis the status lists the fleet,
+        and new connections reach the workers the first one did not (a few tries each). Only
+        the answering instance's siblings (``<id>-w<i>``) are looked for: other gateways that
+        share the Redis are not behind this URL."""
+        first = self._one(url, at)
+        me = _get(first.status, "instance")
+        if not isinstance(me, str) or first.instance != me:
+            return [first]
+        sibling = re.compile(re.escape(re.sub(r"-w\d+$", "", me)) + r"-w\d+")
+        fleet = {i for i in _get(first.status, "shared_state", "fleet") or {}
+                 if me != i and sibling.fullmatch(i) and sibling.fullmatch(me)}
+        got = {me: first}
+        for _ in range(3 * len(fleet)):
+            if fleet <= set(got):
+                break
+            sc = self._one(url, at)
+            if sc.status is None or sc.instance != sc.status.get("instance"):
+                continue
+            got.setdefault(str(sc.instance), sc)
+        return [got[k] for k in sorted(got)]
+
     def scrape(self) -> list[Scrape]:
         at = time.monotonic()
-        st = [self.pool.submit(self._status, u) for u in self.urls]
-        me = [self.pool.submit(self._metrics, u) for u in self.urls]
-        out = []
-        for u, fs, fm in zip(self.urls, st, me, strict=True):
-            status, serr = fs.result()
-            metrics, merr = fm.result()
-            sc = Scrape(u, at, status, serr, metrics, merr)
-            # --workers behind one port: each connection may reach another worker; ask again
-            # (a new connection each time) for the metrics of the worker whose status we have
-            for _ in range(self.retries_for_same_worker):
-                if status is None or sc.metrics is None or sc.instance == status.get("instance"):
-                    break
-                sc.metrics, sc.metrics_error = self._metrics(u)
-            out.append(sc)
-        return out
+        futures = [self.pool.submit(self._url, u, at) for u in self.urls]
+        return [sc for f in futures for sc in f.result()]
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -28,7 +28,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -198,11 +198,19 @@ class RedisStore:
 class MemoryStore:
     """The same interface in one process (tests, the simulator): several ledgers share it.
     ``delay`` seconds before each call answers (a store's round trip); ``down`` makes every call
-    fail like an unreachable Redis. ``clock`` is the store's own clock."""
+    fail like an unreachable Redis. ``clock`` is the store's own clock; ``sleep`` waits out the
+    delay (asyncio's; the simulator passes one that suspends the call in *virtual* time, so that
+    ``SharedState`` runs there unchanged)."""
 
-    def __init__(self, delay: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        delay: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.delay = delay
         self.clock = clock
+        self.sleep = sleep
         self.down = False
         self._buckets: dict[str, tuple[float, float]] = {}
         self._leases: dict[str, dict[str, tuple[int, float]]] = {}
@@ -211,7 +219,7 @@ class MemoryStore:
 
     async def _wait(self) -> float:
         if self.delay > 0:
-            await asyncio.sleep(self.delay)
+            await self.sleep(self.delay)
         if self.down:
             raise StoreDown("store down")
         return self.clock()

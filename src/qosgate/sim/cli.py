@@ -82,6 +82,34 @@ def simulate_command(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="No progress bar and no tables.")
     ] = False,
+    gateways: Annotated[
+        str | None,
+        typer.Option(
+            "--gateways",
+            help="Gateway instances in front of the one fleet, e.g. 4, or 1,2,4 (one run per "
+            "count and policy). Default: the scenario's (unset: 1).",
+        ),
+    ] = None,
+    spread: Annotated[
+        str | None,
+        typer.Option(help="How arrivals reach the gateways: round-robin | hash | skewed."),
+    ] = None,
+    shared_state: Annotated[
+        bool | None,
+        typer.Option(
+            "--shared-state/--no-shared-state",
+            help="Several gateways share tenant state (limits, fair-share counters) through "
+            "runtime/shared_state.py over an in-memory store, or each keeps its own.",
+        ),
+    ] = None,
+    sync_interval_s: Annotated[
+        float | None,
+        typer.Option("--sync-interval-s", min=1e-4, help="Shared-state sync interval (virtual s)."),
+    ] = None,
+    sync_delay_s: Annotated[
+        float | None,
+        typer.Option("--sync-delay-s", min=0.0, help="Each store call answers this much later."),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -121,6 +149,22 @@ def simulate_command(
             changes["sweep"] = None
         if arrivals:
             changes["arrivals"] = arrivals
+        gw: dict[str, Any] = {}
+        if gateways is not None:
+            try:
+                gw["counts"] = [int(x) for x in gateways.split(",") if x.strip()]
+            except ValueError:
+                raise ScenarioError(
+                    f"--gateways {gateways!r}: give counts like 4 or 1,2,4"
+                ) from None
+            if not gw["counts"]:
+                raise ScenarioError("--gateways names no count")
+        for key, val in (("spread", spread), ("shared", shared_state),
+                         ("sync_interval_s", sync_interval_s), ("sync_delay_s", sync_delay_s)):
+            if val is not None:
+                gw[key] = val
+        if gw:
+            changes["gateways"] = {**sc.gateways.model_dump(), **gw}
         if changes:
             sc = override(sc, **changes)
         prep = prepare(sc, trace)
@@ -129,7 +173,7 @@ def simulate_command(
         raise typer.Exit(2) from None
 
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
-    total_runs = n_loads * len(sc.policies)
+    total_runs = n_loads * len(sc.gateways.counts) * len(sc.policies)
     show = not (quiet or json_only)
     started = time.perf_counter()
     done_runs = 0

@@ -405,3 +405,82 @@ def analyze(
         "replicas": replica_stats(result, slo_of),
         "phases": phases(result, slos) if result.fleet.get("faults") else [],
     }
+
+
+# ------------------------------------------------------------------------------ gateways
+def gateway_stats(
+    result: RunResult,
+    slos: dict[str, Slo],
+    prompt_weight: float,
+    output_weight: float,
+    tenant_weight: Callable[[str], float],
+    warmup: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Per gateway instance (of ``result.gateways``): its requests, the most urgent class's TTFT
+    p99 and SLO attainment, Jain's index between the tenants of each class over the requests it
+    took in, and the engines' evictions of its requests' sequences."""
+    window = result.window_end
+    top = result.classes[0] if result.classes else ""
+    by: list[list[RequestRecord]] = [[] for _ in range(result.gateways)]
+    for r in result.records:
+        by[r.gateway].append(r)
+    out: list[dict[str, Any]] = []
+    for g, recs in enumerate(by):
+        mine = [r for r in recs if r.service_class == top]
+        tt = sorted(t for r in mine if r.state == "completed" and (t := ttft(r)) is not None)
+        p99 = percentile(tt, 99)
+        met = sum(1 for r in mine if top in slos and meets_slo(r, slos[top]))
+        classes: dict[str, list[RequestRecord]] = {}
+        for r in recs:
+            classes.setdefault(r.service_class, []).append(r)
+        jains: dict[str, float | None] = {}
+        for c, rs in classes.items():
+            f = tenant_fairness(rs, window, prompt_weight, output_weight, tenant_weight, warmup)
+            if f is not None:
+                jains[c] = f["jain"]
+        out.append(
+            {
+                "gateway": g,
+                "count": len(recs),
+                "completed": sum(1 for r in recs if r.state == "completed"),
+                "rejected": sum(1 for r in recs if r.state == "rejected"),
+                "top_class": top,
+                "top_ttft_p99_ms": None if p99 is None else p99 * 1000.0,
+                "top_slo_attainment": met / len(mine) if mine else None,
+                "jain": jains,
+                "engine_evictions": result.gateway_evictions[g]
+                if g < len(result.gateway_evictions) else 0,
+            }
+        )
+    return out
+
+
+def limit_overshoot(result: RunResult, limits: dict[str, Any]) -> dict[str, Any]:
+    """Per tenant with a requests/min limit R: what the gateways admitted (not refused at
+    submission) against what the limit allows over the span of its arrivals, R + R x span / 60
+    (a bucket starts full and refills R/60 per second), and how many each gateway admitted."""
+    out: dict[str, Any] = {}
+    for tenant, lim in sorted(limits.items()):
+        rpm = getattr(lim, "requests_per_minute", None)
+        if not rpm:
+            continue
+        recs = [r for r in result.records if r.tenant == tenant]
+        if not recs:
+            continue
+        span = max(r.arrival for r in recs) - min(r.arrival for r in recs)
+        allowed = rpm + rpm * span / 60.0
+        admitted = [0] * result.gateways
+        for r in recs:
+            if r.state != "rejected":
+                admitted[r.gateway] += 1
+        total = sum(admitted)
+        out[tenant] = {
+            "requests_per_minute": rpm,
+            "offered": len(recs),
+            "admitted": total,
+            "allowed": allowed,
+            "overshoot": total - allowed,
+            "span_s": span,
+            "admitted_per_gateway": admitted,
+        }
+    return out

@@ -125,6 +125,10 @@ def run_document(run: Run) -> dict[str, Any]:
         "replicas": m["replicas"],
         "phases": m["phases"],
         "timeseries": _timeseries(run),
+        # only with several gateways or a rate limit (a single gateway's document is unchanged)
+        **({"gateways": {"count": run.gateways, "shared": r.shared, "each": m["gateways"]}}
+           if run.gateways > 1 else {}),
+        **({"limits": m["limits"]} if m.get("limits") else {}),
     }
 
 
@@ -227,6 +231,11 @@ def write_files(res: ScenarioResult, out: Path, doc: dict[str, Any] | None = Non
 
 
 # ------------------------------------------------------------------------------ terminal
+def _label(run: Run) -> str:
+    """The run's policy, with its gateway count when there are several."""
+    return run.policy if run.gateways == 1 else f"{run.policy} {run.gateways}gw"
+
+
 def _ms(x: float | None) -> str:
     """Compact: 356ms, 1.25s, 13.9s, 62s."""
     if x is None:
@@ -272,7 +281,7 @@ def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Tabl
         groups = [*run.metrics[kind].items(), ("all", run.metrics["totals"])]
         for i, (name, g) in enumerate(groups):
             t.add_row(
-                run.policy if i == 0 else "",
+                _label(run) if i == 0 else "",
                 f"[bold]{name}[/bold]" if name == "all" else name,
                 str(g["count"]),
                 str(g["completed"]),
@@ -308,7 +317,7 @@ def _fairness_table(runs: Iterable[Run]) -> Table | None:
                 for name, v in f["tenants"].items()
             )
             t.add_row(
-                run.policy if i == 0 else "",
+                _label(run) if i == 0 else "",
                 c,
                 _num(f["jain"], ".3f"),
                 _num(f["service_gap"], ".3f"),
@@ -348,7 +357,7 @@ def _replica_table(runs: Iterable[Run]) -> Table:
         reps = list(run.metrics["replicas"].items())
         for i, (name, g) in enumerate(reps):
             t.add_row(
-                run.policy if i == 0 else "",
+                _label(run) if i == 0 else "",
                 name,
                 val(g["gpu"]).split("-")[0],
                 _window(g),
@@ -469,6 +478,64 @@ def _phases_table(runs: list[Run]) -> Table | None:
     return t
 
 
+def _gateway_table(res: ScenarioResult) -> Table:
+    """Per gateway count: the fleet's and each instance's realtime TTFT p99, tenant fairness and
+    engine evictions (KV preemptions)."""
+    s = res.scenario
+    classes = res.runs[0].result.classes if res.runs else ()
+    top = classes[0] if classes else "realtime"
+    fair = sorted({c for r in res.runs for c in r.metrics["fairness"]})
+    shared = "shared" if s.gateways.shared else "own"
+    t = Table(
+        title=f"gateways (tenant state: {shared} with several; sync every "
+        f"{1000 * s.gateways.sync_interval_s:g} ms, store delay "
+        f"{1000 * s.gateways.sync_delay_s:g} ms, spread {s.gateways.spread})",
+        title_justify="left",
+    )
+    cols = ["policy", "gateways", "gateway", "requests", "done", f"{top} TTFT p99",
+            f"{top} SLO", *[f"Jain {c}" for c in fair], "engine preempt."]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("policy", "gateway") else "right")
+    for run in res.runs:
+        m = run.metrics
+        g = m["totals"]
+        rt = m["classes"].get(top, {})
+        t.add_row(
+            run.policy, str(run.gateways), "fleet", str(g["count"]), str(g["completed"]),
+            _ms(rt.get("ttft_p99_ms")), _pct(rt.get("slo_attainment")),
+            *[_num((m["fairness"].get(c) or {}).get("jain"), ".3f") for c in fair],
+            f"{run.result.engine.get('kv_evictions', 0):.0f}",
+        )
+        if run.gateways > 1:
+            for gw in m["gateways"]:
+                t.add_row(
+                    "", "", f"gw{gw['gateway']}", str(gw["count"]), str(gw["completed"]),
+                    _ms(gw["top_ttft_p99_ms"]), _pct(gw["top_slo_attainment"]),
+                    *[_num(gw["jain"].get(c), ".3f") for c in fair],
+                    str(gw["engine_evictions"]),
+                )
+    return t
+
+
+def _limits_table(res: ScenarioResult) -> Table:
+    """A requests/min limit over the gateways: admitted against R + refill."""
+    t = Table(
+        title="requests/min limits over the gateways (admitted vs R + R x span / 60)",
+        title_justify="left",
+    )
+    for col in ("policy", "gateways", "tenant", "R/min", "offered", "admitted", "R + refill",
+                "overshoot", "admitted per gateway"):
+        t.add_column(col, justify="left" if col in ("policy", "tenant") else "right")
+    for run in res.runs:
+        for tenant, x in run.metrics.get("limits", {}).items():
+            t.add_row(
+                run.policy, str(run.gateways), tenant, f"{x['requests_per_minute']:g}",
+                str(x["offered"]), str(x["admitted"]), f"{x['allowed']:.1f}",
+                f"{x['overshoot']:+.1f}", " ".join(str(a) for a in x["admitted_per_gateway"]),
+            )
+    return t
+
+
 def _sweep_table(res: ScenarioResult) -> Table:
     classes = res.runs[0].result.classes if res.runs else ()
     top = classes[0] if classes else "realtime"
@@ -583,6 +650,10 @@ def print_report(res: ScenarioResult, console: Console) -> None:
             pt = _phases_table(res.runs)
             if pt is not None:
                 console.print(pt)
+    if any(r.gateways > 1 for r in res.runs):
+        console.print(_gateway_table(res))
+    if any(r.metrics.get("limits") for r in res.runs):
+        console.print(_limits_table(res))
     console.print(f"[dim]{WINDOW_NOTE}[/dim]", highlight=False)
     console.print(ledger_text(res), highlight=False)
     note = attribution(prep)

@@ -34,6 +34,13 @@ until_s: 80}`` kills r0's engine at 40 s (everything in it is lost) and restarts
 long from 60 s on (until ``until_s`` if given). The core learns of them as the gateway would:
 failed calls and health probes every ``probe_interval_s`` (see ``driver``).
 
+Gateways. ``gateways: {counts: [1, 2, 4], spread: skewed, reach: {acme: [0]}, shared: true,
+sync_interval_s: 0.05, sync_delay_s: 0}`` runs every policy with 1, 2 and 4 gateway instances
+in front of the one fleet (each its own ``Scheduler``: queue, replica objects, windows; all read
+the same engine signals), arrivals spread over them (``driver.GatewayPlan``), tenant state shared
+through ``runtime.shared_state.SharedState`` over a ``MemoryStore`` in virtual time (``shared:
+false``: each instance its own limits and fair-share counters). Unset: one gateway, as before.
+
 Description. ``{load}``, ``{time_scale}`` and ``{duration}`` in a description are replaced by the
 values the run uses (``--load``, ``--time-scale``, ``--duration`` included); an override of a
 value the description does not template is noted after it.
@@ -58,13 +65,14 @@ from qosgate.sim.driver import (
     SIM_POLICIES,
     EngineQueue,
     FaultPlan,
+    GatewayPlan,
     ReplicaPlan,
     RunResult,
     SimSetup,
     run_policy,
     saturation_throughput,
 )
-from qosgate.sim.metrics import Slo, analyze
+from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot
 from qosgate.sim.workload import (
     TRACE_NAME,
     FromTrace,
@@ -151,6 +159,24 @@ class Fault(_Model):
         return f"r{self.replica}" if isinstance(self.replica, int) else self.replica
 
 
+class Gateways(_Model):
+    """Gateway instances in front of the one fleet (see the module doc and ``GatewayPlan``)."""
+
+    counts: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(default=(1,), min_length=1)
+    spread: Literal["round-robin", "hash", "skewed"] = "round-robin"
+    # skewed: tenant -> the gateway indices (mod the count) its requests reach
+    reach: dict[str, tuple[Annotated[int, Field(ge=0)], ...]] = Field(default_factory=dict)
+    shared: bool = True
+    sync_interval_s: float = Field(default=0.05, gt=0)
+    sync_delay_s: float = Field(default=0.0, ge=0)
+
+    def plan(self, count: int) -> GatewayPlan:
+        return GatewayPlan(
+            count, self.spread, tuple((t, tuple(ix)) for t, ix in sorted(self.reach.items())),
+            self.shared, self.sync_interval_s, self.sync_delay_s,
+        )
+
+
 class Scenario(_Model):
     name: str
     description: str = ""
@@ -182,6 +208,7 @@ class Scenario(_Model):
     capacity_rps: float | None = Field(default=None, gt=0, description="skip the measurement")
     sample_points: int = Field(default=400, ge=10)
     warmup_s: float = Field(default=0.0, ge=0, description="excluded from the fairness measure")
+    gateways: Gateways = Gateways()
 
     @model_validator(mode="after")
     def _ok(self) -> Scenario:
@@ -208,6 +235,9 @@ class Scenario(_Model):
             xs.sort()
             if any(b[0] < a[1] for a, b in itertools.pairwise(xs)):
                 raise ValueError(f"faults: overlapping {kind} faults on replica {rep}")
+        for t, ix in self.gateways.reach.items():
+            if not ix:
+                raise ValueError(f"gateways.reach: tenant {t!r} reaches no gateway")
         return self
 
     def replica_count(self) -> int:
@@ -423,6 +453,9 @@ def prepare(
     }
     api_keys = {t.name: t.api_keys[0] for t in cfg.tenants if t.api_keys}
     _check_mix(s, cfg, api_keys)
+    unknown_t = sorted(set(s.gateways.reach) - {t.name for t in cfg.tenants})
+    if unknown_t:
+        raise ScenarioError(f"scenario {s.name}: gateways.reach names unknown tenants {unknown_t}")
     trace = None
     path: Path | None = None
     if trace_path is not None and not s.needs_trace():
@@ -510,7 +543,7 @@ def workload_for(prep: Prepared, load: float | None = None) -> Workload:
         raise ScenarioError(f"scenario {s.name}: {exc}") from None
 
 
-def setup_for(prep: Prepared, workload: Workload) -> SimSetup:
+def setup_for(prep: Prepared, workload: Workload, gateways: int = 1) -> SimSetup:
     s = prep.scenario
     return SimSetup(
         cfg=prep.cfg,
@@ -523,6 +556,7 @@ def setup_for(prep: Prepared, workload: Workload) -> SimSetup:
         fleet=prep.fleet,
         faults=prep.faults,
         probe_interval=s.probe_interval_s,
+        gateways=s.gateways.plan(gateways),
     )
 
 
@@ -534,6 +568,7 @@ class Run:
     offered_rps: float
     result: RunResult
     metrics: dict[str, Any]
+    gateways: int = 1  # gateway instances in front of the fleet
 
 
 @dataclass(slots=True)
@@ -562,14 +597,15 @@ def run_scenario(
     names = [st.label() for st in s.mix]
     loads: list[float | None] = list(s.sweep.loads) if s.sweep else [s.arrivals.load]
     out = ScenarioResult(prep)
+    limits = {t.name: t.limits for t in cfg.tenants}
     for load in loads:
         wl = workload_for(prep, load)
-        setup = setup_for(prep, wl)
         offered = wl.offered_rps
         the_load = load
         if the_load is None and prep.capacity_rps:
             the_load = offered / prep.capacity_rps
-        for policy in s.policies:
+        for count, policy in itertools.product(s.gateways.counts, s.policies):
+            setup = setup_for(prep, wl, count)
             cb = None
             if progress is not None:
                 span = wl.duration
@@ -595,7 +631,12 @@ def run_scenario(
                 names,
                 s.warmup_s,
             )
-            run = Run(policy, the_load, offered, result, metrics)
+            metrics["gateways"] = gateway_stats(
+                result, prep.slos, cfg.fairness.prompt_weight, cfg.fairness.output_weight,
+                lambda t: weight.get(t, 1.0), s.warmup_s,
+            )
+            metrics["limits"] = limit_overshoot(result, limits)
+            run = Run(policy, the_load, offered, result, metrics, count)
             out.runs.append(run)
             if on_run is not None:
                 on_run(run)

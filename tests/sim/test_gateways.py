@@ -1,0 +1,252 @@
+"""N gateway instances in front of one simulated fleet (``gateways:`` / ``--gateways``).
+
+What must hold: one gateway is exactly the single-gateway simulator; gateways that receive
+nothing change nothing; every request has one outcome, at the one gateway it reached; a
+requests/min limit spread over N instances admits R + refill (+ the documented overshoot) with
+the shared state and ~N x that without; tenants that reach different gateways are served fairly
+only with the shared fair-share counters; and the shared state's own code runs in virtual time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from qosgate.cli import app
+from qosgate.config import TenantLimits
+from qosgate.core.ledger import LeasedLedger
+from qosgate.runtime.shared_state import MemoryStore, SharedState
+from qosgate.sim.driver import GatewayPlan, RunResult, _Pause, _virtual_sleep, run_policy
+from qosgate.sim.report import document, dumps
+from qosgate.sim.scenarios import (
+    Prepared,
+    ScenarioError,
+    load_scenario,
+    override,
+    prepare,
+    run_scenario,
+    setup_for,
+    workload_for,
+)
+
+# four equal-weight api tenants and a realtime one on one replica, overloaded so that qosgate
+# holds a queue; "rated" is limited to 20 requests/min and offers ~11 requests/s
+SCENARIO = """
+name: gw
+description: a small synthetic scenario for the gateway tests
+profile: qwen2.5-7b-instruct-h100
+window: 48
+policies: [qos]
+seed: 5
+duration_s: 30
+warmup_s: 8
+arrivals: {process: poisson, rate: 40}
+lengths:
+  prompt: {dist: lognormal, mean: 600, cv: 1.0, max: 6000}
+  output: {dist: lognormal, mean: 200, cv: 1.0, max: 1500}
+mix:
+  - {share: 2, class: realtime, tenant: chat}
+  - {share: 2, class: api, tenant: a}
+  - {share: 2, class: api, tenant: b}
+  - {share: 2, class: api, tenant: c}
+  - {share: 2, class: api, tenant: d}
+  - {share: 4, class: batch, tenant: rated}
+config:
+  tenants:
+    - {name: chat, api_keys: [key-chat]}
+    - {name: a, api_keys: [key-a]}
+    - {name: b, api_keys: [key-b]}
+    - {name: c, api_keys: [key-c]}
+    - {name: d, api_keys: [key-d]}
+    - {name: rated, api_keys: [key-rated], limits: {requests_per_minute: 20}}
+tpot_slo_ms: {realtime: 200, api: 200, batch: 1000, offline: 1000}
+"""
+UNLIMITED = SCENARIO.replace(", limits: {requests_per_minute: 20}", "")
+
+
+def _prep(tmp_path: Path, text: str = SCENARIO, **changes: Any) -> Prepared:
+    p = tmp_path / "gw.yaml"
+    p.write_text(text)
+    s = load_scenario(p)
+    if changes:
+        s = override(s, **changes)
+    return prepare(s)
+
+
+def _run(prep: Prepared, plan: GatewayPlan, policy: str = "qos") -> RunResult:
+    setup = setup_for(prep, workload_for(prep))
+    return run_policy(replace(setup, gateways=plan), policy)
+
+
+def _rows(r: RunResult, digits: int | None = None) -> list[tuple[Any, ...]]:
+    """Each request's life, without the gateway it reached (times rounded to ``digits``)."""
+
+    def t(x: float | None) -> float | None:
+        return x if x is None or digits is None else round(x, digits)
+
+    return [
+        (x.rid, x.state, x.reason, t(x.first_token_at), t(x.finished_at), x.output_tokens,
+         x.preemptions, x.replica)
+        for x in r.records
+    ]
+
+
+def test_one_gateway_is_the_single_gateway_simulator(tmp_path: Path) -> None:
+    """Gateway options with one gateway change nothing: no shared state, same bytes."""
+    prep = _prep(tmp_path)
+    base = _run(prep, GatewayPlan())
+    other = _run(prep, GatewayPlan(1, "skewed", (("a", (3,)),), True, 0.01, 0.2))
+    assert _rows(base) == _rows(other)
+    assert base.engine == other.engine and base.samples == other.samples
+    assert base.shared == {} and other.shared == {}
+    doc = json.loads(dumps(document(run_scenario(prep))))
+    assert all("gateways" not in r for r in doc["runs"])  # a single gateway's document as before
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_gateways_that_receive_nothing_change_nothing(tmp_path: Path, shared: bool) -> None:
+    """Every tenant reaches gateway 0 only: the other instances (probing the same engines,
+    syncing their empty counters) leave every request's life as with one gateway. (To 1e-9 s
+    with the shared state: its sync instants cut the engines' closed-form decode stretches at
+    other points, which moves a finish time in the last bits of a float.)"""
+    prep = _prep(tmp_path, UNLIMITED)
+    one = _run(prep, GatewayPlan())
+    everyone = tuple((t, (0,)) for t in ("chat", "a", "b", "c", "d", "rated"))
+    four = _run(prep, GatewayPlan(4, "skewed", everyone, shared))
+    digits = 9 if shared else None
+    assert _rows(one, digits) == _rows(four, digits)
+    assert {x.gateway for x in four.records} == {0}
+    if shared:
+        syncs = four.shared["syncs"]
+        assert isinstance(syncs, list) and min(syncs) >= 500  # 30 s / 50 ms each
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        GatewayPlan(2, "round-robin"),
+        GatewayPlan(3, "hash", shared=False),
+        GatewayPlan(4, "skewed", (("a", (0,)), ("b", (0, 1))), True, 0.05, 0.01),
+        GatewayPlan(4, "skewed", (("a", (2,)),), True, 0.2, 0.05),
+    ],
+    ids=["rr2", "hash3-own", "skew4-delay", "skew4-slow-sync"],
+)
+def test_one_outcome_per_request_across_gateways(tmp_path: Path, plan: GatewayPlan) -> None:
+    prep = _prep(tmp_path)
+    r = _run(prep, plan)
+    n = len(workload_for(prep).arrivals)
+    assert r.arrivals == n and len(r.records) == n
+    assert len({x.rid for x in r.records}) == n
+    assert r.unfinished == 0 and sum(r.outcomes.values()) == n
+    per = [0] * plan.count
+    for x in r.records:
+        per[x.gateway] += 1
+    assert sum(per) == n and all(per)  # every instance took some
+    reach = dict(plan.reach)
+    for x in r.records:  # a tenant only ever reached the gateways it may
+        if x.tenant in reach:
+            assert x.gateway in {i % plan.count for i in reach[x.tenant]}
+    if plan.spread == "hash":  # a tenant sticks to one instance
+        seen: dict[str, set[int]] = {}
+        for x in r.records:
+            seen.setdefault(x.tenant, set()).add(x.gateway)
+        assert all(len(g) == 1 for g in seen.values())
+    # the engines' evictions are split over the gateways whose requests they hit
+    assert sum(r.gateway_evictions) == r.engine["kv_evictions"]
+    # the same seed, the same run
+    assert _rows(r) == _rows(_run(prep, plan))
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02])
+def test_a_rate_limit_over_4_gateways_admits_r_not_4r(tmp_path: Path, delay: float) -> None:
+    """docs/shared-state.md: over a span T, admitted <= R + R T / 60 + the stock the instances
+    hold (max(live, R/60) requests); without shared state each instance its own R."""
+    prep = _prep(tmp_path)
+    rpm = 20.0
+    shared = _run(prep, GatewayPlan(4, "round-robin", shared=True, sync_delay=delay))
+    own = _run(prep, GatewayPlan(4, "round-robin", shared=False))
+
+    def admitted(r: RunResult) -> tuple[int, float, list[int]]:
+        recs = [x for x in r.records if x.tenant == "rated"]
+        span = max(x.arrival for x in recs) - min(x.arrival for x in recs)
+        per = [0] * r.gateways
+        for x in recs:
+            if x.state != "rejected":
+                per[x.gateway] += 1
+        return sum(per), rpm + rpm * span / 60, per
+
+    n, allowed, per = admitted(shared)
+    held = max(4, rpm / 60)
+    assert allowed - held <= n <= allowed + held, (n, allowed, per)
+    m, allowed_own, per_own = admitted(own)
+    assert m >= 4 * allowed_own - 4 * 2, (m, allowed_own, per_own)  # ~4R: each its own limit
+    assert all(p >= allowed_own - 2 for p in per_own)
+
+
+def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) -> None:
+    """Tenant a reaches gateway 0 only, b gateways 0-1, c and d all four: with the shared
+    fair-share counters the four equal-weight api tenants get even service (Jain >= 0.95);
+    each instance on its own gives a and b less."""
+    prep = _prep(tmp_path, UNLIMITED, gateways={
+        "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]}})
+    on = run_scenario(prep).runs[0]
+    off = run_scenario(_prep(tmp_path, UNLIMITED, gateways={
+        "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]},
+        "shared": False})).runs[0]
+    j_on = on.metrics["fairness"]["api"]["jain"]
+    j_off = off.metrics["fairness"]["api"]["jain"]
+    assert j_on >= 0.95, on.metrics["fairness"]["api"]
+    assert j_off < j_on - 0.05, (j_on, j_off)
+    ratio = off.metrics["fairness"]["api"]["tenants"]
+    assert ratio["a"]["ratio"] < ratio["d"]["ratio"]  # alone on one instance: less than d
+
+
+def test_the_shared_state_runs_in_virtual_time() -> None:
+    """``MemoryStore``'s sleep is the simulator's: a sync coroutine yields one pause per store
+    call and completes without asyncio; the clock is read when the call answers."""
+    now = [0.0]
+    store = MemoryStore(0.5, lambda: now[0], _virtual_sleep)
+    ledger = LeasedLedger()
+    ledger.limiter("t", TenantLimits(requests_per_minute=600), 0.0)
+    sh = SharedState(store, ledger, lambda: now[0], None, "gw0", 0.05)
+    coro = sh.sync()
+    pauses = 0
+    with pytest.raises(StopIteration):
+        while True:
+            p = coro.send(None)
+            assert isinstance(p, _Pause) and p.delay == 0.5
+            pauses += 1
+            now[0] += p.delay
+    assert pauses == 2  # the heartbeat, then the requests/min bucket
+    assert sh.syncs == 1 and sh.live == 1
+    assert ledger.limiters["t"].req_stock == 10  # a second of the limit
+
+
+def test_cli_gateways(tmp_path: Path) -> None:
+    p = tmp_path / "gw.yaml"
+    p.write_text(SCENARIO.replace("duration_s: 30", "duration_s: 10"))
+    out = CliRunner().invoke(app, ["simulate", "-s", str(p), "--gateways", "1,2",
+                                   "--spread", "skewed", "--sync-delay-s", "0.01", "--no-plots"])
+    assert out.exit_code == 0, out.output
+    assert "gateways (tenant state: shared" in out.stdout
+    assert "gw1" in out.stdout and "requests/min limits over the gateways" in out.stdout
+    doc = CliRunner().invoke(app, ["simulate", "-s", str(p), "--gateways", "2",
+                                   "--no-shared-state", "--json-only"])
+    assert doc.exit_code == 0, doc.output
+    run = json.loads(doc.stdout)["runs"][0]
+    assert run["gateways"]["count"] == 2 and run["gateways"]["shared"] == {}
+    assert run["one_outcome_each"] is True
+    for bad in (["--gateways", "x"], ["--gateways", ","], ["--gateways", "0"],
+                ["--spread", "sticky"]):
+        res = CliRunner().invoke(app, ["simulate", "-s", str(p), *bad])
+        assert res.exit_code == 2, (bad, res.output)
+
+
+def test_reach_names_known_tenants(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="unknown tenants"):
+        _prep(tmp_path, gateways={"counts": [2], "spread": "skewed", "reach": {"zed": [0]}})

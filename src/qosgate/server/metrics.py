@@ -19,7 +19,17 @@ unknown model, ...) at scrape time, so ``qosgate_requests_total`` equals the out
   first byte (``upstream_unreachable``, ``upstream_503``, ``first_byte_timeout``, ...), and
   ``qosgate_retries_total{class,replica,reason}`` those of them retried elsewhere;
 - ``qosgate_preemptions_total{class}``: requests pulled back (paused or aborted) for a more
-  urgent one.
+  urgent one;
+- for the board and the alert rules (``deploy/``): ``qosgate_tpot_seconds{class}`` (histogram),
+  ``qosgate_slo_requests_total{class,slo}`` (completed requests judged against the class's
+  budgets), ``qosgate_class_ttft_budget_seconds{class}`` and
+  ``qosgate_class_starvation_seconds{class}`` (the config, as gauges, so rules need no numbers of
+  their own), ``qosgate_tenant_tokens_total{tenant,kind}`` and ``qosgate_tenant_weight{tenant}``
+  (share of service against fair share), ``qosgate_replica_signals_age_seconds{replica}``, and
+  the gateway's own cost: ``qosgate_process_cpu_seconds_total``,
+  ``qosgate_event_loop_lag_seconds``, ``qosgate_metrics_render_seconds``.
+
+Every family's name, type, unit and labels come from ``server/metric_names.py``.
 
 Timeouts are outcomes: ``qosgate_requests_total{outcome="timed_out", reason=...}`` with reason
 ``queue_timeout``, ``first_byte_timeout``, ``idle_timeout`` or ``total_timeout``.
@@ -27,26 +37,28 @@ Timeouts are outcomes: ``qosgate_requests_total{outcome="timed_out", reason=...}
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from qosgate.config import QosConfig
 from qosgate.core import Request, Scheduler, State
 from qosgate.runtime.batches import SIZE_BUCKETS, BatchRunner
+from qosgate.server import metric_names as mn
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0
 )
+# time per output token: engines decode at 5-200 ms a token
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+                2.5)
 
 # the gateway's own ledger, same key as the core's: (class, tenant, outcome, reason)
 Ledger = Counter[tuple[str, str, str, str]]
@@ -79,6 +91,39 @@ class TenantLabels:
         return tenant if tenant in self.known else OTHER_TENANT
 
 
+def starvation_waits(cfg: QosConfig) -> dict[str, float]:
+    """Per class, the queue wait past which a request is starving: aging lifts it one level per
+    ``aging_after_s`` of the level it waits in, up to the ``aging.ceiling`` class; once there (or
+    where aging stops) it has that class's ``aging_after_s`` more (its TTFT budget if it has
+    none). Defaults: realtime 1 s, api 10 s, batch 40 s, offline 100 s."""
+    by_level = {c.level: c for c in cfg.classes}
+    ceiling = cfg.class_named(cfg.aging.ceiling).level
+    out: dict[str, float] = {}
+    for c in cfg.classes:
+        t, level = 0.0, c.level
+        while cfg.aging.enabled and level > ceiling:
+            after = by_level[level].aging_after_s
+            if after is None:
+                break
+            t += after
+            level -= 1
+        at = by_level[level]
+        out[c.name] = t + (at.aging_after_s if at.aging_after_s is not None
+                           else at.ttft_budget_ms / 1000.0)
+    return out
+
+
+def tenant_weights(cfg: QosConfig, label: TenantLabels) -> dict[str, float]:
+    """The configured weight per ``tenant`` label (``other`` sums the tenants folded into it);
+    the default tenant (open mode) weighs 1."""
+    out: dict[str, float] = {}
+    for t in cfg.tenants:
+        name = label(t.name)
+        out[name] = out.get(name, 0.0) + t.weight
+    out.setdefault(cfg.default_tenant, 1.0)
+    return out
+
+
 class _StateCollector:
     def __init__(
         self,
@@ -90,14 +135,18 @@ class _StateCollector:
         self.ledger = ledger
         self.clock = clock
         self.tenant_label = TenantLabels(scheduler)
+        cfg = scheduler.cfg
+        self.budgets = {c.name: c.ttft_budget_ms / 1000.0 for c in cfg.classes}
+        self.starvation = starvation_waits(cfg)
+        self.weights = tenant_weights(cfg, self.tenant_label)
+
+    def relabel(self, label: TenantLabels) -> None:
+        self.tenant_label = label
+        self.weights = tenant_weights(self.scheduler.cfg, label)
 
     def collect(self) -> Iterator[Metric]:
         sched = self.scheduler
-        total = CounterMetricFamily(
-            "qosgate_requests",
-            "Requests by terminal outcome (completed, rejected, timed_out, cancelled, failed).",
-            labels=["class", "tenant", "outcome", "reason"],
-        )
+        total = mn.REQUESTS.counter()
         merged: Ledger = Counter(sched.outcomes)
         merged.update(self.ledger)
         label = self.tenant_label
@@ -110,15 +159,11 @@ class _StateCollector:
             total.add_metric([cls, tenant, outcome, reason], n)
         yield total
 
-        snap = sched.snapshot(self.clock(), tenants=True)
-        depth = GaugeMetricFamily("qosgate_queue_depth", "Queued requests.", labels=["class"])
-        oldest = GaugeMetricFamily(
-            "qosgate_queue_oldest_wait_seconds", "Wait of the oldest queued request.",
-            labels=["class"],
-        )
-        inflight = GaugeMetricFamily(
-            "qosgate_inflight", "Requests at an engine.", labels=["class"]
-        )
+        now = self.clock()
+        snap = sched.snapshot(now, tenants=True)
+        depth = mn.QUEUE_DEPTH.gauge()
+        oldest = mn.QUEUE_OLDEST.gauge()
+        inflight = mn.INFLIGHT.gauge()
         for c in snap.classes:
             depth.add_metric([c.name], c.queued)
             oldest.add_metric([c.name], c.oldest_wait_s)
@@ -126,68 +171,58 @@ class _StateCollector:
         yield depth
         yield oldest
         yield inflight
+        budget = mn.CLASS_TTFT_BUDGET.gauge()
+        for name, v in self.budgets.items():
+            budget.add_metric([name], v)
+        yield budget
+        starving = mn.CLASS_STARVATION.gauge()
+        for name, v in self.starvation.items():
+            starving.add_metric([name], v)
+        yield starving
         per_tenant: dict[str, list[int]] = {}
         for row in snap.tenants:
             acc = per_tenant.setdefault(label(row.tenant), [0, 0])
             acc[0] += row.queued
             acc[1] += row.inflight
-        tq = GaugeMetricFamily("qosgate_tenant_queued", "Queued requests.", labels=["tenant"])
-        ti = GaugeMetricFamily("qosgate_tenant_inflight", "Requests at an engine.",
-                               labels=["tenant"])
+        tq = mn.TENANT_QUEUED.gauge()
+        ti = mn.TENANT_INFLIGHT.gauge()
         for name, (q, i) in per_tenant.items():
             tq.add_metric([name], q)
             ti.add_metric([name], i)
         yield tq
         yield ti
-        gauges = {
-            "inflight": GaugeMetricFamily("qosgate_replica_inflight", "Requests in flight.",
-                                          labels=["replica"]),
-            "capacity": GaugeMetricFamily("qosgate_replica_capacity", "In-flight window.",
-                                          labels=["replica"]),
-            "up": GaugeMetricFamily("qosgate_replica_up", "1 if its last health probe answered.",
-                                    labels=["replica"]),
-            "eligible": GaugeMetricFamily(
-                "qosgate_replica_eligible", "1 if it may take work now (up, not cooling, "
-                "not ejected).", labels=["replica"]),
-            "open": GaugeMetricFamily("qosgate_replica_breaker_open",
-                                      "1 while outlier detection has it ejected.",
-                                      labels=["replica"]),
-            "cooling": GaugeMetricFamily(
-                "qosgate_replica_cooling_seconds",
-                "Back-pressure (429/503 Retry-After) left before it takes work again.",
-                labels=["replica"]),
-        }
-        ejections = CounterMetricFamily("qosgate_replica_ejections", "Outlier ejections.",
-                                        labels=["replica"])
+        weight = mn.TENANT_WEIGHT.gauge()
+        for name, w in self.weights.items():
+            weight.add_metric([name], w)
+        yield weight
+        rin = mn.REPLICA_INFLIGHT.gauge()
+        cap = mn.REPLICA_CAPACITY.gauge()
+        up = mn.REPLICA_UP.gauge()
+        eligible = mn.REPLICA_ELIGIBLE.gauge()
+        breaker = mn.REPLICA_BREAKER.gauge()
+        cooling = mn.REPLICA_COOLING.gauge()
+        age = mn.REPLICA_SIGNALS_AGE.gauge()
+        ejections = mn.REPLICA_EJECTIONS.counter()
         for r in snap.replicas:
-            gauges["inflight"].add_metric([r.name], r.inflight)
-            gauges["capacity"].add_metric([r.name], r.window)
-            gauges["up"].add_metric([r.name], 1.0 if r.up else 0.0)
-            gauges["eligible"].add_metric([r.name], 1.0 if r.eligible else 0.0)
-            gauges["open"].add_metric([r.name], 1.0 if r.breaker == "open" else 0.0)
-            gauges["cooling"].add_metric([r.name], r.cooling_s)
+            rin.add_metric([r.name], r.inflight)
+            cap.add_metric([r.name], r.window)
+            up.add_metric([r.name], 1.0 if r.up else 0.0)
+            eligible.add_metric([r.name], 1.0 if r.eligible else 0.0)
+            breaker.add_metric([r.name], 1.0 if r.breaker == "open" else 0.0)
+            cooling.add_metric([r.name], r.cooling_s)
+            if r.signals is not None:
+                age.add_metric([r.name], max(0.0, now - r.signals.at))
             ejections.add_metric([r.name], r.ejections)
-        yield from gauges.values()
-        yield ejections
-        fails = CounterMetricFamily(
-            "qosgate_attempt_failures",
-            "Engine calls that failed before the first byte reached the client.",
-            labels=["class", "replica", "reason"],
-        )
+        yield from (rin, cap, up, eligible, breaker, cooling, age, ejections)
+        fails = mn.ATTEMPT_FAILURES.counter()
         for cls, rep, reason, n in snap.attempt_failures:
             fails.add_metric([cls, rep, reason], n)
         yield fails
-        retries = CounterMetricFamily(
-            "qosgate_retries", "Failed attempts retried on another replica.",
-            labels=["class", "replica", "reason"],
-        )
+        retries = mn.RETRIES.counter()
         for cls, rep, reason, n in snap.retries:
             retries.add_metric([cls, rep, reason], n)
         yield retries
-        pre = CounterMetricFamily(
-            "qosgate_preemptions", "Requests pulled back for a more urgent one.",
-            labels=["class"],
-        )
+        pre = mn.PREEMPTIONS.counter()
         for cls, n in snap.preemptions:
             pre.add_metric([cls], n)
         yield pre
@@ -215,6 +250,12 @@ class _Histogram:
         # class -> (counts per bucket, the last one +Inf; [sum, created])
         self.by_class: dict[str, tuple[list[int], list[float]]] = {}
 
+    @classmethod
+    def of(cls, family: mn.Family, bounds: tuple[float, ...]) -> _Histogram:
+        """The histogram of a registered family (one label)."""
+        assert family.kind == "histogram" and len(family.labels) == 1, family.name
+        return cls(family.name, family.help, bounds, family.labels[0])
+
     def observe(self, cls: str, value: float) -> None:
         child = self.by_class.get(cls)
         if child is None:
@@ -225,6 +266,7 @@ class _Histogram:
     def collect(self) -> Metric:
         fam = HistogramMetricFamily(self.name, self.doc, labels=[self.label])
         name = self.name + "_created"
+        label = self.label
         for cls, (counts, (total, created)) in self.by_class.items():
             acc = 0
             buckets = []
@@ -232,8 +274,60 @@ class _Histogram:
                 acc += n
                 buckets.append((le, float(acc)))
             fam.add_metric([cls], buckets, total)
-            fam.add_sample(name, {self.label: cls}, created)
+            fam.add_sample(name, {label: cls}, created)
         return fam
+
+
+class _SelfCollector:
+    """The gateway's own cost, read at scrape time only (nothing on a request's path): CPU
+    seconds of the process, how long the previous render took, and the event loop's lag — a
+    callback queued at each scrape records how long it waited for the loop."""
+
+    def __init__(self) -> None:
+        self.render_s: float | None = None
+        self.loop_lag_s: float | None = None
+
+    def probe_loop(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # rendered outside the loop (tests, tools): nothing to measure
+            return
+        loop.call_soon(self._lagged, time.perf_counter())
+
+    def _lagged(self, queued: float) -> None:
+        self.loop_lag_s = time.perf_counter() - queued
+
+    def collect(self) -> Iterator[Metric]:
+        cpu = mn.CPU.counter()
+        cpu.add_metric([], time.process_time())
+        yield cpu
+        lag = mn.LOOP_LAG.gauge()
+        if self.loop_lag_s is not None:
+            lag.add_metric([], self.loop_lag_s)
+        yield lag
+        render = mn.RENDER.gauge()
+        if self.render_s is not None:
+            render.add_metric([], self.render_s)
+        yield render
+
+
+class _RequestCounters:
+    """Counters kept by ``GatewayMetrics.observe``: SLO met/missed per class and tokens per
+    tenant label, rendered at scrape time."""
+
+    def __init__(self) -> None:
+        self.slo: Counter[tuple[str, str]] = Counter()
+        self.tokens: Counter[tuple[str, str]] = Counter()
+
+    def collect(self) -> Iterator[Metric]:
+        slo = mn.SLO.counter()
+        for (cls, met), n in sorted(self.slo.items()):
+            slo.add_metric([cls, met], n)
+        yield slo
+        tokens = mn.TENANT_TOKENS.counter()
+        for (tenant, kind), n in sorted(self.tokens.items()):
+            tokens.add_metric([tenant, kind], n)
+        yield tokens
 
 
 class GatewayMetrics:
@@ -244,27 +338,31 @@ class GatewayMetrics:
     ) -> None:
         self.ledger: Ledger = Counter()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.queue_wait = _Histogram(
-            "qosgate_queue_wait_seconds", "Arrival to (last) dispatch.", LATENCY_BUCKETS
-        )
-        self.ttft = _Histogram("qosgate_ttft_seconds", "Arrival to first token.", LATENCY_BUCKETS)
-        self.e2e = _Histogram(
-            "qosgate_e2e_seconds", "Arrival to completion (completed requests).", LATENCY_BUCKETS
-        )
-        self.replica_ttft = _Histogram(
-            "qosgate_replica_ttft_seconds", "Dispatch to first token, per replica.",
-            LATENCY_BUCKETS, label="replica",
-        )
-        self.registry.register(
-            _HistogramCollector((self.queue_wait, self.ttft, self.e2e, self.replica_ttft))
-        )
+        self.queue_wait = _Histogram.of(mn.QUEUE_WAIT, LATENCY_BUCKETS)
+        self.ttft = _Histogram.of(mn.TTFT, LATENCY_BUCKETS)
+        self.e2e = _Histogram.of(mn.E2E, LATENCY_BUCKETS)
+        self.tpot = _Histogram.of(mn.TPOT, TPOT_BUCKETS)
+        self.replica_ttft = _Histogram.of(mn.REPLICA_TTFT, LATENCY_BUCKETS)
+        self.registry.register(_HistogramCollector(
+            (self.queue_wait, self.ttft, self.e2e, self.tpot, self.replica_ttft)))
         self._state = _StateCollector(scheduler, self.ledger, clock)
         self.registry.register(self._state)
+        self.counters = _RequestCounters()
+        self.registry.register(self.counters)
+        self._self = _SelfCollector()
+        self.registry.register(self._self)
+        # per class: (TTFT budget, TPOT budget or inf). The config has no TPOT budget yet; a
+        # ``tpot_budget_ms`` on the class, once there is one, is judged too.
+        self._budgets: dict[str, tuple[float, float]] = {}
+        for c in scheduler.cfg.classes:
+            tpot_ms = getattr(c, "tpot_budget_ms", None)
+            self._budgets[c.name] = (c.ttft_budget_ms / 1000.0,
+                                     math.inf if tpot_ms is None else float(tpot_ms) / 1000.0)
 
     def cap_tenants(self, max_tenants: int) -> None:
         """Give the first ``max_tenants`` configured tenants a label of their own (see
         ``TenantLabels``)."""
-        self._state.tenant_label = TenantLabels(self._state.scheduler, max_tenants)
+        self._state.relabel(TenantLabels(self._state.scheduler, max_tenants))
 
     def refused(self, cls: str, tenant: str, reason: str) -> None:
         """A request refused before it reached the scheduler."""
@@ -276,19 +374,39 @@ class GatewayMetrics:
         self.ledger[(cls, tenant, outcome, reason)] += 1
 
     def observe(self, req: Request) -> None:
-        """A request reached its terminal state (driver hook)."""
+        """A request reached its terminal state (driver hook). Called once per request: a few
+        dict updates, no clock read."""
         cls = req.service_class
         if req.dispatched_at is not None:
             self.queue_wait.observe(cls, req.dispatched_at - req.arrival)
-        if req.first_token_at is not None:
-            self.ttft.observe(cls, req.first_token_at - req.arrival)
-            if req.replica is not None and req.dispatched_at is not None:
-                self.replica_ttft.observe(req.replica, req.first_token_at - req.dispatched_at)
-            if req.finished_at is not None and req.state is State.COMPLETED:
-                self.e2e.observe(cls, req.finished_at - req.arrival)
+        first = req.first_token_at
+        if first is None:
+            return
+        ttft = first - req.arrival
+        self.ttft.observe(cls, ttft)
+        if req.replica is not None and req.dispatched_at is not None:
+            self.replica_ttft.observe(req.replica, first - req.dispatched_at)
+        tokens = self.counters.tokens
+        tenant = self._state.tenant_label(req.tenant)
+        tokens[(tenant, "prompt")] += req.prompt_tokens
+        tokens[(tenant, "output")] += req.output_tokens
+        if req.finished_at is not None and req.state is State.COMPLETED:
+            self.e2e.observe(cls, req.finished_at - req.arrival)
+            tpot = -1.0
+            if req.output_tokens >= 2:
+                tpot = (req.finished_at - first) / (req.output_tokens - 1)
+                self.tpot.observe(cls, tpot)
+            budget = self._budgets.get(cls)
+            if budget is not None:
+                met = ttft <= budget[0] and tpot <= budget[1]
+                self.counters.slo[(cls, "met" if met else "missed")] += 1
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        t0 = time.perf_counter()
+        out = generate_latest(self.registry)
+        self._self.render_s = time.perf_counter() - t0
+        self._self.probe_loop()
+        return out
 
 
 class BatchingCollector:
@@ -301,25 +419,18 @@ class BatchingCollector:
     def collect(self) -> Iterator[Metric]:
         r = self.runner
         st = r.stats
-        window = GaugeMetricFamily("qosgate_embeddings_batch_window_seconds",
-                                   "The batch window in force at a replica.", labels=["replica"])
-        pending = GaugeMetricFamily("qosgate_embeddings_batch_pending",
-                                    "Embeddings requests waiting in a batch window.",
-                                    labels=["replica"])
+        window = mn.EMB_WINDOW.gauge()
+        pending = mn.EMB_PENDING.gauge()
         for name, b in r.batchers.items():
             window.add_metric([name], b.window_s)
             pending.add_metric([name], len(b))
         yield window
         yield pending
-        released = CounterMetricFamily(
-            "qosgate_embeddings_batches",
-            "Batches released, by reason (size, tokens, urgent, full, window).",
-            labels=["replica", "reason"])
+        released = mn.EMB_BATCHES.counter()
         for (name, why), n in sorted(st.released.items()):
             released.add_metric([name, why], n)
         yield released
-        sizes = HistogramMetricFamily("qosgate_embeddings_batch_size",
-                                      "Requests per released batch.", labels=["replica"])
+        sizes = mn.EMB_SIZE.histogram()
         for name, counts in sorted(st.sizes.items()):
             acc = 0
             buckets: list[tuple[str, float]] = []
@@ -328,10 +439,7 @@ class BatchingCollector:
                 buckets.append((floatToGoString(bound), acc))  # type: ignore[no-untyped-call]
             sizes.add_metric([name], buckets, st.size_sum.get(name, 0))
         yield sizes
-        decisions = CounterMetricFamily(
-            "qosgate_embeddings_window_decisions",
-            "The adaptive window's evaluations: grow, shrink or hold.",
-            labels=["replica", "decision"])
+        decisions = mn.EMB_DECISIONS.counter()
         for (name, dec), n in sorted(st.decisions.items()):
             decisions.add_metric([name, dec], n)
         yield decisions

@@ -160,14 +160,10 @@ class Fleet(_Strict):
                         "least-load (measured load) or most-free (the most free slots)")
     window: Window = Window()
     prefill_budget_tokens: int | None = Field(
-        default=None, ge=1, description="while a replica streams to a strict (realtime) "
-        "request, prompt tokens of other classes it has not yet answered stay within this "
-        "budget (one request alone may exceed it), so each engine step carries little prefill "
-        "next to the realtime decode; None = no bound (the default: at load it also bounds "
-        "prefill throughput, see docs/fleet.md)")
-    prefill_guard_max_wait_s: float = Field(
-        default=5.0, gt=0, description="a request held back by the prefill budget longer "
-        "than this goes anyway (no starvation)")
+        default=2048, ge=1, description="while a replica streams to a strict (realtime) "
+        "request, the prompt tokens it has been sent and not yet answered stay within this "
+        "budget, so each engine step carries little prefill next to the realtime decode; past "
+        "it one prompt of the other classes at a time may go (no starvation). None = no bound")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(

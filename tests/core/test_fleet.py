@@ -213,8 +213,7 @@ def test_a_reserved_share_is_kept_for_realtime_and_lent_only_to_preemptible_clas
 
 
 def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
-    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8),
-               fleet=Fleet(prefill_budget_tokens=1000, prefill_guard_max_wait_s=20.0))
+    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8), fleet=Fleet(prefill_budget_tokens=1000))
     assert _dispatched(_submit(s, "rt", cls="realtime")) == {"rt": "a"}
     s.first_token("rt", 0.1)
     assert s.replicas["a"].strict_streams == 1
@@ -225,18 +224,25 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     assert _dispatched(_submit(s, "long2", now=0.4, prompt=4000)) == {"long2": "a"}
     assert _dispatched(_submit(s, "long3", now=0.5, prompt=4000)) == {}
     assert _dispatched(_submit(s, "short", now=0.5, prompt=500)) == {}
-    assert s.replicas["a"].prefill_tokens == 4000
-    out = s.first_token("long2", 0.6)  # answered: the next one may go
-    assert _dispatched(out) == {"long3": "a"}
+    # realtime's own prompts are not held (its TTFT would pay more than its TPOT gains)
+    assert _dispatched(_submit(s, "rt-long", now=0.5, cls="realtime", prompt=3000)) == {
+        "rt-long": "a"}
+    assert s.replicas["a"].prefill_tokens == 7000
+    assert s.replicas["a"].other_prefill_tokens == 4000
+    out = s.first_token("long2", 0.6)  # answered: the next one may go, however much realtime
+    assert _dispatched(out) == {"long3": "a"}  # prefill is pending (no starvation)
     assert s.requests["short"].state is State.QUEUED
-    s.complete("rt", 1.0, 20)  # the realtime stream ends: no budget any more
+    s.first_token("rt-long", 0.7)
+    s.complete("rt-long", 0.8, 5)
+    s.complete("rt", 1.0, 20)  # the realtime streams end: no budget any more
     assert s.requests["short"].replica == "a"
-    # and a held request goes anyway past its bound (no starvation)
+    # a held request waits only for the other classes' pending prompt, never for long
     _submit(s, "rt2", now=2.0, cls="realtime")
     s.first_token("rt2", 2.1)
     _submit(s, "long4", now=3.0, prompt=4000)
     assert s.requests["long4"].state is State.QUEUED  # long3 is not answered yet
-    assert _dispatched(s.tick(23.5)) == {"long4": "a"}
+    assert _dispatched(s.first_token("long3", 3.5)) == {}  # short's prompt is still pending
+    assert _dispatched(s.first_token("short", 3.6)) == {"long4": "a"}
 
 
 def test_an_adaptive_window_follows_the_engine_signals() -> None:

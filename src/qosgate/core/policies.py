@@ -9,8 +9,11 @@
   inside a tenant.
 
 Aging is done by the scheduler for every class-aware policy: it moves a long waiter up a level.
-Under ``priority`` that lifts it over the less urgent bands; under ``wfq``/``qos`` it is served
-ahead inside the more urgent class while its own class pays, so the 5:3:2 shares still hold.
+Under ``priority`` (and into a strict band of ``qos``, if the ceiling allows) that lifts it over the
+less urgent bands. Between weighted classes it stays in its own class's node, where its earlier
+deadline puts it first: the shares (5:3:2) already keep every class moving, and a promoted request
+served in the node of the class above took that class's turn while its own class paid, so under
+sustained overload the class below took the turns of the class above (batch served more than api).
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
     if name == "wfq":
         return Policy(
             name,
-            FairSplit(_level, class_weight, lambda: KeyedQueue(_arrival, seq), _class_level),
+            FairSplit(_class_level, class_weight, lambda: KeyedQueue(_deadline, seq)),
             class_aware=True,
             preemptive=False,
         )
@@ -108,7 +111,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
             return band_index.get(req.level, shared)
 
         qos_bands: list[Node] = [by_tenant() for _ in strict]
-        qos_bands.append(FairSplit(_level, class_weight, by_tenant, _class_level))
+        qos_bands.append(FairSplit(_class_level, class_weight, by_tenant))
         return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True)
     raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
 

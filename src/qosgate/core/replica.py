@@ -164,7 +164,8 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
-                 "pausable", "pending", "preemptible", "prefill_tokens", "signals",
+                 "other_prefill_tokens", "pausable", "pending", "preemptible",
+                 "prefill_tokens", "signals",
                  "strict_streams", "up")
 
     def __init__(
@@ -189,6 +190,7 @@ class Replica:
         # local dispatch-time accounting (the scrape corrects it, the scrape lags it): prompt
         # tokens sent and not yet answered by a first byte, and streams of a strict class
         self.prefill_tokens = 0
+        self.other_prefill_tokens = 0  # ... of those, non-strict classes' (the prefill budget)
         self.pending = 0  # requests sent and not answered by a first byte yet
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back

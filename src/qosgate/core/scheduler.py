@@ -135,7 +135,11 @@ class Scheduler:
         self._reserve_max = max(
             (f for f, borrow in zip(self._reserve_above, self._may_borrow, strict=True)
              if not borrow), default=0.0)
-        self._prefill_budget = cfg.fleet.prefill_budget_tokens
+        # the prefill budget protects the strict classes' streams: a policy blind to classes
+        # (fifo, the baseline) has none to protect
+        self._prefill_budget = (
+            cfg.fleet.prefill_budget_tokens if self.policy.class_aware else None
+        )
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
         # a light tenant's request waits behind its own share of the class's queue, not all of it
@@ -146,7 +150,6 @@ class Scheduler:
             c.admission_wait_s if c.admission_wait_s is not None else c.queue_timeout_s
             for c in self.classes
         ]
-        self._prefill_wait = cfg.fleet.prefill_guard_max_wait_s
 
         self.requests: dict[str, Request] = {}  # every live (non-terminal) request
         # queued requests per service class in queueing order (newest last: the displacement victim)
@@ -176,6 +179,9 @@ class Scheduler:
         self._limiters: dict[str, Limiter] = {}
         self._out_est = [256.0] * len(self.classes)
         self.completions = DecayingRate()
+        # first dispatches per class: the service a backlogged class actually gets, after the
+        # strict classes, the other shares and aging took theirs (what admission predicts from)
+        self._served = [DecayingRate() for _ in self.classes]
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         for spec in replicas:
@@ -376,7 +382,9 @@ class Scheduler:
                 rep.pending -= 1
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
-                elif rep.strict_streams and self._prefill_budget is not None:
+                else:
+                    rep.other_prefill_tokens -= req.prompt_tokens
+                if rep.strict_streams and self._prefill_budget is not None:
                     self._next_change = now  # prefill budget freed: the queue may use it now
                 if not rep.pausable and self._preemptible.pop(rid, None) is not None:
                     rep.preemptible -= 1
@@ -752,7 +760,15 @@ class Scheduler:
         rate = self._rate(now)
         if rate <= 0:
             return None
-        return (ahead + 1 - room) / rate
+        wait = (ahead + 1 - room) / rate
+        if self.policy.class_aware and not cls.strict and queued[level]:
+            # backlogged: the class is served at the rate it has been getting, which counts what
+            # overtakes it while it waits (strict arrivals, the other shares, the prefill
+            # budget), and the estimate above, from the queue as it stands now, does not
+            served = self._served[level].value(now)
+            if served > 0:
+                wait = max(wait, (own + 1) / served)
+        return wait
 
     def _rate(self, now: float) -> float:
         """The decayed completion rate, re-read at most every ``_RATE_EVERY_S``: it moves with
@@ -823,12 +839,11 @@ class Scheduler:
             timers = self._timers
 
     def _promote(self, req: Request, now: float) -> None:
-        """Aging: one level up, where it queues as a request of that class arriving *now* would
-        (deadline: now + that class's budget). It gains the class's share, not precedence over
-        the class's own earlier requests: with the deadline counted from its original arrival a
-        promoted request went ahead of every native one under sustained overload, so the
-        promoted class starved its own and the class below overtook the class it was promoted
-        into (offline served before batch, batch before api)."""
+        """Aging: one level up, with the deadline a request of that level arriving *now* would
+        have. Under strict bands that lifts it over the bands below; between weighted classes
+        it stays in its own class's share (see ``policies``), where the earlier deadline puts it
+        ahead of its class's younger requests. Counted from its original arrival, the deadline
+        put it ahead of every native request of the level above under sustained overload."""
         self.policy.remove(req)
         req.level -= 1
         req.promotions += 1
@@ -895,16 +910,14 @@ class Scheduler:
             if reserved and rep.free - 1 + rep.preemptible < reserved:
                 return False
         budget = self._prefill_budget
-        held_back = (
-            budget is not None
-            and rep.strict_streams > 0
-            and not self._strict[req.class_level]
-            and req.replica is None
-            and rep.prefill_tokens > 0  # alone, a long prompt may go: one at a time
-            and rep.prefill_tokens + req.prompt_tokens > budget
-            and now - req.arrival < self._prefill_wait
-        )
-        return not held_back
+        if (budget is None or not rep.strict_streams or req.replica is not None
+                or self._strict[req.class_level]):
+            return True
+        # past the budget, one prompt of the other classes at a time: however much realtime
+        # prefill is pending, they still make progress (no starvation). Realtime's own prompts
+        # are not held: that costs its TTFT more than its streams' TPOT gains
+        return (rep.other_prefill_tokens == 0
+                or rep.prefill_tokens + req.prompt_tokens <= budget)
 
     def _suspects(self) -> bool:
         return any(r.failing for r in self._usable)
@@ -949,7 +962,10 @@ class Scheduler:
                 rep.strict_streams += 1
         else:
             rep.prefill_tokens += req.prompt_tokens
+            if not self._strict[req.class_level]:
+                rep.other_prefill_tokens += req.prompt_tokens
             rep.pending += 1
+            self._served[req.class_level].add(now)
         self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self._may_borrow[req.class_level]:
             self._preemptible[req.id] = req
@@ -999,6 +1015,8 @@ class Scheduler:
             return
         if req.state is DISPATCHED:
             rep.prefill_tokens -= req.prompt_tokens
+            if not self._strict[req.class_level]:
+                rep.other_prefill_tokens -= req.prompt_tokens
             rep.pending -= 1
         elif self._strict[req.class_level]:
             rep.strict_streams -= 1

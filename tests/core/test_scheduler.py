@@ -271,3 +271,19 @@ def test_reject_queued_spares_a_paused_stream_which_then_finishes() -> None:
     assert waiting.state is State.REJECTED and off.state is State.QUEUED
     h.run_until(10)
     assert rt.state is State.COMPLETED and off.state is State.COMPLETED
+
+
+def test_a_metrics_snapshot_counts_tenants_without_walking_the_queue() -> None:
+    tenants = (Tenant(name="a", api_keys=("ka",)), Tenant(name="b", api_keys=("kb",)))
+    h = make(capacity=1, tenants=tenants)
+    h.submit("api", tenant_key="ka", output=10**6)  # takes the slot
+    for key, cls in [("ka", "api"), ("ka", "api"), ("kb", "api"), ("kb", "batch")]:
+        h.submit(cls, tenant_key=key)
+    h.run_until(3.0)
+    full = h.sched.snapshot(h.now, tenants=True)
+    counts = h.sched.snapshot(h.now, tenants=True, tenant_waits=False)
+    rows = {(r.tenant, r.service_class): (r.queued, r.inflight) for r in counts.tenants}
+    assert rows == {(r.tenant, r.service_class): (r.queued, r.inflight) for r in full.tenants}
+    assert rows == {("a", "api"): (2, 1), ("b", "api"): (1, 0), ("b", "batch"): (1, 0)}
+    assert all(r.oldest_wait_s == 0 for r in counts.tenants)
+    assert max(r.oldest_wait_s for r in full.tenants) == pytest.approx(3.0)

@@ -581,8 +581,10 @@ class Scheduler:
             heapq.heappop(timers)
         return None if change == math.inf else change
 
-    def snapshot(self, now: float, tenants: bool = False) -> Snapshot:
-        """A frozen view of queues, replicas and counters (see ``core.snapshot``)."""
+    def snapshot(self, now: float, tenants: bool = False, tenant_waits: bool = True) -> Snapshot:
+        """A frozen view of queues, replicas and counters (see ``core.snapshot``). The tenant
+        rows' oldest waits walk the queued requests; without ``tenant_waits`` (a metrics
+        scrape) the rows come from the per-tenant counts kept as requests queue, and read 0."""
         inflight = [0] * len(self.classes)
         for rep in self.replicas.values():
             for r in rep.inflight.values():
@@ -617,11 +619,16 @@ class Scheduler:
         per_replica: Counter[tuple[str, str]] = Counter()
         if tenants:
             acc: dict[tuple[str, str], list[float]] = {}
-            for bucket in self.queued:
-                for r in bucket.values():
-                    row = acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])
-                    row[0] += 1
-                    row[2] = max(row[2], now - r.arrival)
+            if tenant_waits:
+                for bucket in self.queued:
+                    for r in bucket.values():
+                        row = acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])
+                        row[0] += 1
+                        row[2] = max(row[2], now - r.arrival)
+            else:
+                for c, counts in zip(self.classes, self._tenant_queued, strict=True):
+                    for tenant, n in counts.items():
+                        acc[(tenant, c.name)] = [n, 0, 0.0]
             for rep in self.replicas.values():
                 for r in rep.inflight.values():
                     acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])[1] += 1

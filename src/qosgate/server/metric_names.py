@@ -105,6 +105,10 @@ TENANT_INFLIGHT = _f("qosgate_tenant_inflight", "gauge", "", T, "Requests at an 
 TENANT_TOKENS = _f("qosgate_tenant_tokens_total", "counter", "tokens", ("tenant", "kind"),
                    "Tokens served per tenant: kind prompt (requests that got a first token) "
                    "or output (tokens generated, a cancelled stream's so far).")
+FAIRNESS_TOKEN_COST = _f("qosgate_fairness_token_cost", "gauge", "", ("kind",),
+                         "What fair sharing (VTC) charges per token of a kind: fairness."
+                         "prompt_weight and output_weight of the config; share of service is "
+                         "tokens times this.")
 TENANT_WEIGHT = _f("qosgate_tenant_weight", "gauge", "", T,
                    "The tenant's configured fair-share weight (other: the sum of the tenants "
                    "without a label of their own).")

@@ -160,7 +160,8 @@ class _StateCollector:
         yield total
 
         now = self.clock()
-        snap = sched.snapshot(now, tenants=True)
+        # tenant rows from the per-tenant counts: a scrape does not walk the queued requests
+        snap = sched.snapshot(now, tenants=True, tenant_waits=False)
         depth = mn.QUEUE_DEPTH.gauge()
         oldest = mn.QUEUE_OLDEST.gauge()
         inflight = mn.INFLIGHT.gauge()
@@ -195,6 +196,11 @@ class _StateCollector:
         for name, w in self.weights.items():
             weight.add_metric([name], w)
         yield weight
+        fair = sched.cfg.fairness
+        cost = mn.FAIRNESS_TOKEN_COST.gauge()
+        cost.add_metric(["prompt"], fair.prompt_weight)
+        cost.add_metric(["output"], fair.output_weight)
+        yield cost
         rin = mn.REPLICA_INFLIGHT.gauge()
         cap = mn.REPLICA_CAPACITY.gauge()
         up = mn.REPLICA_UP.gauge()

@@ -3,12 +3,19 @@ a subprocess against a real gateway in front of two stand-ins, a dead URL and a 
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import os
+import pty
+import select
+import signal
 import socket
+import struct
 import subprocess
+import termios
 import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -417,3 +424,66 @@ def test_metrics_on_their_own_port(live: Live, tmp_path: Path) -> None:
     assert with_port.returncode == 0, with_port.stderr
     assert row(with_port.stdout, "gateways", gw.url)[2] == "ok"
     assert row(with_port.stdout, "replicas", "engine-a")[1] == "yes"
+
+
+def read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
+    """Read a pty's output until ``marker`` appears (or fail at the deadline)."""
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while marker not in buf:
+        left = deadline - time.monotonic()
+        assert left > 0, buf[-2000:].decode(errors="replace")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            buf += chunk
+    return buf
+
+
+def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: Live) -> None:
+    """In a pseudo-terminal: the alternate screen, a first cumulative frame, then frames with
+    rates over the interval; SIGINT (Ctrl-C) ends it with status 0."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen([*QOSGATE, "top", live.gw.url, "--key", "sk-admin",
+                             "--interval", "0.3"], stdin=slave, stdout=slave, stderr=slave,
+                            env={**env, "TERM": "xterm-256color"}, close_fds=True)
+    os.close(slave)
+    try:
+        out = read_until(master, b"since start")
+        assert b"\x1b[?1049h" in out  # the alternate screen
+        out += read_until(master, b"over the last")
+        assert b"engine-a" in out and b"engine-b" in out and b"interactive" in out
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+
+
+def test_frames_to_a_pipe_are_a_log(live: Live) -> None:
+    """Without --once and stdout not a terminal: one plain frame per interval."""
+    proc = subprocess.Popen([*QOSGATE, "top", live.gw.url, "--key", "sk-admin", "--interval",
+                             "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        while sum("over the last" in ln for ln in lines) < 2:
+            ln = proc.stdout.readline().decode()
+            assert ln, lines
+            lines.append(ln)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text_ = "".join(lines)
+    assert "\x1b[" not in text_
+    assert text_.count("qosgate top ") == 3 and "since start" in text_

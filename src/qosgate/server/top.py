@@ -525,7 +525,6 @@ class Fetcher:
         self.key = key
         self.timeout = timeout
         self.metrics_port = metrics_port
-        self.retries_for_same_worker = 4
         self.pool = ThreadPoolExecutor(max_workers=min(32, len(self.urls)))
 
     def _status(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -544,13 +543,22 @@ class Fetcher:
         except Exception as exc:
             return None, _why(exc, self.timeout)
 
-    def _one(self, url: str, at: float) -> Scrape:
-        """Status and metrics of one URL, from the same worker if several share its port: each
-        connection may reach another one, so ask again (a new connection each time)."""
-        status, serr = self._status(url)
+    def _one(self, url: str, at: float, want: str | None = None, tries: int = 16
+             ) -> Scrape | None:
+        """Status and metrics of one worker behind ``url``: ``want``, or whichever answers.
+        Each connection may reach another worker of a port that several share (the kernel
+        spreads them), so ask again, a new connection each time, up to ``tries`` times for the
+        status of ``want`` and for the metrics of the worker whose status we have. None if
+        ``want`` never answered."""
+        for _ in range(tries):
+            status, serr = self._status(url)
+            if want is None or (status is not None and status.get("instance") == want):
+                break
+        else:
+            return None
         metrics, merr = self._metrics(url)
         sc = Scrape(url, at, status, serr, metrics, merr)
-        for _ in range(self.retries_for_same_worker):
+        for _ in range(tries - 1):
             if status is None or sc.metrics is None or sc.instance == status.get("instance"):
                 break
             sc.metrics, sc.metrics_error = self._metrics(url)
@@ -558,24 +566,24 @@ class Fetcher:
 
     def _url(self, url: str, at: float) -> list[Scrape]:
         """Every worker behind ``url``: with ``--workers`` and Redis the status lists the fleet,
-        and new connections reach the workers the first one did not (a few tries each). Only
-        the answering instance's siblings (``<id>-w<i>``) are looked for: other gateways that
-        share the Redis are not behind this URL."""
+        and new connections reach the workers the first one was not. Only the answering
+        instance's siblings (``<id>-w<i>``) are looked for: other gateways that share the Redis
+        are not behind this URL."""
         first = self._one(url, at)
+        assert first is not None  # want=None: the first answer, whatever it is
         me = _get(first.status, "instance")
         if not isinstance(me, str) or first.instance != me:
             return [first]
         sibling = re.compile(re.escape(re.sub(r"-w\d+$", "", me)) + r"-w\d+")
-        fleet = {i for i in _get(first.status, "shared_state", "fleet") or {}
-                 if me != i and sibling.fullmatch(i) and sibling.fullmatch(me)}
+        if not sibling.fullmatch(me):
+            return [first]
+        fleet = sorted(i for i in _get(first.status, "shared_state", "fleet") or {}
+                       if i != me and sibling.fullmatch(i))
         got = {me: first}
-        for _ in range(3 * len(fleet)):
-            if fleet <= set(got):
-                break
-            sc = self._one(url, at)
-            if sc.status is None or sc.instance != sc.status.get("instance"):
-                continue
-            got.setdefault(str(sc.instance), sc)
+        for inst in fleet:  # a worker that did not answer is left out of this frame
+            sc = self._one(url, at, want=inst, tries=max(16, 4 * (len(fleet) + 1)))
+            if sc is not None and sc.instance == inst:
+                got[inst] = sc
         return [got[k] for k in sorted(got)]
 
     def scrape(self) -> list[Scrape]:

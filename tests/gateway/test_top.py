@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pty
+import re
 import select
 import signal
 import socket
@@ -25,6 +26,8 @@ import pytest
 from openai import OpenAI, RateLimitError
 from rich.console import Console, RenderableType
 
+from qosgate.server import metric_names
+from qosgate.server import top as top_module
 from qosgate.server.top import (
     Scrape,
     frame,
@@ -221,6 +224,23 @@ def test_unreachable_and_refused_gateways_are_rows_not_tracebacks() -> None:
     assert row(out, "gateways", "http://gw:8000")[2:4] == ["no", "metrics"]
     assert "http://gw:8000 /metrics: HTTP 401: no key" in out
     assert row(out, "replicas", "r1")[4] == "4/4"  # the status alone still fills the view
+
+
+def test_every_metric_top_reads_is_registered() -> None:
+    """The names top.py reads are in the registry the board, rules and docs are checked
+    against (a renamed metric fails here, not silently as an empty column)."""
+    src = Path(top_module.__file__).read_text()
+    names = set(re.findall(r'"(qosgate_[a-z_]+)"', src))
+    assert {"qosgate_requests_total", "qosgate_ttft_seconds", "qosgate_retries_total"} <= names
+    for name in names:
+        fam = metric_names.family_of(name)
+        assert fam is not None, name
+    for name, label in (("qosgate_requests_total", "outcome"), ("qosgate_requests_total",
+                        "tenant"), ("qosgate_ttft_seconds", "class"),
+                        ("qosgate_retries_total", "replica"),
+                        ("qosgate_replica_ttft_seconds", "replica")):
+        fam = metric_names.family_of(name)
+        assert fam is not None and label in fam.labels, (name, label)
 
 
 def test_normalize_url() -> None:

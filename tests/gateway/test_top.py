@@ -275,10 +275,19 @@ ADMIN = {"Authorization": "Bearer sk-admin"}
 class Live:
     def __init__(self, tmp: Path) -> None:
         self.a = start_standin(tmp, "--scheduling-policy", "priority")
-        self.b = start_standin(tmp, "--scheduling-policy", "priority")
+        try:
+            self.b = start_standin(tmp, "--scheduling-policy", "priority")
+        except Exception:
+            self.a.stop()
+            raise
         cfg = tmp / "top.yaml"
         cfg.write_text(CONFIG.format(a=self.a.url, b=self.b.url))
-        self.gw = start_gateway(tmp, "--config", str(cfg))
+        try:
+            self.gw = start_gateway(tmp, "--config", str(cfg))
+        except Exception:  # a gateway that fails to start leaves no stand-in behind
+            self.a.stop()
+            self.b.stop()
+            raise
 
     def close(self) -> None:
         self.gw.stop()
@@ -407,8 +416,12 @@ def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None
     redis = RedisServer(tmp_path)
     cfg = tmp_path / "top.yaml"
     cfg.write_text(CONFIG.format(a=live.a.url, b=live.b.url))
-    gw = start_gateway(tmp_path, "--config", str(cfg), "--redis", redis.url, "--workers", "2",
-                       "--instance-id", "wk")
+    try:
+        gw = start_gateway(tmp_path, "--config", str(cfg), "--redis", redis.url, "--workers",
+                           "2", "--instance-id", "wk")
+    except Exception:
+        redis.stop()
+        raise
     try:
         assert wait_until(lambda: len(gw_status(gw)["shared_state"]["fleet"]) == 2, timeout=15)
         p = top(gw.url, "--once", "--key", "sk-admin")

@@ -22,7 +22,7 @@ from qosgate.config import TenantLimits
 from qosgate.core.ledger import LeasedLedger
 from qosgate.runtime.shared_state import MemoryStore, SharedState
 from qosgate.sim.driver import GatewayPlan, RunResult, _Pause, _virtual_sleep, run_policy
-from qosgate.sim.report import document, dumps
+from qosgate.sim.report import csv_rows, document, dumps
 from qosgate.sim.scenarios import (
     Prepared,
     ScenarioError,
@@ -238,13 +238,25 @@ def test_cli_gateways(tmp_path: Path) -> None:
     doc = CliRunner().invoke(app, ["simulate", "-s", str(p), "--gateways", "2",
                                    "--no-shared-state", "--json-only"])
     assert doc.exit_code == 0, doc.output
-    run = json.loads(doc.stdout)["runs"][0]
+    parsed = json.loads(doc.stdout)
+    assert parsed["scenario"]["gateways"]["counts"] == [2]
+    run = parsed["runs"][0]
     assert run["gateways"]["count"] == 2 and run["gateways"]["shared"] == {}
     assert run["one_outcome_each"] is True
     for bad in (["--gateways", "x"], ["--gateways", ","], ["--gateways", "0"],
                 ["--spread", "sticky"]):
         res = CliRunner().invoke(app, ["simulate", "-s", str(p), *bad])
         assert res.exit_code == 2, (bad, res.output)
+
+
+def test_csv_says_which_gateway_count(tmp_path: Path) -> None:
+    prep = _prep(tmp_path, SCENARIO.replace("duration_s: 30", "duration_s: 5"),
+                 gateways={"counts": [1, 3]})
+    rows = csv_rows(run_scenario(prep))
+    assert {r["gateways"] for r in rows} == {1, 3}
+    single = csv_rows(run_scenario(_prep(tmp_path, SCENARIO.replace("duration_s: 30",
+                                                                    "duration_s: 5"))))
+    assert all("gateways" not in r for r in single)  # one gateway: the CSV as before
 
 
 def test_reach_names_known_tenants(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from qosgate.sim.metrics import ttft
+from qosgate.sim.report import run_label
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
 _STYLE = {
@@ -70,7 +71,7 @@ def ttft_cdf(res: ScenarioResult, path: Path, runs: list[Run] | None = None) -> 
                 continue
             ys = [(i + 1) / total for i in range(len(xs))]  # not completed: never reach 1
             color, ls = _style(run.policy)
-            ax.step(xs, ys, where="post", color=color, linestyle=ls, label=run.policy, lw=1.4)
+            ax.step(xs, ys, where="post", color=color, linestyle=ls, label=run_label(run), lw=1.4)
         ax.axvline(slo, color="black", lw=0.8, linestyle=":")
         ax.text(slo, 0.02, f" SLO {slo:g} s", fontsize=7, va="bottom")
         ax.set_xscale("log")
@@ -170,7 +171,7 @@ def queue_depth(res: ScenarioResult, path: Path, runs: list[Run] | None = None) 
         )
         _shade_faults(ax, res, r.window_end, label=k == 0)
         ax.axvline(r.window_end, color="#999999", lw=0.8, linestyle=":")
-        ax.set_title(f"{run.policy}", fontsize=10, loc="left")
+        ax.set_title(run_label(run), fontsize=10, loc="left")
         ax.set_ylabel("requests waiting")
         ax.grid(True, alpha=0.25)
         if k == 0:
@@ -197,7 +198,7 @@ def queue_depth(res: ScenarioResult, path: Path, runs: list[Run] | None = None) 
             lw=1.3,
             marker=".",
             ms=3,
-            label=run.policy,
+            label=run_label(run),
         )
         lost = [x for x, y in zip(xs, ys, strict=True) if math.isinf(y)]
         if lost:

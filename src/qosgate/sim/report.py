@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from qosgate.sim.driver import PASSTHROUGH_WINDOW
-from qosgate.sim.scenarios import Run, ScenarioResult, attribution, describe
+from qosgate.sim.scenarios import Gateways, Run, ScenarioResult, attribution, describe
 
 FORMAT_VERSION = 2
 GROUP_KINDS = {
@@ -155,6 +155,8 @@ def document(res: ScenarioResult) -> dict[str, Any]:
                 for p in prep.fleet
             ],
             "faults": [f.model_dump() for f in s.faults],
+            # only when set (a single gateway's document is unchanged)
+            **({"gateways": s.gateways.model_dump()} if s.gateways != Gateways() else {}),
             "probe_interval_s": s.probe_interval_s,
             "window": prep.window,
             "window_setting": s.window,
@@ -190,9 +192,12 @@ def dumps(doc: dict[str, Any]) -> str:
 # ------------------------------------------------------------------------------ CSV
 def csv_rows(res: ScenarioResult) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    several = any(run.gateways > 1 for run in res.runs)
     for run in res.runs:
         m = run.metrics
         base = {"policy": run.policy, "load": run.load, "offered_rps": run.offered_rps}
+        if several:  # which gateway count the row is from (absent with one gateway, as before)
+            base["gateways"] = run.gateways
         rows.append({**base, "group_kind": "total", "group": "all", **m["totals"]})
         for kind, singular in GROUP_KINDS.items():
             for name, g in m[kind].items():
@@ -231,7 +236,7 @@ def write_files(res: ScenarioResult, out: Path, doc: dict[str, Any] | None = Non
 
 
 # ------------------------------------------------------------------------------ terminal
-def _label(run: Run) -> str:
+def run_label(run: Run) -> str:
     """The run's policy, with its gateway count when there are several."""
     return run.policy if run.gateways == 1 else f"{run.policy} {run.gateways}gw"
 
@@ -281,7 +286,7 @@ def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Tabl
         groups = [*run.metrics[kind].items(), ("all", run.metrics["totals"])]
         for i, (name, g) in enumerate(groups):
             t.add_row(
-                _label(run) if i == 0 else "",
+                run_label(run) if i == 0 else "",
                 f"[bold]{name}[/bold]" if name == "all" else name,
                 str(g["count"]),
                 str(g["completed"]),
@@ -317,7 +322,7 @@ def _fairness_table(runs: Iterable[Run]) -> Table | None:
                 for name, v in f["tenants"].items()
             )
             t.add_row(
-                _label(run) if i == 0 else "",
+                run_label(run) if i == 0 else "",
                 c,
                 _num(f["jain"], ".3f"),
                 _num(f["service_gap"], ".3f"),
@@ -357,7 +362,7 @@ def _replica_table(runs: Iterable[Run]) -> Table:
         reps = list(run.metrics["replicas"].items())
         for i, (name, g) in enumerate(reps):
             t.add_row(
-                _label(run) if i == 0 else "",
+                run_label(run) if i == 0 else "",
                 name,
                 val(g["gpu"]).split("-")[0],
                 _window(g),

@@ -427,7 +427,7 @@ def _faults_table(runs: Iterable[Run]) -> Table:
         ej = ", ".join(f"{r['name']} {r['ejections']}" for r in reps if r["ejections"]) or "0"
         g = run.metrics["totals"]
         t.add_row(
-            run.policy,
+            run_label(run),
             ", ".join(f"{k.removeprefix('upstream_')} {v}" for k, v in fails.items()) or "0",
             str(sum(retries.values())),
             str(g["failed_attempt"]),
@@ -469,7 +469,7 @@ def _phases_table(runs: list[Run]) -> Table | None:
             t.add_row(
                 f"{ph['start_s']:g}-{ph['end_s']:g} s" if i == 0 else "",
                 ph["fleet"] if i == 0 else "",
-                run.policy,
+                run_label(run),
                 str(ph["count"]),
                 str(ph["completed"]),
                 str(ph["rejected"]),
@@ -570,7 +570,7 @@ def _sweep_table(res: ScenarioResult) -> Table:
         rt = m["classes"].get(top, {})
         t.add_row(
             f"{100 * run.load:.0f}%" if run.load is not None and run.load != last else "",
-            run.policy,
+            run_label(run),
             f"{run.offered_rps:.1f}",
             _num(g["completed_rps"]),
             _num(g["output_tok_s"], ".0f"),

@@ -407,12 +407,18 @@ def test_board_and_rules_return_data_and_alerts_fire(stack: Stack) -> None:
     # ---- staged overload: both engines 40x slower -> realtime over its budget
     for i in (0, 1):
         st.fault(i, {"fault": "slow", "factor": 40})
-    c = st.client("sk-acme")
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+    c, b = st.client("sk-acme"), st.client("sk-beta")
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        # batch work holding the windows without a first token: realtime arrivals preempt it
+        batch = [pool.submit(chat, b, "batch", 8, "word " * 600, stream=True) for _ in range(8)]
+
         def slow_realtime() -> bool:
             list(pool.map(lambda _: chat(c, "realtime", 4), range(8)))
             return "QosgateRealtimeTTFTOverBudget" in prom.alerts()
         assert wait_until(slow_realtime, timeout=40, every=0.1), prom.api("alerts")
+        for i in (0, 1):
+            st.fault(i, None)
+        assert all(f.result() for f in batch)
     marks.append(("realtime TTFT alert firing", time.time()))
     for i in (0, 1):
         st.fault(i, None)
@@ -468,6 +474,9 @@ def test_board_and_rules_return_data_and_alerts_fire(stack: Stack) -> None:
         'sum by (outcome) (qosgate_requests_total{outcome!="completed"})', t0, t1)}
     assert seen >= {"rejected", "timed_out", "cancelled", "failed"}, seen
     n_exprs = len(board_exprs(board))
-    print(f"\nobservability: {results}; " + ", ".join(f"{m} at {t - t0:.1f} s" for m, t in marks)
+    pre = prom.query("sum(qosgate_preemptions_total)")
+    preempted = pre[0]["value"][1] if pre else 0
+    print(f"\nobservability: {results}; preemptions {preempted}; "
+          + ", ".join(f"{m} at {t - t0:.1f} s" for m, t in marks)
           + f"; {n_exprs} board expressions and {len(rules)} rules evaluated over "
           f"{t1 - t0:.1f} s of data in {time.time() - t1:.1f} s")

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from qosgate.cli import app
@@ -262,3 +264,66 @@ def test_csv_says_which_gateway_count(tmp_path: Path) -> None:
 def test_reach_names_known_tenants(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="unknown tenants"):
         _prep(tmp_path, gateways={"counts": [2], "spread": "skewed", "reach": {"zed": [0]}})
+
+
+def _peak_concurrency(r: RunResult, tenant: str) -> int:
+    """The most of ``tenant``'s admitted requests live at once (admitted at arrival, released at
+    their end), across all gateways."""
+    ev: list[tuple[float, int]] = []
+    for x in r.records:
+        if x.tenant == tenant and x.state != "rejected":
+            ev += [(x.arrival, 1), (x.finished_at, -1)]
+    peak = cur = 0
+    for _, d in sorted(ev):  # a release before an admission at the same instant
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def test_a_concurrency_cap_holds_across_gateways(tmp_path: Path) -> None:
+    """A tenant capped at 3 requests at once, sent round-robin to 4 gateways: the shared leases
+    keep the fleet at 3; each instance on its own lets 3 through, 4 x 3 in all."""
+    text = UNLIMITED.replace("- {name: rated, api_keys: [key-rated]}",
+                             "- {name: rated, api_keys: [key-rated], limits: {max_concurrent: 3}}")
+    prep = _prep(tmp_path, text)
+    shared = _run(prep, GatewayPlan(4, "round-robin", shared=True, sync_delay=0.01))
+    own = _run(prep, GatewayPlan(4, "round-robin", shared=False))
+    assert _peak_concurrency(shared, "rated") <= 3
+    assert _peak_concurrency(own, "rated") == 4 * 3
+    assert sum(x.tenant == "rated" and x.state == "completed" for x in shared.records) > 10
+
+
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(1, 10_000),
+    count=st.integers(1, 4),
+    spread=st.sampled_from(["round-robin", "hash", "skewed"]),
+    shared=st.booleans(),
+    delay=st.sampled_from([0.0, 0.003, 0.05]),
+    interval=st.sampled_from([0.02, 0.05, 0.3]),
+)
+def test_property_one_outcome_each_wherever_it_arrived(
+    tmp_path: Path, seed: int, count: int, spread: str, shared: bool, delay: float,
+    interval: float,
+) -> None:
+    """Any seed, gateway count, spread and sync: every request has exactly one outcome, at the
+    one gateway it reached (one the spread allows), and the rate limit holds within its bound
+    with the shared state."""
+    prep = _prep(tmp_path, SCENARIO.replace("duration_s: 30", "duration_s: 6"), seed=seed)
+    reach = (("a", (0,)), ("b", (0, 1)))
+    plan = GatewayPlan(count, spread, reach, shared, interval, delay)  # type: ignore[arg-type]
+    r = _run(prep, plan)
+    n = r.arrivals
+    assert len(r.records) == n and len({x.rid for x in r.records}) == n
+    assert r.unfinished == 0 and sum(r.outcomes.values()) == n
+    assert all(0 <= x.gateway < count for x in r.records)
+    if spread == "skewed":
+        assert all(x.gateway == 0 for x in r.records if x.tenant == "a")
+        assert all(x.gateway in (0, 1 % count) for x in r.records if x.tenant == "b")
+    if shared or count == 1:
+        recs = [x for x in r.records if x.tenant == "rated"]
+        if recs:
+            span = max(x.arrival for x in recs) - min(x.arrival for x in recs)
+            admitted = sum(x.state != "rejected" for x in recs)
+            assert admitted <= 20 + 20 * span / 60 + max(count, 20 / 60)

@@ -130,6 +130,13 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
          "scrape); stale signals count as saturated for routing.",
          [q(f"max by (replica) (qosgate_replica_signals_age_seconds{{{IR}}})", "{{replica}}")],
          "timeseries"),
+        ("Engine: running, waiting, KV use", "short", "What the engine itself reports "
+         "(its /metrics, scraped every second): sequences running, queued inside the "
+         "engine (the gateway's window keeps this near 0), KV cache in use (0-1).",
+         [q(f"max by (replica) (qosgate_replica_engine_running{{{IR}}})", "{{replica}} running"),
+          q(f"max by (replica) (qosgate_replica_engine_waiting{{{IR}}})", "{{replica}} waiting"),
+          q(f"max by (replica) (qosgate_replica_engine_kv_usage_ratio{{{IR}}})",
+            "{{replica}} KV")], "timeseries"),
         ("Replica TTFT p50 / p99", "s", "Dispatch to first token: the engine's part of TTFT.",
          quantiles("qosgate_replica_ttft_seconds", "replica", IR), "timeseries"),
         ("Ejections and cooling", "short", "Outlier ejections in the window, and the "

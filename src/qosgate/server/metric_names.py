@@ -130,6 +130,12 @@ REPLICA_TTFT = _f("qosgate_replica_ttft_seconds", "histogram", "seconds", R,
 REPLICA_SIGNALS_AGE = _f("qosgate_replica_signals_age_seconds", "gauge", "seconds", R,
                          "Age of the engine's last scraped load signals (absent when the "
                          "replica has none).")
+ENGINE_RUNNING = _f("qosgate_replica_engine_running", "gauge", "", R,
+                    "Sequences the engine runs, from its last scraped signals.")
+ENGINE_WAITING = _f("qosgate_replica_engine_waiting", "gauge", "", R,
+                    "Sequences queued inside the engine, from its last scraped signals.")
+ENGINE_KV = _f("qosgate_replica_engine_kv_usage_ratio", "gauge", "ratio", R,
+               "The engine's KV cache in use (0-1), from its last scraped signals.")
 ATTEMPT_FAILURES = _f("qosgate_attempt_failures_total", "counter", "", ("class", "replica",
                       "reason"), "Engine calls that failed before the first byte reached the "
                       "client.")

@@ -208,6 +208,9 @@ class _StateCollector:
         breaker = mn.REPLICA_BREAKER.gauge()
         cooling = mn.REPLICA_COOLING.gauge()
         age = mn.REPLICA_SIGNALS_AGE.gauge()
+        running = mn.ENGINE_RUNNING.gauge()
+        waiting = mn.ENGINE_WAITING.gauge()
+        kv = mn.ENGINE_KV.gauge()
         ejections = mn.REPLICA_EJECTIONS.counter()
         for r in snap.replicas:
             rin.add_metric([r.name], r.inflight)
@@ -216,10 +219,18 @@ class _StateCollector:
             eligible.add_metric([r.name], 1.0 if r.eligible else 0.0)
             breaker.add_metric([r.name], 1.0 if r.breaker == "open" else 0.0)
             cooling.add_metric([r.name], r.cooling_s)
-            if r.signals is not None:
-                age.add_metric([r.name], max(0.0, now - r.signals.at))
+            sig = r.signals
+            if sig is not None:
+                age.add_metric([r.name], max(0.0, now - sig.at))
+                if sig.running is not None:
+                    running.add_metric([r.name], sig.running)
+                if sig.waiting is not None:
+                    waiting.add_metric([r.name], sig.waiting)
+                if sig.kv_usage is not None:
+                    kv.add_metric([r.name], sig.kv_usage)
             ejections.add_metric([r.name], r.ejections)
-        yield from (rin, cap, up, eligible, breaker, cooling, age, ejections)
+        yield from (rin, cap, up, eligible, breaker, cooling, age, running, waiting, kv,
+                    ejections)
         fails = mn.ATTEMPT_FAILURES.counter()
         for cls, rep, reason, n in snap.attempt_failures:
             fails.add_metric([cls, rep, reason], n)

@@ -245,6 +245,18 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     assert _dispatched(s.first_token("short", 3.6)) == {"long4": "a"}
 
 
+def test_a_window_shrinks_to_its_share_of_an_engine_other_gateways_feed_too() -> None:
+    from qosgate.core.limits import EngineLimit
+
+    alone = EngineLimit(64, max_limit=64, cooldown_s=0.0)
+    alone.on_signals(1.0, LoadSignals(at=1.0, running=60, waiting=20), inflight=80)
+    assert alone.limit == 63  # all it runs plus the allowance (5% of 64)
+    shared = EngineLimit(64, max_limit=64, cooldown_s=0.0)
+    # 20 of the 80 requests the engine holds are this gateway's: a quarter of its batch
+    shared.on_signals(1.0, LoadSignals(at=1.0, running=60, waiting=20), inflight=20)
+    assert shared.limit == 15
+
+
 def test_an_adaptive_window_follows_the_engine_signals() -> None:
     from qosgate.core.limits import EngineLimit
 

@@ -94,16 +94,24 @@ class EngineLimit:
             self._back_off(now)
             return
         allowance = max(1.0, self.waiting_allowance * self.limit)
-        if signals.waiting is not None and signals.waiting > allowance:
+        running, waiting = signals.running, signals.waiting
+        if waiting is not None and waiting > allowance:
             # the engine runs what it can and queues the rest (its batch is full, its memory is
             # not): the window is what it runs plus a small queue, not a fraction of the old one
             # (shrinking by a factor overshot and then regrew, in cycles)
             self._slow_start = False
             self._settled_since = -math.inf
-            if signals.running is None:
+            if running is None:
                 self._back_off(now)
                 return
-            target = max(self.min_limit, signals.running + int(allowance))
+            # several gateways may feed one engine: each sizes its window as its share of what
+            # the engine holds (alone, all of it), or every gateway would keep a window as large
+            # as the engine's whole batch and together they would overfill it. (Any queue in
+            # the engine beyond the allowance counts, whoever sent it: the conservative side,
+            # which keeps realtime's TTFT; counting only its share let four gateways queue
+            # four allowances in the engine, see docs/simulator.md.)
+            share = min(1.0, inflight / (running + waiting))
+            target = max(self.min_limit, int(share * (running + allowance)))
             if target < self.limit and now - self._last_change >= self.cooldown_s:
                 self.limit = target
                 self._last_change = now

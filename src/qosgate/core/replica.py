@@ -165,7 +165,7 @@ class Replica:
 
     __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
                  "other_prefill_tokens", "pausable", "pending", "preemptible",
-                 "prefill_tokens", "signals",
+                 "prefill_tokens", "signals", "start_s",
                  "strict_streams", "up")
 
     def __init__(
@@ -192,6 +192,9 @@ class Replica:
         self.prefill_tokens = 0
         self.other_prefill_tokens = 0  # ... of those, non-strict classes' (the prefill budget)
         self.pending = 0  # requests sent and not answered by a first byte yet
+        # dispatch to first byte, a moving average (0 until the first one): how fast it starts
+        # a request, its speed and its own queue in one figure, which the window alone hides
+        self.start_s = 0.0
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
         # a call failed on it and none has succeeded since: suspect, it gets one unanswered
@@ -250,9 +253,12 @@ class MostFreeRouter:
 
 
 class LeastLoadRouter:
-    """The least loaded replica by measured load: its share of the window in flight, prompt
-    tokens it has not answered yet (local accounting, exact and immediate), and what its last
-    scrape said of its own queue and KV cache. Data older than ``stale_s`` counts as saturated;
+    """The least loaded replica by measured load: its share of the window in flight (with the
+    request to place), prompt tokens it has not answered yet (local accounting, exact and
+    immediate) and what its last scrape said of its own queue, times how long it has lately
+    taken from dispatch to first byte against the fastest candidate (one not measured yet counts
+    as the fastest); its KV cache
+    from the scrape. Data older than ``stale_s`` counts as saturated;
     a saturated replica (its queue past ``waiting_saturated`` per window slot, or its KV cache
     past ``kv_saturated``) is taken only if every candidate is."""
 
@@ -273,12 +279,14 @@ class LeastLoadRouter:
     def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
         best: Replica | None = None
         best_key = (True, float("inf"))
+        # speeds relative to the fastest measured candidate (one not measured yet counts as it)
+        fastest = min((r.start_s for r in candidates if r.start_s > 0), default=0.0)
         for rep in candidates:
             window = rep.window
             n = len(rep.inflight)
             if n >= window:
                 continue
-            score = (n + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
+            score = (n + 1 + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
             sig = rep.signals
             saturated = False  # no scrape at all (an engine without metrics): no evidence
             if sig is not None:
@@ -290,6 +298,10 @@ class LeastLoadRouter:
                         saturated = sig.waiting > self.waiting_saturated * window
                     if sig.kv_usage is not None and sig.kv_usage >= self.kv_saturated:
                         saturated = True
+            if rep.start_s > 0 and fastest > 0:
+                # as full, the one that starts requests sooner: a slower engine (or one queueing
+                # inside) has the same window as a fast one when the window follows its batch
+                score *= rep.start_s / fastest
             key = (saturated, score)
             if key < best_key:
                 best, best_key = rep, key

@@ -63,6 +63,7 @@ class ReplicaSpec:
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
 _RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
 _PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
+_START_ALPHA = 0.1  # weight of each first byte in a replica's dispatch-to-first-byte average
 
 
 class DecayingRate:
@@ -380,6 +381,9 @@ class Scheduler:
             if rep is not None:
                 rep.prefill_tokens -= req.prompt_tokens
                 rep.pending -= 1
+                if req.dispatched_at is not None:
+                    took = now - req.dispatched_at
+                    rep.start_s += _START_ALPHA * (took - rep.start_s) if rep.start_s else took
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
                 else:

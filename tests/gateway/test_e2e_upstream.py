@@ -145,6 +145,35 @@ def test_chat_and_completions_streaming_and_not(gateway: Server) -> None:
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_streamed_output_tokens_are_counted_exactly(gateway: Server) -> None:
+    """What a stream is charged (fair share, token limits, the tenant's tokens) is the tokens it
+    carried: not the role chunk, the finish chunk, the usage chunk or [DONE] (each was counted
+    as a token before)."""
+
+    def output_tokens() -> float:
+        _, _, text = http("GET", gateway.url + "/metrics")
+        vals = metric_values(text.decode(), "qosgate_tenant_tokens_total")
+        return vals.get((("kind", "output"), ("tenant", "acme")), 0.0)
+
+    c = client(gateway)
+    for usage in (False, True):
+        before = output_tokens()
+        chunks = list(c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+            stream=True, stream_options={"include_usage": True} if usage else None,
+        ))
+        assert sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content) == 4
+        seen("api", "acme", *OK)
+        assert wait_until(lambda b=before: output_tokens() > b, timeout=5)
+        assert output_tokens() - before == 4, usage
+    before = output_tokens()
+    parts = list(c.completions.create(model=MODEL, prompt="once", max_tokens=3, stream=True))
+    assert sum(1 for p in parts if p.choices and p.choices[0].text) == 3
+    seen("api", "acme", *OK)
+    assert wait_until(lambda: output_tokens() > before, timeout=5)
+    assert output_tokens() - before == 3
+
+
 def test_qos_inputs_reach_the_engine_in_vllm_polarity(gateway: Server, standin: Server) -> None:
     c = client(gateway)
     cases = [

@@ -428,14 +428,14 @@ class _Relay:
     def counts(self) -> tuple[int, int | None]:
         if self.usage is not None:
             return self.usage
-        return max(0, self.events - 2), None  # data events less the role chunk and [DONE]
+        return self.tokens, None
 
     async def run(self, conn: _Conn) -> None:
         """Relay ``conn``'s response (its request just sent) until it ends; raises its error."""
         self.conn = conn
         self.task = asyncio.current_task(conn.loop)
         self.first = True
-        self.events = 0
+        self.tokens = 0  # data events that carry a token (see _count)
         self.usage: tuple[int, int | None] | None = None
         self.outcome: str | None = None  # "complete" | "status"
         self.exc: BaseException | None = None
@@ -541,8 +541,17 @@ class _Relay:
 
     def _count(self, data: bytes) -> None:
         self.dog.last = self.dog.loop.time()
-        self.events += data.count(b"data:")
-        self.call.progress(self.events - 1)  # data events less the role chunk
+        events = data.count(b"data:")
+        if events:
+            # the events that carry no token: the role chunk (chat), a finish chunk of its own
+            # (empty delta or text), the usage chunk (no choices) and [DONE]; counted as
+            # tokens they over-charged every stream by up to four
+            events -= (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
+                       + data.count(b'"text":""') + data.count(b'"choices":[]')
+                       + data.count(b"data: [DONE]"))
+            if events > 0:
+                self.tokens += events
+                self.call.progress(self.tokens)
         if b'"completion_tokens"' in data:
             m = _COMPLETION_TOKENS.search(data)
             p = _PROMPT_TOKENS.search(data)

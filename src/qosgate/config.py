@@ -28,6 +28,10 @@ class ServiceClass(_Strict):
     weight: float = Field(default=1.0, gt=0, description="share between non-strict classes")
     strict: bool = Field(default=False, description="served before every non-strict class")
     ttft_budget_ms: float = Field(gt=0, description="target time to first token; sets the deadline")
+    tpot_budget_ms: float | None = Field(
+        default=None, gt=0, description="target time per output token once streaming; judged "
+        "in the SLO metrics (qosgate_slo_requests_total) with the TTFT budget. None = not judged"
+    )
     queue_timeout_s: float = Field(gt=0, description="a request queued longer is timed out (504)")
     max_queue: int = Field(ge=1, description="queued requests of this class at most")
     aging_after_s: float | None = Field(
@@ -247,6 +251,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             level=0,
             strict=True,
             ttft_budget_ms=1_000,
+            tpot_budget_ms=200,
             queue_timeout_s=10,
             max_queue=2_000,
             deadline_admission=True,
@@ -258,6 +263,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             level=1,
             weight=5,
             ttft_budget_ms=5_000,
+            tpot_budget_ms=200,
             queue_timeout_s=60,
             max_queue=10_000,
             aging_after_s=10,
@@ -267,6 +273,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             level=2,
             weight=3,
             ttft_budget_ms=30_000,
+            tpot_budget_ms=1000,
             queue_timeout_s=600,
             max_queue=40_000,
             aging_after_s=30,
@@ -277,6 +284,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             level=3,
             weight=2,
             ttft_budget_ms=300_000,
+            tpot_budget_ms=1000,
             queue_timeout_s=3_600,
             max_queue=100_000,
             aging_after_s=60,

@@ -371,13 +371,12 @@ class GatewayMetrics:
         self.registry.register(self.counters)
         self._self = _SelfCollector()
         self.registry.register(self._self)
-        # per class: (TTFT budget, TPOT budget or inf). The config has no TPOT budget yet; a
-        # ``tpot_budget_ms`` on the class, once there is one, is judged too.
+        # per class: (TTFT budget, TPOT budget or inf when the class sets none)
         self._budgets: dict[str, tuple[float, float]] = {}
         for c in scheduler.cfg.classes:
-            tpot_ms = getattr(c, "tpot_budget_ms", None)
+            tpot_ms = c.tpot_budget_ms
             self._budgets[c.name] = (c.ttft_budget_ms / 1000.0,
-                                     math.inf if tpot_ms is None else float(tpot_ms) / 1000.0)
+                                     math.inf if tpot_ms is None else tpot_ms / 1000.0)
 
     def cap_tenants(self, max_tenants: int) -> None:
         """Give the first ``max_tenants`` configured tenants a label of their own (see

@@ -110,6 +110,14 @@ def simulate_command(
         float | None,
         typer.Option("--sync-delay-s", min=0.0, help="Each store call answers this much later."),
     ] = None,
+    retries: Annotated[
+        int | None,
+        typer.Option(
+            "--retries", min=0, max=20,
+            help="Clients honour a refusal's Retry-After: each refused request is sent again "
+            "that much later, up to N times (default: the scenario's, unset 0).",
+        ),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -133,6 +141,7 @@ def simulate_command(
             "window": window,
             "window_mode": window_mode,
             "duration_s": duration,
+            "retries": retries,
         }
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         if policies is not None:

@@ -63,7 +63,7 @@ import math
 import zlib
 from collections import Counter
 from collections.abc import Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from qosgate.config import QosConfig
@@ -201,6 +201,10 @@ class RequestRecord:
     replica: str = ""  # the last replica it was dispatched to ("" if never)
     failed_attempts: int = 0  # its attempts that failed before its first token
     gateway: int = 0  # the gateway instance it arrived at
+    # a client honouring Retry-After: the request whose refusal this attempt retries ("" for a
+    # first attempt) and which attempt it is (0 first)
+    retry_of: str = ""
+    attempt: int = 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -260,6 +264,9 @@ class SimSetup:
     faults: tuple[FaultPlan, ...] = ()
     probe_interval: float = 1.0  # the gateway driver's default health cadence
     gateways: GatewayPlan = GatewayPlan()
+    # clients that honour a refusal's Retry-After: each refused request is sent again that many
+    # seconds later, up to this many times (0: clients take the refusal as final)
+    retries: int = 0
 
     def plans(self) -> tuple[ReplicaPlan, ...]:
         if self.fleet:
@@ -453,6 +460,10 @@ class _Run:
         self.reps = {p.name: _Rep(p.name, p.profile, ps.engine_queue) for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
+        # attempts of refused requests, due at their Retry-After: (t, order, arrival)
+        self.retry_due: list[tuple[float, int, Arrival]] = []
+        self.retry_arrivals: list[Arrival] = []
+        self.attempt_of: dict[str, tuple[str, int]] = {}  # retry -> (first request, attempt)
         self.records: dict[str, RequestRecord] = {}
         self.samples: list[Sample] = []
         self.window_end = setup.workload.duration
@@ -676,9 +687,25 @@ class _Run:
             replica=self.last_rep.pop(rid, ""),
             failed_attempts=req.failures,
             gateway=self.gw_of.get(rid, 0),
+            retry_of=self.attempt_of.get(rid, ("", 0))[0],
+            attempt=self.attempt_of.get(rid, ("", 0))[1],
         )
         if now > self.last_finish:
             self.last_finish = now
+        if req.state is State.REJECTED and req.retry_after is not None:
+            self._retry_later(a, now + req.retry_after)
+
+    def _retry_later(self, a: Arrival, t: float) -> None:
+        """The client of a refused request sends it again at ``t`` (its Retry-After), while it
+        has attempts left: a new request with its own outcome, linked to the first."""
+        first, attempt = self.attempt_of.get(a.rid, (a.rid, 0))
+        if attempt >= self.setup.retries:
+            return
+        again = replace(a, t=t, rid=f"{first}.retry{attempt + 1}")
+        self.arr[again.rid] = again
+        self.attempt_of[again.rid] = (first, attempt + 1)
+        self.retry_arrivals.append(again)
+        heapq.heappush(self.retry_due, (t, len(self.retry_arrivals), again))
 
     # ------------------------------------------------------------------ engines -> scheduler
     def _deliver(self, rep: _Rep) -> None:
@@ -823,15 +850,20 @@ class _Run:
         records = self.records
         i = 0
         now = 0.0
+        retry_due = self.retry_due
+        sent = 0  # requests submitted so far, first attempts and retries
         while True:
             t_arr = arrivals[i].t if i < n else INF
+            if retry_due and retry_due[0][0] < t_arr:
+                t_arr = retry_due[0][0]
             t_tmr = INF
             g_tmr = 0
             for g, s in enumerate(gws):
                 nt = s.next_timer()
                 if nt is not None and nt < t_tmr:
                     t_tmr, g_tmr = nt, g
-            live = i < n or len(records) < i  # arrivals to come, or requests without an outcome
+            # arrivals to come, or requests without an outcome
+            live = i < n or bool(retry_due) or len(records) < sent
             t_smp = next_sample if live else INF
             t_prb = next_probe if live else INF
             t_flt = faults[fi][0] if live and fi < len(faults) else INF
@@ -867,10 +899,11 @@ class _Run:
                 continue
             if t_ext == INF:
                 break
-            if i >= n and t_tmr == INF and len(records) >= i:
+            if i >= n and not retry_due and t_tmr == INF and len(records) >= sent:
                 break  # only sampling/probe/snapshot instants are left and nothing lives
             if (
                 i >= n
+                and not retry_due
                 and t_tmr == INF
                 and t_win == INF
                 and t_flt == INF
@@ -901,8 +934,12 @@ class _Run:
             elif t_syn == now and t_arr != now:
                 self._sync_step(now)
             else:
-                a = arrivals[i]
-                i += 1
+                if retry_due and (i >= n or retry_due[0][0] < arrivals[i].t):
+                    a = heapq.heappop(retry_due)[2]
+                else:
+                    a = arrivals[i]
+                    i += 1
+                sent += 1
                 self.calls += 2
                 g = self._route(a.stream)
                 self.gw_of[a.rid] = g
@@ -913,7 +950,7 @@ class _Run:
             self._take_snapshot()
         if progress is not None:
             progress(now, len(records))
-        return self._result(n, now)
+        return self._result(sent, now)
 
     def _result(self, n: int, now: float) -> RunResult:
         totals: dict[str, float] = {}
@@ -931,7 +968,7 @@ class _Run:
         for sched in self.gws:
             for (_cls, _tenant, outcome, _reason), count in sched.outcomes.items():
                 ledger[outcome] += count
-        arrivals = self.setup.workload.arrivals
+        arrivals = (*self.setup.workload.arrivals, *self.retry_arrivals)
         records = [self.records[a.rid] for a in arrivals if a.rid in self.records]
         views = [s.snapshot(now) for s in self.gws]
         unfinished = sum(v.queued_total + sum(c.inflight for c in v.classes) for v in views)

@@ -46,7 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from qosgate.sim.driver import RequestRecord, RunResult
@@ -482,5 +482,53 @@ def limit_overshoot(result: RunResult, limits: dict[str, Any]) -> dict[str, Any]
             "overshoot": total - allowed,
             "span_s": span,
             "admitted_per_gateway": admitted,
+        }
+    return out
+
+
+def retry_stats(result: RunResult, slos: dict[str, Slo]) -> dict[str, Any]:
+    """Clients that honour Retry-After (``--retries``), per class: of the requests whose first
+    attempt was refused with a Retry-After, how many a later attempt got served, how many within
+    the class's SLO counted from the *first* attempt's arrival (the client's own clock), how many
+    ran out of attempts, and the delay from the first arrival to the first token."""
+    first: dict[str, RequestRecord] = {}
+    later: dict[str, list[RequestRecord]] = {}
+    for r in result.records:
+        if r.attempt == 0:
+            first[r.rid] = r
+        else:
+            later.setdefault(r.retry_of, []).append(r)
+    out: dict[str, Any] = {}
+    for cls in result.classes:
+        refused = [r for r in first.values()
+                   if r.service_class == cls and r.state == "rejected" and r.rid in later]
+        served = 0
+        in_slo = 0
+        gave_up = 0
+        delays: list[float] = []
+        attempts: list[int] = []
+        slo = slos.get(cls)
+        for r in refused:
+            chain = sorted(later[r.rid], key=lambda x: x.attempt)
+            attempts.append(1 + len(chain))
+            done = next((x for x in chain if x.state == "completed"), None)
+            if done is None:
+                if all(x.state == "rejected" for x in chain):
+                    gave_up += 1
+                continue
+            served += 1
+            assert done.first_token_at is not None
+            delays.append((done.first_token_at - r.arrival) * 1000.0)
+            if slo is not None and meets_slo(replace(done, arrival=r.arrival), slo):
+                in_slo += 1
+        delays.sort()
+        out[cls] = {
+            "refused_first": len(refused),
+            "served_later": served,
+            "served_within_slo": in_slo,
+            "gave_up": gave_up,
+            "attempts_mean": mean([float(a) for a in attempts]),
+            "ttft_from_first_p50_ms": percentile(delays, 50),
+            "ttft_from_first_p99_ms": percentile(delays, 99),
         }
     return out

@@ -129,6 +129,7 @@ def run_document(run: Run) -> dict[str, Any]:
         **({"gateways": {"count": run.gateways, "shared": r.shared, "each": m["gateways"]}}
            if run.gateways > 1 else {}),
         **({"limits": m["limits"]} if m.get("limits") else {}),
+        **({"retries": m["retries"]} if m.get("retries") else {}),
     }
 
 
@@ -541,6 +542,28 @@ def _limits_table(res: ScenarioResult) -> Table:
     return t
 
 
+def _retries_table(res: ScenarioResult) -> Table:
+    """Clients that honour Retry-After: what became of the requests refused at first."""
+    t = Table(
+        title=f"clients honouring Retry-After (up to {res.scenario.retries} retries): requests "
+        "whose first attempt was refused (* and SLO: from the first attempt's arrival)",
+        title_justify="left",
+    )
+    for col in ("policy", "class", "refused", "served later", "within SLO", "gave up",
+                "attempts", "TTFT p50*", "TTFT p99*"):
+        t.add_column(col, justify="left" if col in ("policy", "class") else "right")
+    for run in res.runs:
+        for cls, x in run.metrics.get("retries", {}).items():
+            if not x["refused_first"]:
+                continue
+            t.add_row(
+                run.policy, cls, str(x["refused_first"]), str(x["served_later"]),
+                str(x["served_within_slo"]), str(x["gave_up"]), _num(x["attempts_mean"], ".2f"),
+                _ms(x["ttft_from_first_p50_ms"]), _ms(x["ttft_from_first_p99_ms"]),
+            )
+    return t
+
+
 def _sweep_table(res: ScenarioResult) -> Table:
     classes = res.runs[0].result.classes if res.runs else ()
     top = classes[0] if classes else "realtime"
@@ -659,6 +682,8 @@ def print_report(res: ScenarioResult, console: Console) -> None:
         console.print(_gateway_table(res))
     if any(r.metrics.get("limits") for r in res.runs):
         console.print(_limits_table(res))
+    if any(x["refused_first"] for r in res.runs for x in r.metrics.get("retries", {}).values()):
+        console.print(_retries_table(res))
     console.print(f"[dim]{WINDOW_NOTE}[/dim]", highlight=False)
     console.print(ledger_text(res), highlight=False)
     note = attribution(prep)

@@ -72,7 +72,7 @@ from qosgate.sim.driver import (
     run_policy,
     saturation_throughput,
 )
-from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot
+from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.workload import (
     TRACE_NAME,
     FromTrace,
@@ -209,6 +209,10 @@ class Scenario(_Model):
     sample_points: int = Field(default=400, ge=10)
     warmup_s: float = Field(default=0.0, ge=0, description="excluded from the fairness measure")
     gateways: Gateways = Gateways()
+    retries: int = Field(
+        default=0, ge=0, le=20, description="clients honour a refusal's Retry-After: each "
+        "refused request is sent again that much later, up to this many times (0: a refusal "
+        "is final)")
 
     @model_validator(mode="after")
     def _ok(self) -> Scenario:
@@ -557,6 +561,7 @@ def setup_for(prep: Prepared, workload: Workload, gateways: int = 1) -> SimSetup
         faults=prep.faults,
         probe_interval=s.probe_interval_s,
         gateways=s.gateways.plan(gateways),
+        retries=s.retries,
     )
 
 
@@ -636,6 +641,8 @@ def run_scenario(
                 lambda t: weight.get(t, 1.0), s.warmup_s,
             )
             metrics["limits"] = limit_overshoot(result, limits)
+            if s.retries:
+                metrics["retries"] = retry_stats(result, prep.slos)
             run = Run(policy, the_load, offered, result, metrics, count)
             out.runs.append(run)
             if on_run is not None:

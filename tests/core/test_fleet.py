@@ -245,6 +245,31 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     assert _dispatched(s.first_token("short", 3.6)) == {"long4": "a"}
 
 
+def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
+    """While the budget is spent on every replica with room, a fill pops nothing (each pop
+    and re-queue cost a fill under load up to 32 of them); once a prompt is answered, the
+    queue moves again."""
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=1000))
+    _submit(s, "rt", cls="realtime")
+    s.first_token("rt", 0.1)
+    assert _dispatched(_submit(s, "long", now=0.2, prompt=1500)) == {"long": "a"}
+    pops = 0
+    pop = s.policy.pop
+
+    def counting_pop() -> object:
+        nonlocal pops
+        pops += 1
+        return pop()
+
+    s.policy.pop = counting_pop  # type: ignore[assignment,method-assign]
+    for i in range(5):
+        assert _dispatched(_submit(s, f"b{i}", now=0.3, prompt=100)) == {}
+    assert pops == 0
+    assert _dispatched(_submit(s, "rt2", now=0.4, cls="realtime")) == {"rt2": "a"}
+    assert _dispatched(s.first_token("long", 0.5)) == {"b0": "a", "b1": "a", "b2": "a",
+                                                      "b3": "a", "b4": "a"}
+
+
 def test_a_window_shrinks_to_its_share_of_an_engine_other_gateways_feed_too() -> None:
     from qosgate.core.limits import EngineLimit
 

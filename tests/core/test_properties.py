@@ -303,7 +303,8 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
         tenants=_config(policy).tenants,  # type: ignore[attr-defined]
         admission=Admission(max_queue_total=25, max_prompt_tokens=1800),
         fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=3.0),
-                    retries=Retries(max_attempts=3, min_retries=2)),
+                    retries=Retries(max_attempts=3, min_retries=2),
+                    prefill_budget_tokens=600),  # often spent: holds, and its fill shortcut
     )
     names = ["r0", "r1", "r2", "r3"]
     sched = Scheduler(

@@ -165,7 +165,7 @@ class Replica:
 
     __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
                  "other_prefill_tokens", "pausable", "pending", "preemptible",
-                 "prefill_tokens", "signals", "start_s",
+                 "prefill_tokens", "signals",
                  "strict_streams", "up")
 
     def __init__(
@@ -192,9 +192,6 @@ class Replica:
         self.prefill_tokens = 0
         self.other_prefill_tokens = 0  # ... of those, non-strict classes' (the prefill budget)
         self.pending = 0  # requests sent and not answered by a first byte yet
-        # dispatch to first byte, a moving average (0 until the first one): how fast it starts
-        # a request, its speed and its own queue in one figure, which the window alone hides
-        self.start_s = 0.0
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
         # a call failed on it and none has succeeded since: suspect, it gets one unanswered
@@ -279,8 +276,6 @@ class LeastLoadRouter:
     def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
         best: Replica | None = None
         best_key = (True, float("inf"))
-        # speeds relative to the fastest measured candidate (one not measured yet counts as it)
-        fastest = min((r.start_s for r in candidates if r.start_s > 0), default=0.0)
         for rep in candidates:
             window = rep.window
             n = len(rep.inflight)
@@ -298,10 +293,6 @@ class LeastLoadRouter:
                         saturated = sig.waiting > self.waiting_saturated * window
                     if sig.kv_usage is not None and sig.kv_usage >= self.kv_saturated:
                         saturated = True
-            if rep.start_s > 0 and fastest > 0:
-                # as full, the one that starts requests sooner: a slower engine (or one queueing
-                # inside) has the same window as a fast one when the window follows its batch
-                score *= rep.start_s / fastest
             key = (saturated, score)
             if key < best_key:
                 best, best_key = rep, key

@@ -63,7 +63,6 @@ class ReplicaSpec:
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
 _RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
 _PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
-_START_ALPHA = 0.1  # weight of each first byte in a replica's dispatch-to-first-byte average
 
 
 class DecayingRate:
@@ -183,6 +182,7 @@ class Scheduler:
         # first dispatches per class: the service a backlogged class actually gets, after the
         # strict classes, the other shares and aging took theirs (what admission predicts from)
         self._served = [DecayingRate() for _ in self.classes]
+        self._paused_queued = 0  # queued requests paused on a replica (they resume only there)
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
         for spec in replicas:
@@ -381,9 +381,6 @@ class Scheduler:
             if rep is not None:
                 rep.prefill_tokens -= req.prompt_tokens
                 rep.pending -= 1
-                if req.dispatched_at is not None:
-                    took = now - req.dispatched_at
-                    rep.start_s += _START_ALPHA * (took - rep.start_s) if rep.start_s else took
                 if self._strict[req.class_level]:
                     rep.strict_streams += 1
                 else:
@@ -865,6 +862,8 @@ class Scheduler:
 
     def _unqueue(self, req: Request) -> None:
         self.policy.remove(req)
+        if req.replica is not None:
+            self._paused_queued -= 1
         del self.queued[req.class_level][req.id]
         self.queued_total -= 1
         self._untenant(req)
@@ -879,6 +878,8 @@ class Scheduler:
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
+        if self._prefill_budget is not None and self._budget_blocks_all():
+            return  # nothing queued may go: popping and re-queueing each would cost, not serve
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
             req = policy.pop()
@@ -895,6 +896,19 @@ class Scheduler:
         for req in held:
             policy.settle(req, -req.cost)  # popping charged it; it was not served
             policy.push(req)
+
+    def _budget_blocks_all(self) -> bool:
+        """No strict or paused request is queued and every replica with room has its prefill
+        budget spent on prompts of the other classes: no queued request may go anywhere."""
+        if self._paused_queued or any(self.queued[lv] for lv in self._strict_levels):
+            return False
+        budget = self._prefill_budget
+        assert budget is not None
+        return all(
+            rep.strict_streams and rep.other_prefill_tokens and rep.prefill_tokens >= budget
+            for rep in self._usable
+            if rep.free > 0
+        )
 
     def may_take(self, rep: Replica, req: Request, now: float) -> bool:
         """Whether ``rep`` may take ``req`` now, room aside: it may take work, serves the
@@ -962,6 +976,8 @@ class Scheduler:
         self.queued_total -= 1
         self._untenant(req)
         resume = req.replica is not None
+        if resume:
+            self._paused_queued -= 1
         req.move(DISPATCHED)
         req.replica = rep.name
         req.dispatched_at = now
@@ -1010,6 +1026,8 @@ class Scheduler:
         self.preemptions[victim.service_class] += 1
         self.policy.settle(victim, -victim.cost)  # refunded: charged again when re-dispatched
         victim.replica = rep.name if pause else None
+        if pause:
+            self._paused_queued += 1
         self._enqueue(victim, now)
         out.append(Preempt(victim, rep.name, pause))
 

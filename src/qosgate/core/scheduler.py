@@ -878,7 +878,8 @@ class Scheduler:
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
-        if self._prefill_budget is not None and self._budget_blocks_all():
+        if (self._prefill_budget is not None and self.free_slots > 0 and policy.root.n
+                and self._budget_blocks_all()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
@@ -900,15 +901,13 @@ class Scheduler:
     def _budget_blocks_all(self) -> bool:
         """No strict or paused request is queued and every replica with room has its prefill
         budget spent on prompts of the other classes: no queued request may go anywhere."""
-        if self._paused_queued or any(self.queued[lv] for lv in self._strict_levels):
-            return False
         budget = self._prefill_budget
         assert budget is not None
-        return all(
-            rep.strict_streams and rep.other_prefill_tokens and rep.prefill_tokens >= budget
-            for rep in self._usable
-            if rep.free > 0
-        )
+        for rep in self._usable:
+            if rep.free > 0 and not (rep.strict_streams and rep.other_prefill_tokens
+                                     and rep.prefill_tokens >= budget):
+                return False  # the common case, and the cheapest test first
+        return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
     def may_take(self, rep: Replica, req: Request, now: float) -> bool:
         """Whether ``rep`` may take ``req`` now, room aside: it may take work, serves the

@@ -42,6 +42,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -274,14 +275,21 @@ def main() -> None:
     scale = 0.5 if args.quick else 1.0
     levels = [(1, int(400 * scale)), (64, int(3600 * scale)), (256, int(7200 * scale))]
 
+    # a fixed window of 1024: the adaptive one (the default) starts at 8 and would queue the
+    # 64- and 256-client levels in the gateway, measuring the window instead of the proxy path
+    cfg_dir = tempfile.mkdtemp(prefix="qosgate-overhead-")
+    fixed_window = os.path.join(cfg_dir, "fixed-window.yaml")
+    with open(fixed_window, "w") as f:
+        f.write("fleet: {window: {mode: fixed}}\n")
+
     def launch(time_scale: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes],
                                           int, int]:
         sp, gp = free_port(), free_port()
         standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp),
                          "--scheduling-policy", "priority", "--time-scale", time_scale],
                         f"http://127.0.0.1:{sp}/health", cpu_load)
-        gateway = start([*QOSGATE, "serve", "--port", str(gp), "--upstream",
-                         f"http://127.0.0.1:{sp}", "--upstream-capacity", "1024",
+        gateway = start([*QOSGATE, "serve", "--port", str(gp), "--config", fixed_window,
+                         "--upstream", f"http://127.0.0.1:{sp}", "--upstream-capacity", "1024",
                          "--upstream-polarity", "vllm", "--log-level", "warning"],
                         f"http://127.0.0.1:{gp}/readyz", cpu_gw)
         return standin, gateway, sp, gp

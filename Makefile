@@ -24,13 +24,12 @@ lint: $(BIN)/.installed
 test: lint vllm-env redis-env prometheus-env
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-# redis-server for the shared-state tests, from the Debian packages if missing (prints its time)
+# real servers the tests start, from the Debian packages if missing (scripts/apt_env.sh, timed)
 redis-env:
-	scripts/redis_env.sh
+	scripts/apt_env.sh redis-server "the shared-state tests" redis-server
 
-# prometheus + promtool for the observability tests, from the Debian package if missing (timed)
 prometheus-env:
-	scripts/prometheus_env.sh
+	scripts/apt_env.sh prometheus "the observability tests" prometheus promtool
 
 vllm-env:
 	$(PYTHON) scripts/vllm_env.py build

@@ -173,7 +173,7 @@ def main() -> None:
     args = ap.parse_args()
     redis_bin = shutil.which("redis-server")
     if redis_bin is None:
-        sys.exit("redis-server is needed (make test installs it: scripts/redis_env.sh)")
+        sys.exit("redis-server is needed (make test installs it: make redis-env)")
     tmp = Path(tempfile.mkdtemp(prefix="scale_out-"))
     sport, rport = free_port(), free_port()
     standin = Proc([PY, "-m", "qosgate.engines.standin", "--port", str(sport), "--time-scale",

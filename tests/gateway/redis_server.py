@@ -1,7 +1,7 @@
 """A real ``redis-server`` on a free loopback port with a temp dir (no persistence).
 
 Missing ``redis-server``: the tests skip on a developer's machine but FAIL in CI (``CI=true``),
-where ``.ci/run`` (``make test``) installs it first (scripts/redis_env.sh).
+where ``.ci/run`` (``make test``) installs it first (scripts/apt_env.sh).
 """
 
 from __future__ import annotations

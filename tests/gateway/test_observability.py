@@ -70,7 +70,7 @@ def _ci() -> bool:
 
 def prometheus_binaries() -> tuple[str, str]:
     """``prometheus`` and ``promtool`` (Debian package ``prometheus``; ``make test`` installs it
-    with scripts/prometheus_env.sh): skip when missing, but fail in CI."""
+    with scripts/apt_env.sh): skip when missing, but fail in CI."""
     prom, tool = shutil.which("prometheus"), shutil.which("promtool")
     if prom is None or tool is None:
         msg = "prometheus/promtool not installed (apt-get install -y prometheus; make test does)"

@@ -395,19 +395,13 @@ class Gateway:
                     send, "invalid_body", tenant, message=problem.message, param=problem.param
                 )
                 return
-        qos_class = b.qos_class
-        if hc is not None:
-            qos_class = hc.decode("latin-1").strip()
-        if qos_class is not None:  # class names are case-insensitive
-            qos_class = self._class_names.get(qos_class.lower(), qos_class)
-        priority = b.priority if isinstance(b.priority, int) else None
-        if hp is not None:
-            try:
-                priority = int(hp)
-            except ValueError:
-                await self._refuse(send, "invalid_priority", tenant,
-                                   message="x-qos-priority must be an integer.")
-                return
+        try:
+            qos_class, priority = self._qos_hints(
+                b.qos_class, b.priority if isinstance(b.priority, int) else None, hc, hp)
+        except ValueError:
+            await self._refuse(send, "invalid_priority", tenant,
+                               message="x-qos-priority must be an integer.")
+            return
         # the output cap: max_completion_tokens (OpenAI's newer name) wins for the in-process
         # engines; admission charges the larger of the two, as an engine may read either
         caps = [v for v in (b.max_completion_tokens, b.max_tokens) if v is not None]
@@ -497,6 +491,20 @@ class Gateway:
             return None
         return qos_headers
 
+    def _qos_hints(
+        self, qos_class: str | None, priority: int | None, hc: bytes | None, hp: bytes | None
+    ) -> tuple[str | None, int | None]:
+        """The class and priority a request asks for: the headers win over the body's members;
+        class names are case-insensitive. Raises ValueError for a priority header that is not
+        an integer."""
+        if hc is not None:
+            qos_class = hc.decode("latin-1").strip()
+        if qos_class is not None:
+            qos_class = self._class_names.get(qos_class.lower(), qos_class)
+        if hp is not None:
+            priority = int(hp)
+        return qos_class, priority
+
     async def _tenant_and_body(
         self, scope: Scope, receive: Receive, send: Send, key: str | None
     ) -> tuple[str, bytes] | None:
@@ -560,21 +568,14 @@ class Gateway:
                 + (", ".join(models) or "none") + ".",
             )
             return
-        qos_class = b.qos_class
-        hc = header(scope, b"x-qos-class")
-        if hc is not None:
-            qos_class = hc.decode("latin-1").strip()
-        if qos_class is not None:
-            qos_class = self._class_names.get(qos_class.lower(), qos_class)
-        priority = b.priority
-        hp = header(scope, b"x-qos-priority")
-        if hp is not None:
-            try:
-                priority = int(hp)
-            except ValueError:
-                await self._refuse(send, "invalid_priority", tenant,
-                                   message="x-qos-priority must be an integer.")
-                return
+        try:
+            qos_class, priority = self._qos_hints(
+                b.qos_class, b.priority, header(scope, b"x-qos-class"),
+                header(scope, b"x-qos-priority"))
+        except ValueError:
+            await self._refuse(send, "invalid_priority", tenant,
+                               message="x-qos-priority must be an integer.")
+            return
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(

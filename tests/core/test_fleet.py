@@ -274,12 +274,34 @@ def test_a_window_shrinks_to_its_share_of_an_engine_other_gateways_feed_too() ->
     from qosgate.core.limits import EngineLimit
 
     alone = EngineLimit(64, max_limit=64, cooldown_s=0.0)
-    alone.on_signals(1.0, LoadSignals(at=1.0, running=60, waiting=20), inflight=80)
-    assert alone.limit == 63  # all it runs plus the allowance (5% of 64)
     shared = EngineLimit(64, max_limit=64, cooldown_s=0.0)
-    # 20 of the 80 requests the engine holds are this gateway's: a quarter of its batch
-    shared.on_signals(1.0, LoadSignals(at=1.0, running=60, waiting=20), inflight=20)
+    for t in (1.0, 2.0):  # a queue seen in two samples in a row
+        alone.on_signals(t, LoadSignals(at=t, running=60, waiting=20), inflight=80)
+        # 20 of the 80 requests the engine holds are this gateway's: a quarter of its batch
+        shared.on_signals(t, LoadSignals(at=t, running=60, waiting=20), inflight=20)
+    assert alone.limit == 63  # all it runs plus the allowance (5% of 64)
     assert shared.limit == 15
+
+
+def test_a_queue_seen_in_one_sample_only_is_arrivals_between_engine_steps() -> None:
+    # requests sent after the engine's last step count as waiting until its next one: on a
+    # small window (allowance 1) that looked like a full batch at every other scrape and kept
+    # the window at what it had sent, with the queue held in the gateway (a real-speed probe)
+    from qosgate.core.limits import EngineLimit
+
+    lim = EngineLimit(20, max_limit=1024, settle_s=2.0, cooldown_s=0.0)
+    lim._slow_start = False
+    for t in range(1, 13):
+        waiting = 3 if t % 2 else 0  # a transient queue at every other scrape
+        lim.on_signals(float(t), LoadSignals(at=float(t), running=20, waiting=waiting), 20)
+    assert lim.limit > 20  # grew: never shrunk, and the lone samples did not reset settling
+    before = lim.limit
+    full = LoadSignals(at=20.0, running=before - 5, waiting=3)  # it runs fewer than it holds
+    lim.on_signals(20.0, full, before - 2)
+    lim.on_signals(20.5, full, before - 2)  # the same sample read again
+    assert lim.limit == before
+    lim.on_signals(21.0, LoadSignals(at=21.0, running=before - 5, waiting=3), before - 2)
+    assert lim.limit == before - 4  # a queue in two fresh samples: what it runs + 1
 
 
 def test_an_adaptive_window_follows_the_engine_signals() -> None:
@@ -298,6 +320,9 @@ def test_an_adaptive_window_follows_the_engine_signals() -> None:
     assert lim.limit == 32  # no growth while the window is not full
     t += 1.0
     lim.on_signals(t, LoadSignals(at=t, waiting=10, kv_usage=0.5), inflight=32)  # engine queue
+    assert lim.limit == 32  # once: maybe arrivals between two steps
+    t += 1.0
+    lim.on_signals(t, LoadSignals(at=t, waiting=10, kv_usage=0.5), inflight=32)  # still there
     assert lim.limit == 25
     lim.on_signals(t + 0.5, LoadSignals(at=t + 0.5, kv_usage=0.99), inflight=25)
     assert lim.limit == 25  # within the cooldown: the last change has not shown yet

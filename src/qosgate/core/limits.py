@@ -7,8 +7,11 @@ out of qosgate's reach. ``EngineLimit`` runs two loops on the facts the core is 
 
 - the **capacity loop**, on the engine's own signals (``on_signals``): memory pressure (KV use
   above its target, or new engine-side preemptions) shrinks the window multiplicatively (once
-  per ``cooldown_s``); a queue inside the engine beyond a small allowance, with memory fine,
-  means its batch is full: the window comes down to what the engine runs plus that allowance.
+  per ``cooldown_s``); a queue inside the engine beyond a small allowance, seen in two fresh
+  samples in a row, with memory fine, means its batch is full: the window comes down to what
+  the engine runs plus that allowance. (One sample is not enough: requests that arrived after
+  the engine's last step are counted as waiting until its next one, and treating that as a
+  full batch pinned the window near what it had sent.)
   It grows only when the window was full and the signals have been settled for ``settle_s`` --
   doubling until the first pressure (slow start), then by ``grow_frac``;
 - the **latency loop**, on each request's dispatch-to-first-token time (``on_sample``): an
@@ -32,6 +35,7 @@ class EngineLimit:
     __slots__ = (
         "_last_change",
         "_last_preemptions",
+        "_queue_seen_at",
         "_settled_since",
         "_slow_start",
         "cooldown_s",
@@ -77,6 +81,7 @@ class EngineLimit:
         self._settled_since = -math.inf
         self._last_change = -math.inf
         self._last_preemptions: int | None = None
+        self._queue_seen_at: float | None = None  # the sample that last showed a queue
 
     # ---------------------------------------------------------------- the two loops
     def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
@@ -96,6 +101,9 @@ class EngineLimit:
         allowance = max(1.0, self.waiting_allowance * self.limit)
         running, waiting = signals.running, signals.waiting
         if waiting is not None and waiting > allowance:
+            seen, self._queue_seen_at = self._queue_seen_at, signals.at
+            if seen is None or seen == signals.at:
+                return  # once may be arrivals between two engine steps: wait for the next sample
             # the engine runs what it can and queues the rest (its batch is full, its memory is
             # not): the window is what it runs plus a small queue, not a fraction of the old one
             # (shrinking by a factor overshot and then regrew, in cycles)
@@ -116,6 +124,7 @@ class EngineLimit:
                 self.limit = target
                 self._last_change = now
             return
+        self._queue_seen_at = None
         if self._settled_since == -math.inf:
             self._settled_since = now
         full = inflight >= self.limit - 1

@@ -168,6 +168,12 @@ class Fleet(_Strict):
         "request, the prompt tokens it has been sent and not yet answered stay within this "
         "budget, so each engine step carries little prefill next to the realtime decode; past "
         "it one prompt of the other classes at a time may go (no starvation). None = no bound")
+    tpot_guard: float | None = Field(
+        default=None, gt=0, description="while a replica streams to a strict (realtime) class, "
+        "an engine inter-token latency (its mean between two scrapes, from "
+        "vllm:inter_token_latency_seconds) past this fraction of that class's TPOT budget holds "
+        "the other classes' new requests from that replica until it is back under 3/4 of that "
+        "point. None = off")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(

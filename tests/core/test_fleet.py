@@ -245,6 +245,53 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     assert _dispatched(s.first_token("short", 3.6)) == {"long4": "a"}
 
 
+def _itl(at: float, seconds: float, tokens: int) -> LoadSignals:
+    return LoadSignals(at=at, itl_seconds_total=seconds, itl_tokens_total=tokens)
+
+
+def test_the_tpot_guard_holds_the_other_classes_off_a_slow_replica_streaming_realtime() -> None:
+    """Realtime's TPOT budget is 200 ms: with the guard at 0.5, an engine whose mean time per
+    output token between two scrapes passes 100 ms takes no new request of the other classes
+    while it streams to realtime, until it is back under 75 ms; realtime itself always goes."""
+    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8),
+               fleet=Fleet(prefill_budget_tokens=None, tpot_guard=0.5))
+    s.observe("a", 0.0, signals=_itl(0.0, 0.0, 0))
+    assert _dispatched(_submit(s, "rt", now=0.1, cls="realtime")) == {"rt": "a"}
+    s.first_token("rt", 0.2)
+    s.observe("a", 1.0, signals=_itl(1.0, 12.0, 100))  # 120 ms a token: past the guard
+    assert s.replicas["a"].itl_s == 0.12 and s.replicas["a"].others_held
+    s.observe("b", 1.0, up=False)  # only a can take work
+    assert _dispatched(_submit(s, "api1", now=1.1)) == {}  # held in qosgate
+    assert _dispatched(_submit(s, "rt2", now=1.2, cls="realtime")) == {"rt2": "a"}
+    s.observe("a", 2.0, signals=_itl(2.0, 21.0, 200))  # 90 ms: under the guard, not under 75
+    assert s.requests["api1"].state is State.QUEUED
+    out = s.observe("a", 3.0, signals=_itl(3.0, 28.0, 300))  # 70 ms: released
+    assert _dispatched(out) == {"api1": "a"}
+    s.observe("a", 4.0, signals=_itl(4.0, 40.0, 400))  # held again
+    s.observe("b", 4.0, up=True)
+    assert _dispatched(_submit(s, "api2", now=4.1)) == {"api2": "b"}  # another replica takes it
+    s.complete("rt", 5.0, 20)
+    s.complete("rt2", 5.0, 20)
+    # no realtime stream on a: nothing to protect, whatever its engine's pace
+    s.observe("b", 5.0, up=False)
+    assert _dispatched(_submit(s, "api3", now=5.1)) == {"api3": "a"}
+
+
+def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None:
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None))
+    _submit(s, "rt", cls="realtime")
+    s.first_token("rt", 0.1)
+    s.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
+    s.observe("a", 2.0, signals=_itl(2.0, 50.0, 100))  # 500 ms a token: read, not acted on
+    assert s.replicas["a"].itl_s == 0.5 and not s.replicas["a"].others_held
+    assert _dispatched(_submit(s, "api", now=2.1)) == {"api": "a"}
+    fifo = Scheduler(default_config(fleet=Fleet(tpot_guard=0.5)), "fifo",
+                     [ReplicaSpec("a", 8, window="fixed")])
+    fifo.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
+    fifo.observe("a", 2.0, signals=_itl(2.0, 50.0, 100))
+    assert not fifo.replicas["a"].others_held
+
+
 def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
     """While the budget is spent on every replica with room, a fill pops nothing (each pop
     and re-queue cost a fill under load up to 32 of them); once a prompt is answered, the

@@ -96,6 +96,22 @@ def test_vllm_sums_model_names_and_takes_the_fullest_cache() -> None:
     assert (s.running, s.waiting, s.kv_usage, s.preemptions_total) == (4, 7, 0.75, 10)
 
 
+def test_vllm_inter_token_latency_totals() -> None:
+    text = "\n".join(
+        [
+            "# TYPE vllm:inter_token_latency_seconds histogram",
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="a"} 3',
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="a"} 40',
+            'vllm:inter_token_latency_seconds_sum{engine="0",model_name="a"} 2.5',
+            'vllm:inter_token_latency_seconds_count{engine="0",model_name="a"} 40',
+            'vllm:inter_token_latency_seconds_sum{engine="1",model_name="a"} 1.5',
+            'vllm:inter_token_latency_seconds_count{engine="1",model_name="a"} 10',
+        ]
+    )
+    s = parse_engine_metrics(text, 0.0)
+    assert (s.itl_seconds_total, s.itl_tokens_total) == (4.0, 50)  # summed over engines
+
+
 def test_older_vllm_kv_name() -> None:
     s = parse_engine_metrics('vllm:gpu_cache_usage_perc{model_name="m"} 0.5\n', 0.0)
     assert s.kv_usage == 0.5 and s.running is None

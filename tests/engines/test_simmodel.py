@@ -79,6 +79,9 @@ def test_step_time_hand_computed() -> None:
     assert (m.prompt_tokens_total, m.generation_tokens_total, m.steps_total) == (15, 6, 4)
     assert m.busy_s_total == pytest.approx(sum(r.duration_s for r in (r1, r2, r3, r4)))
     assert m.kv_usage == 0
+    # inter-token latency: each token after a seq's first counts its step (a: r2, r3; b: r3, r4)
+    assert m.itl_tokens_total == 4
+    assert m.itl_s_total == pytest.approx(r2.duration_s + 2 * r3.duration_s + r4.duration_s)
 
 
 def test_finish_reason_length_when_max_tokens_hit() -> None:
@@ -368,6 +371,11 @@ def test_fast_path_equals_slow_path(policy: Policy) -> None:
     assert any(k[0] == "evict" for k in slow)  # the case exercises KV pressure
     m = fast_eng.metrics()
     assert m.steps_total > 2 * calls  # and the closed form actually skipped steps
+    slow_eng = SimEngine(prof, policy)
+    drive_slow(slow_eng, trace)
+    ms = slow_eng.metrics()  # the closed form counts inter-token latency as the steps would
+    assert m.itl_tokens_total == ms.itl_tokens_total > 0
+    assert m.itl_s_total == pytest.approx(ms.itl_s_total, rel=1e-9)
 
 
 def test_advance_single_seq_closed_form() -> None:

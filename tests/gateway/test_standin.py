@@ -36,5 +36,6 @@ def test_metrics_use_vllm_names(standin: Server) -> None:
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                  "vllm:kv_cache_usage_perc", "vllm:prompt_tokens_total",
                  "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-                 "vllm:request_success_total"):
+                 "vllm:inter_token_latency_seconds_sum",
+                 "vllm:inter_token_latency_seconds_count", "vllm:request_success_total"):
         assert name.encode() in text, name

@@ -179,6 +179,12 @@ def test_metric_names_labels_and_units(engine: Server) -> None:
     s = parse_engine_metrics(text, 0.0, engine="vllm")
     assert s.kv_usage is not None and 0.0 <= s.kv_usage <= 1.0  # a fraction
     assert s.running is not None and s.waiting is not None and s.preemptions_total is not None
+    # the inter-token latency histogram (the TPOT guard's reading): the 4-token completion's
+    # 3 gaps after its first token at least, in seconds
+    for suffix in ("_sum", "_count"):
+        assert metric_values(text, "vllm:inter_token_latency_seconds" + suffix), suffix
+    assert s.itl_tokens_total is not None and s.itl_tokens_total >= 3
+    assert s.itl_seconds_total is not None and s.itl_seconds_total > 0
 
 
 def test_a_client_abort_is_not_counted_in_request_success(engine: Server) -> None:

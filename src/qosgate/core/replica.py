@@ -163,10 +163,9 @@ class OutlierDetector:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "cooled_until", "failing", "inflight", "limit", "models", "name",
-                 "other_prefill_tokens", "pausable", "pending", "preemptible",
-                 "prefill_tokens", "signals",
-                 "strict_streams", "up")
+    __slots__ = ("breaker", "cooled_until", "failing", "inflight", "itl_s", "itl_seen", "limit",
+                 "models", "name", "other_prefill_tokens", "others_held", "pausable", "pending",
+                 "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
 
     def __init__(
         self,
@@ -187,6 +186,11 @@ class Replica:
         self.up = up  # the health probe's word; a refused connection also sets it False
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
         self.signals: LoadSignals | None = None
+        # the engine's mean inter-token latency between its last two scrapes, the totals it
+        # was computed from, and whether that holds the other classes back (the TPOT guard)
+        self.itl_s: float | None = None
+        self.itl_seen: tuple[float, int] | None = None
+        self.others_held = False
         # local dispatch-time accounting (the scrape corrects it, the scrape lags it): prompt
         # tokens sent and not yet answered by a first byte, and streams of a strict class
         self.prefill_tokens = 0

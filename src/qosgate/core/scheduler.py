@@ -140,6 +140,16 @@ class Scheduler:
         self._prefill_budget = (
             cfg.fleet.prefill_budget_tokens if self.policy.class_aware else None
         )
+        # the TPOT guard: the engine inter-token latency past which a replica streaming to a
+        # strict class takes none of the other classes' new requests (the tightest strict
+        # TPOT budget times the guard's fraction)
+        budgets = [c.tpot_budget_ms for c in self.classes if c.strict and c.tpot_budget_ms]
+        guard = cfg.fleet.tpot_guard
+        self._tpot_guard_s = (
+            guard * min(budgets) / 1000.0
+            if guard is not None and budgets and self.policy.class_aware else None
+        )
+        self._hold_others = self._prefill_budget is not None or self._tpot_guard_s is not None
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
         # a light tenant's request waits behind its own share of the class's queue, not all of it
@@ -289,9 +299,25 @@ class Scheduler:
         if signals is not None:
             rep.signals = signals
             rep.limit.on_signals(now, signals, self._busy(rep))
+            self._watch_itl(rep, signals)
         self._refresh(now)
         self._fill(now, out)
         return out
+
+    def _watch_itl(self, rep: Replica, signals: LoadSignals) -> None:
+        """The engine's recent time per output token, and the TPOT guard on it: hold the other
+        classes off a replica whose streams slow past the guard while it serves a strict class
+        (their prefill and their decodes both lengthen its steps), until it is well under."""
+        total, tokens = signals.itl_seconds_total, signals.itl_tokens_total
+        if total is None or tokens is None:
+            return
+        seen, rep.itl_seen = rep.itl_seen, (total, tokens)
+        if seen is None or tokens <= seen[1]:
+            return  # nothing decoded since (or the engine restarted): no new reading
+        rep.itl_s = itl = (total - seen[0]) / (tokens - seen[1])
+        guard = self._tpot_guard_s
+        if guard is not None:
+            rep.others_held = itl > (0.75 * guard if rep.others_held else guard)
 
     def _busy(self, rep: Replica) -> int:
         """What a window counts as in use: the requests in flight and the free room kept for
@@ -613,6 +639,8 @@ class Scheduler:
                 ejections=r.breaker.ejections,
                 cooling_s=max(0.0, r.cooled_until - now),
                 signals=r.signals,
+                engine_itl_s=r.itl_s,
+                others_held=r.others_held and r.strict_streams > 0,
             )
             for r in self.replicas.values()
         )
@@ -878,8 +906,8 @@ class Scheduler:
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
-        if (self._prefill_budget is not None and self.free_slots > 0 and policy.root.n
-                and self._budget_blocks_all()):
+        if (self._hold_others and self.free_slots > 0 and policy.root.n
+                and self._others_held_everywhere()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
@@ -898,14 +926,15 @@ class Scheduler:
             policy.settle(req, -req.cost)  # popping charged it; it was not served
             policy.push(req)
 
-    def _budget_blocks_all(self) -> bool:
-        """No strict or paused request is queued and every replica with room has its prefill
-        budget spent on prompts of the other classes: no queued request may go anywhere."""
+    def _others_held_everywhere(self) -> bool:
+        """No strict or paused request is queued and every replica with room holds the other
+        classes back (its prefill budget spent on their prompts, or its TPOT guard on): no
+        queued request may go anywhere."""
         budget = self._prefill_budget
-        assert budget is not None
         for rep in self._usable:
-            if rep.free > 0 and not (rep.strict_streams and rep.other_prefill_tokens
-                                     and rep.prefill_tokens >= budget):
+            if rep.free > 0 and not (rep.strict_streams and (
+                rep.others_held or (budget is not None and rep.other_prefill_tokens
+                                    and rep.prefill_tokens >= budget))):
                 return False  # the common case, and the cheapest test first
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
@@ -933,9 +962,12 @@ class Scheduler:
             reserved = int(frac * rep.limit.limit)
             if reserved and rep.free - 1 + rep.preemptible < reserved:
                 return False
+        if not rep.strict_streams or req.replica is not None or self._strict[req.class_level]:
+            return True
+        if rep.others_held:
+            return False  # its streams are slow: realtime's time per token comes first
         budget = self._prefill_budget
-        if (budget is None or not rep.strict_streams or req.replica is not None
-                or self._strict[req.class_level]):
+        if budget is None:
             return True
         # past the budget, one prompt of the other classes at a time: however much realtime
         # prefill is pending, they still make progress (no starvation). Realtime's own prompts
@@ -956,7 +988,7 @@ class Scheduler:
             model = req.model
             usable = [r for r in usable if r.serves(model)]
         if self._reserve_above[req.level] or (
-            self._prefill_budget is not None and not self._strict[req.class_level]
+            self._hold_others and not self._strict[req.class_level]
         ):
             usable = [r for r in usable if self._isolated_ok(r, req, now)]
         if req.avoid is not None:  # a retry: another replica while the model has one

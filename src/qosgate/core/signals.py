@@ -19,3 +19,9 @@ class LoadSignals:
     waiting: int | None = None  # sequences waiting inside the engine (its own queue)
     kv_usage: float | None = None  # KV cache in use, a fraction 0..1
     preemptions_total: int | None = None  # engine-side preemptions since it started (a counter)
+    # its inter-token latency histogram's totals (vLLM's vllm:inter_token_latency_seconds _sum
+    # and _count): between two scrapes, their deltas are the mean time per output token the
+    # engine's streams got over that interval, seconds after the fact rather than at the end
+    # of each request
+    itl_seconds_total: float | None = None
+    itl_tokens_total: int | None = None

@@ -42,6 +42,8 @@ class ReplicaView:
     ejections: int
     cooling_s: float  # back-pressure left, seconds (0 when not cooling)
     signals: LoadSignals | None
+    engine_itl_s: float | None = None  # the engine's mean time per token between two scrapes
+    others_held: bool = False  # the TPOT guard holds the non-strict classes off it
 
 
 @dataclass(frozen=True, slots=True)

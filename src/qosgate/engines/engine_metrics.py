@@ -10,7 +10,9 @@ The engines and their names (vLLM's as checked against a running vLLM 0.32 in ``
 - kv_usage: ``vllm:kv_cache_usage_perc``, ``sglang:token_usage``,
   ``llamacpp:kv_cache_usage_ratio``;
 - preemptions_total: ``vllm:num_preemptions_total``, ``sglang:num_retracted_requests_total``
-  (llama.cpp server exports none).
+  (llama.cpp server exports none);
+- itl_seconds_total / itl_tokens_total: ``vllm:inter_token_latency_seconds_sum`` / ``_count``
+  (vLLM only here).
 
 Units: every KV figure is a **fraction 0..1** (vLLM's ``_perc`` despite its name; the older
 ``vllm:gpu_cache_usage_perc`` is read when the new name is absent). SGLang builds that export
@@ -39,6 +41,8 @@ VLLM: _Spec = (
     ("waiting", ("vllm:num_requests_waiting",)),
     ("kv_usage", ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")),
     ("preemptions_total", ("vllm:num_preemptions_total",)),
+    ("itl_seconds_total", ("vllm:inter_token_latency_seconds_sum",)),
+    ("itl_tokens_total", ("vllm:inter_token_latency_seconds_count",)),
 )
 SGLANG: _Spec = (
     ("running", ("sglang:num_running_reqs", "sglang_num_running_reqs")),
@@ -116,6 +120,11 @@ def _count(values: list[float]) -> int | None:
     return round(sum(finite)) if finite else None
 
 
+def _total(values: list[float]) -> float | None:
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) if finite else None
+
+
 def _fraction(values: list[float]) -> float | None:
     finite = [v for v in values if math.isfinite(v)]
     return min(1.0, max(0.0, max(finite))) if finite else None
@@ -136,7 +145,12 @@ def parse_engine_metrics(text: str, at: float, engine: str | None = None) -> Loa
             values = next((samples[n] for n in names if n in samples), None)
             if values is None:
                 continue
-            fields[field] = _fraction(values) if field == "kv_usage" else _count(values)
+            if field == "kv_usage":
+                fields[field] = _fraction(values)
+            elif field == "itl_seconds_total":
+                fields[field] = _total(values)
+            else:
+                fields[field] = _count(values)
     kv = fields.get("kv_usage")
     return LoadSignals(
         at=at,
@@ -144,8 +158,14 @@ def parse_engine_metrics(text: str, at: float, engine: str | None = None) -> Loa
         waiting=_int(fields.get("waiting")),
         kv_usage=float(kv) if kv is not None else None,
         preemptions_total=_int(fields.get("preemptions_total")),
+        itl_seconds_total=_float(fields.get("itl_seconds_total")),
+        itl_tokens_total=_int(fields.get("itl_tokens_total")),
     )
 
 
 def _int(v: int | float | None) -> int | None:
     return None if v is None else int(v)
+
+
+def _float(v: int | float | None) -> float | None:
+    return None if v is None else float(v)

@@ -96,6 +96,10 @@ class EngineMetrics:
     preemptions_total: int
     steps_total: int
     busy_s_total: float
+    # inter-token latency totals (vllm:inter_token_latency_seconds _sum/_count): every token
+    # after a seq's first counts the step it came in
+    itl_s_total: float = 0.0
+    itl_tokens_total: int = 0
 
 
 @dataclass(slots=True)
@@ -213,6 +217,8 @@ class SimEngine:
         self._preempt_total = 0
         self._steps = 0
         self._busy = 0.0
+        self._itl_s = 0.0
+        self._itl_n = 0
 
     # ---- StepEngine ----------------------------------------------------------------------------
 
@@ -339,6 +345,8 @@ class SimEngine:
         self._steps += k
         dur = k * d0 + acc * k * (k - 1) / 2
         self._busy += dur
+        self._itl_s += n * dur
+        self._itl_n += n * k
         out.now += dur
         out.steps += k
         return k
@@ -356,6 +364,8 @@ class SimEngine:
             preemptions_total=self._preempt_total,
             steps_total=self._steps,
             busy_s_total=self._busy,
+            itl_s_total=self._itl_s,
+            itl_tokens_total=self._itl_n,
         )
 
     def generated(self, seq_id: str) -> int:
@@ -476,6 +486,9 @@ class SimEngine:
             if idx == 0:
                 self._prompt_total += s.prompt
                 interesting = True
+            else:
+                self._itl_s += dur
+                self._itl_n += 1
             if emit_all or idx == 0:
                 tid, text = token_word(s.id, idx)
                 res.tokens.append(TokenEvent(s.id, idx, text, tid))

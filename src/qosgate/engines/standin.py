@@ -21,6 +21,7 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a
   fraction 0..1, as vLLM's despite the name), ``vllm:prompt_tokens_total``,
   ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total``,
+  ``vllm:inter_token_latency_seconds`` (its sum and count; one ``+Inf`` bucket),
   ``vllm:request_success_total{finished_reason}`` (stop, length, abort, error, repetition). As in
   vLLM 0.32, a request aborted because its client left is **not** counted there (vLLM counts
   only what the engine itself finishes); ``/debug/requests`` counts it;
@@ -247,6 +248,9 @@ class StandIn:
             time_scale=time_scale,
         )
         self.time_scale = time_scale  # the engine's, before a ``slow`` fault multiplies it
+        # inter-token latency in wall seconds: the model's, at the time scale in force
+        self._itl_wall = 0.0
+        self._itl_model = 0.0
         self.faults = FaultSwitch()
         self.initial_faults = list(faults)  # switched on once serving (``--fault``)
         self.listener: Listener | None = None  # set by ``main``: what ``refuse`` stops
@@ -457,6 +461,7 @@ class StandIn:
     def _sync_faults(self) -> None:
         """Apply the time-dependent part (``slow``) now, and again when a fault starts or
         ends by itself."""
+        self._fold_itl()  # what came at the old speed
         self.engine.time_scale = self.time_scale * self.faults.slow_factor()
         if self._fault_timer is not None:
             self._fault_timer.cancel()
@@ -507,7 +512,14 @@ class StandIn:
             "refusing": bool(listener and listener.refusing),
         })
 
+    def _fold_itl(self) -> float:
+        model = self.sim.metrics().itl_s_total
+        self._itl_wall += (model - self._itl_model) * self.engine.time_scale
+        self._itl_model = model
+        return self._itl_wall
+
     def metrics_text(self) -> str:
+        itl = self._fold_itl()
         m = self.sim.metrics()
         lbl = f'engine="0",model_name="{self.model}"'
         lines = [
@@ -523,6 +535,11 @@ class StandIn:
             f"vllm:generation_tokens_total{{{lbl}}} {m.generation_tokens_total}",
             "# TYPE vllm:num_preemptions_total counter",
             f"vllm:num_preemptions_total{{{lbl}}} {m.preemptions_total}",
+            # vLLM has buckets too; the gateway reads the sum and the count
+            "# TYPE vllm:inter_token_latency_seconds histogram",
+            f'vllm:inter_token_latency_seconds_bucket{{{lbl},le="+Inf"}} {m.itl_tokens_total}',
+            f"vllm:inter_token_latency_seconds_sum{{{lbl}}} {itl}",
+            f"vllm:inter_token_latency_seconds_count{{{lbl}}} {m.itl_tokens_total}",
             "# TYPE vllm:request_success_total counter",
         ]
         for reason, n in self.success.items():

@@ -136,6 +136,11 @@ ENGINE_WAITING = _f("qosgate_replica_engine_waiting", "gauge", "", R,
                     "Sequences queued inside the engine, from its last scraped signals.")
 ENGINE_KV = _f("qosgate_replica_engine_kv_usage_ratio", "gauge", "ratio", R,
                "The engine's KV cache in use (0-1), from its last scraped signals.")
+ENGINE_ITL = _f("qosgate_replica_engine_itl_seconds", "gauge", "seconds", R,
+                "The engine's mean time per output token between its last two scrapes "
+                "(vllm:inter_token_latency_seconds), which the TPOT guard reads.")
+OTHERS_HELD = _f("qosgate_replica_others_held", "gauge", "", R,
+                 "1 while the TPOT guard holds the non-strict classes' new requests off it.")
 ATTEMPT_FAILURES = _f("qosgate_attempt_failures_total", "counter", "", ("class", "replica",
                       "reason"), "Engine calls that failed before the first byte reached the "
                       "client.")

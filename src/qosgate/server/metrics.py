@@ -211,6 +211,8 @@ class _StateCollector:
         running = mn.ENGINE_RUNNING.gauge()
         waiting = mn.ENGINE_WAITING.gauge()
         kv = mn.ENGINE_KV.gauge()
+        itl = mn.ENGINE_ITL.gauge()
+        held = mn.OTHERS_HELD.gauge()
         ejections = mn.REPLICA_EJECTIONS.counter()
         for r in snap.replicas:
             rin.add_metric([r.name], r.inflight)
@@ -228,9 +230,12 @@ class _StateCollector:
                     waiting.add_metric([r.name], sig.waiting)
                 if sig.kv_usage is not None:
                     kv.add_metric([r.name], sig.kv_usage)
+            if r.engine_itl_s is not None:
+                itl.add_metric([r.name], r.engine_itl_s)
+            held.add_metric([r.name], 1.0 if r.others_held else 0.0)
             ejections.add_metric([r.name], r.ejections)
-        yield from (rin, cap, up, eligible, breaker, cooling, age, running, waiting, kv,
-                    ejections)
+        yield from (rin, cap, up, eligible, breaker, cooling, age, running, waiting, kv, itl,
+                    held, ejections)
         fails = mn.ATTEMPT_FAILURES.counter()
         for cls, rep, reason, n in snap.attempt_failures:
             fails.add_metric([cls, rep, reason], n)

@@ -737,6 +737,8 @@ class _Run:
                     waiting=m.num_waiting,
                     kv_usage=m.kv_usage,
                     preemptions_total=m.preemptions_total,
+                    itl_seconds_total=m.itl_s_total,
+                    itl_tokens_total=m.itl_tokens_total,
                 )
             rep.told_up = rep.alive
             for sched in self.gws:

@@ -277,6 +277,24 @@ def test_the_tpot_guard_holds_the_other_classes_off_a_slow_replica_streaming_rea
     assert _dispatched(_submit(s, "api3", now=5.1)) == {"api3": "a"}
 
 
+def test_what_a_held_replica_does_not_take_does_not_pile_onto_one_near_its_guard() -> None:
+    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8),
+               fleet=Fleet(prefill_budget_tokens=None, tpot_guard=0.5))
+    for name in ("a", "b"):
+        s.observe(name, 0.0, signals=_itl(0.0, 0.0, 0))
+    for rid in ("rt-a", "rt-b"):
+        _submit(s, rid, now=0.1, cls="realtime")
+        s.first_token(rid, 0.2)
+    assert {s.requests[r].replica for r in ("rt-a", "rt-b")} == {"a", "b"}
+    held = s.requests["rt-a"].replica
+    near = "b" if held == "a" else "a"
+    s.observe(held, 1.0, signals=_itl(1.0, 15.0, 100))  # 150 ms: held
+    s.observe(near, 1.0, signals=_itl(1.0, 8.0, 100))  # 80 ms: under the guard, not under 75
+    assert _dispatched(_submit(s, "api1", now=1.1)) == {}
+    out = s.observe(near, 2.0, signals=_itl(2.0, 14.0, 200))  # 60 ms: well under
+    assert _dispatched(out) == {"api1": near}
+
+
 def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None:
     s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None))
     _submit(s, "rt", cls="realtime")
@@ -290,6 +308,22 @@ def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None
     fifo.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
     fifo.observe("a", 2.0, signals=_itl(2.0, 50.0, 100))
     assert not fifo.replicas["a"].others_held
+
+
+def test_a_class_held_next_to_free_room_is_predicted_to_wait() -> None:
+    """Free slots the prefill budget keeps a class out of are not room for it: admission
+    predicts its wait from the rate it is served at (before, a backlog shorter than the free
+    room predicted no wait at all, and its requests were admitted to time out)."""
+    s = _sched(ReplicaSpec("a", 64), fleet=Fleet(prefill_budget_tokens=1000))
+    _submit(s, "rt", cls="realtime")
+    s.first_token("rt", 0.1)
+    for i in range(12):
+        _submit(s, f"long{i}", now=0.2, prompt=1500)
+    for i in range(5):  # answered one by one: each lets the next go (one at a time)
+        s.first_token(f"long{i}", 0.5 + 0.5 * i)
+    assert s.queued_total == 6 and s.free_slots > 6  # a backlog beside free room
+    wait = s.predicted_wait(s.requests["long11"].level, 2.6)
+    assert wait is not None and wait > 2.0  # six ahead, served about two a second
 
 
 def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:

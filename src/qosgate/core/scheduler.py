@@ -792,15 +792,18 @@ class Scheduler:
             # a slot held by a less urgent preemptible request is as good as free for this one
             room += sum(1 for r in self._preemptible.values() if r.level > level)
         if ahead < room:
-            return 0.0
-        rate = self._rate(now)
-        if rate <= 0:
-            return None
-        wait = (ahead + 1 - room) / rate
+            wait = 0.0
+        else:
+            rate = self._rate(now)
+            if rate <= 0:
+                return None
+            wait = (ahead + 1 - room) / rate
         if self.policy.class_aware and not cls.strict and queued[level]:
             # backlogged: the class is served at the rate it has been getting, which counts what
             # overtakes it while it waits (strict arrivals, the other shares, the prefill
-            # budget), and the estimate above, from the queue as it stands now, does not
+            # budget), and the estimate above, from the queue as it stands now, does not. A
+            # backlog next to free room means the room is not the class's to use (the prefill
+            # budget or the TPOT guard holds it): there too the served rate is what it gets
             served = self._served[level].value(now)
             if served > 0:
                 wait = max(wait, (own + 1) / served)
@@ -966,6 +969,13 @@ class Scheduler:
             return True
         if rep.others_held:
             return False  # its streams are slow: realtime's time per token comes first
+        guard = self._tpot_guard_s
+        if guard is not None and (rep.itl_s is None or rep.itl_s > 0.75 * guard) and any(
+                r.others_held for r in self._usable):
+            # what a held replica does not take must not pile onto one close to its own guard
+            # (without this, on fleet-mixed the H100s took what the slower A100s were held off,
+            # and evicted from their KV caches: see docs/simulator.md)
+            return False
         budget = self._prefill_budget
         if budget is None:
             return True

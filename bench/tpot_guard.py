@@ -1,0 +1,81 @@
+"""The TPOT guard (``fleet.tpot_guard``) in the simulator: ``qos`` with the guard off and at
+several fractions of realtime's TPOT budget, on the workloads the issue-9 goals are judged on.
+
+    .venv/bin/python bench/tpot_guard.py [--guards off,0.6,0.9] [--cases seed-1,seed-5,...]
+
+Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-conv`` at
+``--time-scale T``; ``mixed`` is ``fleet-mixed`` (heterogeneous replicas, its own 1.5x). Every
+run is one ``qosgate simulate --policies qos`` of that scenario with ``config.fleet.tpot_guard``
+set (merged into the scenario's own config), deterministic: the same command prints the same
+table. Printed per run: realtime TTFT p99 / TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO
+attainment, goodput (requests that met both SLOs and finished inside the arrival window, per
+second of it), output tokens/s and the engines' KV evictions.
+
+Request data: Azure LLM inference trace 2023 (conversation), Azure/AzurePublicDataset, CC-BY
+4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",
+ISCA 2024.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from qosgate.sim.scenarios import load_scenario, override, prepare, run_scenario
+
+DEFAULT_CASES = "seed-0.5,seed-1,seed-3,seed-5,azure-3,mixed"
+
+
+def _case(name: str) -> tuple[str, dict[str, Any]]:
+    if name == "mixed":
+        return "fleet-mixed", {}
+    kind, _, value = name.partition("-")
+    if kind == "seed":
+        return "seed-classes", {"arrivals": {"load": float(value)}}
+    if kind == "azure":
+        return "azure-conv", {"arrivals": {"time_scale": float(value)}}
+    raise SystemExit(f"unknown case {name!r} (seed-L, azure-T, mixed)")
+
+
+def run(case: str, guard: float | None) -> dict[str, Any]:
+    scenario_name, changes = _case(case)
+    base = load_scenario(scenario_name)
+    config = dict(base.config)
+    config["fleet"] = {**dict(config.get("fleet", {})), "tpot_guard": guard}
+    scenario = override(base, policies=["qos"], config=config, sweep=None, **changes)
+    result = run_scenario(prepare(scenario))
+    (one,) = result.runs
+    m = one.metrics
+    rt, api, tot = m["classes"]["realtime"], m["classes"].get("api", {}), m["totals"]
+    evictions = sum(r.get("kv_evictions") or 0 for r in m["replicas"].values())
+    return {
+        "rt_ttft_p99": rt["ttft_p99_ms"], "rt_tpot_p99": rt["tpot_p99_ms"],
+        "rt_slo": rt["slo_attainment"], "api_slo": api.get("slo_attainment"),
+        "goodput": tot["goodput_rps"], "tok_s": tot["output_tok_s"], "evict": evictions,
+        "rej": tot["rejected"], "t_o": tot["timed_out"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--guards", default="off,0.6,0.9")
+    ap.add_argument("--cases", default=DEFAULT_CASES)
+    args = ap.parse_args()
+    guards = [None if g == "off" else float(g) for g in args.guards.split(",")]
+    print(f"{'case':<9} {'guard':>5} {'rt TTFT p99':>11} {'rt TPOT p99':>11} {'rt SLO':>7} "
+          f"{'api SLO':>7} {'rej':>5} {'t/o':>4} {'goodput/s':>9} {'out tok/s':>9} {'KV evict':>8} "
+          f"{'wall':>6}")
+    for case in args.cases.split(","):
+        for g in guards:
+            t0 = time.perf_counter()
+            r = run(case, g)
+            api = "-" if r["api_slo"] is None else f"{100 * r['api_slo']:.1f}%"
+            print(f"{case:<9} {'off' if g is None else g:>5} {r['rt_ttft_p99']:>9.0f}ms "
+                  f"{r['rt_tpot_p99']:>9.0f}ms {100 * r['rt_slo']:>6.1f}% {api:>7} "
+                  f"{r['goodput']:>9.2f} {r['tok_s']:>9.0f} {r['evict']:>8} "
+                  f"{time.perf_counter() - t0:>5.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -8,8 +8,9 @@ Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-co
 run is one ``qosgate simulate --policies qos`` of that scenario with ``config.fleet.tpot_guard``
 set (merged into the scenario's own config), deterministic: the same command prints the same
 table. Printed per run: realtime TTFT p99 / TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO
-attainment, goodput (requests that met both SLOs and finished inside the arrival window, per
-second of it), output tokens/s and the engines' KV evictions.
+attainment, refusals at arrival and queue timeouts (all classes), goodput (requests that met both
+SLOs and finished inside the arrival window, per second of it), output tokens/s and their share
+of ``fifo``'s (one ``fifo`` run per case, first), and the engines' KV evictions.
 
 Request data: Azure LLM inference trace 2023 (conversation), Azure/AzurePublicDataset, CC-BY
 4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",
@@ -38,12 +39,12 @@ def _case(name: str) -> tuple[str, dict[str, Any]]:
     raise SystemExit(f"unknown case {name!r} (seed-L, azure-T, mixed)")
 
 
-def run(case: str, guard: float | None) -> dict[str, Any]:
+def run(case: str, guard: float | None, policy: str = "qos") -> dict[str, Any]:
     scenario_name, changes = _case(case)
     base = load_scenario(scenario_name)
     config = dict(base.config)
     config["fleet"] = {**dict(config.get("fleet", {})), "tpot_guard": guard}
-    scenario = override(base, policies=["qos"], config=config, sweep=None, **changes)
+    scenario = override(base, policies=[policy], config=config, sweep=None, **changes)
     result = run_scenario(prepare(scenario))
     (one,) = result.runs
     m = one.metrics
@@ -62,18 +63,26 @@ def main() -> None:
     ap.add_argument("--guards", default="off,0.6,0.9")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
-    guards = [None if g == "off" else float(g) for g in args.guards.split(",")]
+    guards: list[float | None] = [None if g == "off" else float(g)
+                                  for g in args.guards.split(",")]
     print(f"{'case':<9} {'guard':>5} {'rt TTFT p99':>11} {'rt TPOT p99':>11} {'rt SLO':>7} "
-          f"{'api SLO':>7} {'rej':>5} {'t/o':>4} {'goodput/s':>9} {'out tok/s':>9} {'KV evict':>8} "
+          f"{'api SLO':>7} {'rej':>5} {'t/o':>4} {'goodput/s':>9} {'out tok/s':>9} {'% fifo':>6} "
+          f"{'KV evict':>8} "
           f"{'wall':>6}")
     for case in args.cases.split(","):
-        for g in guards:
+        fifo_tok_s = 0.0
+        for g in ["fifo", *guards]:
             t0 = time.perf_counter()
-            r = run(case, g)
+            r = run(case, None, "fifo") if g == "fifo" else run(case, float(g) if g else None)
+            if g == "fifo":
+                fifo_tok_s = r["tok_s"]
             api = "-" if r["api_slo"] is None else f"{100 * r['api_slo']:.1f}%"
-            print(f"{case:<9} {'off' if g is None else g:>5} {r['rt_ttft_p99']:>9.0f}ms "
-                  f"{r['rt_tpot_p99']:>9.0f}ms {100 * r['rt_slo']:>6.1f}% {api:>7} "
-                  f"{r['goodput']:>9.2f} {r['tok_s']:>9.0f} {r['evict']:>8} "
+            label = "fifo" if g == "fifo" else "off" if g is None else str(g)
+            share = f"{100 * r['tok_s'] / fifo_tok_s:.1f}%" if fifo_tok_s else "-"
+            print(f"{case:<9} {label:>5} {r['rt_ttft_p99']:>9.0f}ms "
+                  f"{r['rt_tpot_p99']:>9.0f}ms {100 * r['rt_slo']:>6.1f}% {api:>7} {r['rej']:>5} "
+                  f"{r['t_o']:>4} "
+                  f"{r['goodput']:>9.2f} {r['tok_s']:>9.0f} {share:>6} {r['evict']:>8} "
                   f"{time.perf_counter() - t0:>5.0f}s", flush=True)
 
 

@@ -167,7 +167,9 @@ class Fleet(_Strict):
         default=2048, ge=1, description="while a replica streams to a strict (realtime) "
         "request, the prompt tokens it has been sent and not yet answered stay within this "
         "budget, so each engine step carries little prefill next to the realtime decode; past "
-        "it one prompt of the other classes at a time may go (no starvation). None = no bound")
+        "it one prompt of the other classes at a time may go (no starvation). Several gateways "
+        "feeding one engine each keep their share of it (what they have in flight over what "
+        "the engine holds, from its scrape). None = no bound")
     tpot_guard: float | None = Field(
         default=None, gt=0, description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "

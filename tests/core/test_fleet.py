@@ -326,6 +326,22 @@ def test_a_class_held_next_to_free_room_is_predicted_to_wait() -> None:
     assert wait is not None and wait > 2.0  # six ahead, served about two a second
 
 
+def test_gateways_sharing_an_engine_share_its_prefill_budget() -> None:
+    """Each gateway bounds only what it sent itself: four gateways with a budget of 2,000 each
+    would put 8,000 tokens of the other classes' prefill next to realtime's decode. A gateway
+    keeps its share of the budget: what it has in flight over what the engine holds."""
+    s = _sched(ReplicaSpec("a", 64), fleet=Fleet(prefill_budget_tokens=2000))
+    _submit(s, "rt", cls="realtime")
+    s.first_token("rt", 0.1)
+    assert _dispatched(_submit(s, "p1", now=0.2, prompt=600)) == {"p1": "a"}
+    # the engine holds 8 sequences, 2 of them this gateway's: a quarter of the budget, 500
+    s.observe("a", 0.3, signals=LoadSignals(at=0.3, running=8, waiting=0))
+    assert s.replicas["a"].engine_share == 0.25
+    assert _dispatched(_submit(s, "p2", now=0.4, prompt=100)) == {}  # 700 > 500: held
+    s.observe("a", 0.5, signals=LoadSignals(at=0.5, running=2, waiting=0))  # alone again
+    assert s.requests["p2"].replica == "a"  # 700 <= 2000
+
+
 def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
     """While the budget is spent on every replica with room, a fill pops nothing (each pop
     and re-queue cost a fill under load up to 32 of them); once a prompt is answered, the

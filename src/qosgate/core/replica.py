@@ -163,9 +163,10 @@ class OutlierDetector:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "cooled_until", "failing", "inflight", "itl_s", "itl_seen", "limit",
-                 "models", "name", "other_prefill_tokens", "others_held", "pausable", "pending",
-                 "preemptible", "prefill_tokens", "signals", "strict_streams", "up")
+    __slots__ = ("breaker", "cooled_until", "engine_share", "failing", "inflight", "itl_s",
+                 "itl_seen", "limit", "models", "name", "other_prefill_tokens", "others_held",
+                 "pausable", "pending", "preemptible", "prefill_tokens", "signals",
+                 "strict_streams", "up")
 
     def __init__(
         self,
@@ -191,6 +192,9 @@ class Replica:
         self.itl_s: float | None = None
         self.itl_seen: tuple[float, int] | None = None
         self.others_held = False
+        # this gateway's share of what the engine holds (1 alone): several gateways feeding
+        # one engine each keep that share of the prefill budget
+        self.engine_share = 1.0
         # local dispatch-time accounting (the scrape corrects it, the scrape lags it): prompt
         # tokens sent and not yet answered by a first byte, and streams of a strict class
         self.prefill_tokens = 0

@@ -300,6 +300,8 @@ class Scheduler:
             rep.signals = signals
             rep.limit.on_signals(now, signals, self._busy(rep))
             self._watch_itl(rep, signals)
+            held = (signals.running or 0) + (signals.waiting or 0)
+            rep.engine_share = min(1.0, len(rep.inflight) / held) if held else 1.0
         self._refresh(now)
         self._fill(now, out)
         return out
@@ -937,7 +939,7 @@ class Scheduler:
         for rep in self._usable:
             if rep.free > 0 and not (rep.strict_streams and (
                 rep.others_held or (budget is not None and rep.other_prefill_tokens
-                                    and rep.prefill_tokens >= budget))):
+                                    and rep.prefill_tokens >= budget * rep.engine_share))):
                 return False  # the common case, and the cheapest test first
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
@@ -983,7 +985,7 @@ class Scheduler:
         # prefill is pending, they still make progress (no starvation). Realtime's own prompts
         # are not held: that costs its TTFT more than its streams' TPOT gains
         return (rep.other_prefill_tokens == 0
-                or rep.prefill_tokens + req.prompt_tokens <= budget)
+                or rep.prefill_tokens + req.prompt_tokens <= budget * rep.engine_share)
 
     def _suspects(self) -> bool:
         return any(r.failing for r in self._usable)

@@ -976,7 +976,7 @@ class Scheduler:
                 r.others_held for r in self._usable):
             # what a held replica does not take must not pile onto one close to its own guard
             # (without this, on fleet-mixed the H100s took what the slower A100s were held off,
-            # and evicted from their KV caches: see docs/simulator.md)
+            # and evicted from their KV caches: see docs/tpot_guard.md)
             return False
         budget = self._prefill_budget
         if budget is None:

@@ -131,6 +131,47 @@ def test_fair_share_counters_merge_across_instances() -> None:
     asyncio.run(run())
 
 
+def test_a_lift_is_not_service_and_is_not_merged_elsewhere() -> None:
+    """VTC lifts a key that becomes backlogged to the floor of *this* instance's backlog.
+    That is no service: synced as a delta, every instance's lift of the same tenant was added
+    on every other, and that tenant was starved (in the real-Redis skewed flood one tenant
+    completed 13-19 requests while the others completed ~200-400)."""
+    async def run() -> None:
+        store = MemoryStore()
+
+        def split() -> FairSplit:
+            return FairSplit(lambda r: r.tenant, lambda k: 1.0, lambda: KeyedQueue(
+                lambda r: 0.0, lambda: 0))
+
+        roots = [split(), split()]
+        insts = fleet(2, store, roots)  # type: ignore[arg-type]
+        for root in roots:
+            for key in ("x", "y"):
+                root.share.counter[key] = 0.0
+        for s in insts:
+            await s.sync()  # baselines
+        for root in roots:  # y is served on both while x is idle
+            root.share.activate("y")
+            root.share.charge("y", 100.0)
+        for s in insts:
+            await s.sync()
+        for s in insts:
+            await s.sync()
+        assert [r.share.counter["y"] for r in roots] == [200.0, 200.0]
+        for root in roots:  # x comes back on both: lifted to y's 200 on each
+            root.share.activate("x")
+            assert root.share.counter["x"] == 200.0
+        roots[0].share.charge("x", 10.0)  # and served 10 on instance 0
+        for s in insts:
+            await s.sync()
+        for s in insts:
+            await s.sync()
+        # x: the lift plus the 10 of service, not the lift counted once per instance (410)
+        assert [r.share.counter["x"] for r in roots] == [210.0, 210.0]
+
+    asyncio.run(run())
+
+
 def test_tokens_used_beyond_the_estimate_are_charged_to_the_fleet() -> None:
     async def run() -> None:
         store = MemoryStore()

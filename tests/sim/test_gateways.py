@@ -193,11 +193,8 @@ def test_a_rate_limit_over_4_gateways_admits_r_not_4r(tmp_path: Path, delay: flo
 def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) -> None:
     """Tenant a reaches gateway 0 only, b gateways 0-1, c and d all four: with the shared
     fair-share counters the four equal-weight api tenants get close to even service; each
-    instance on its own gives a and b less. (Jain 0.973 before each gateway kept only its
-    share of a replica's prefill budget, 0.939 since: a gateway with less in flight on a
-    replica streaming realtime may send less prefill, and b gets 0.62 of its fair share
-    against 0.77; the same change lifted realtime's SLO at 4 adaptive gateways from 61.9% to
-    98.8%, docs/simulator.md.)"""
+    instance on its own gives a and b less. (Jain 0.999; 0.939 while VTC's lifts were synced
+    as service, docs/shared-state.md.)"""
     prep = _prep(tmp_path, UNLIMITED, gateways={
         "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]}})
     on = run_scenario(prep).runs[0]
@@ -206,7 +203,7 @@ def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) ->
         "shared": False})).runs[0]
     j_on = on.metrics["fairness"]["api"]["jain"]
     j_off = off.metrics["fairness"]["api"]["jain"]
-    assert j_on >= 0.93, on.metrics["fairness"]["api"]
+    assert j_on >= 0.95, on.metrics["fairness"]["api"]
     assert j_off < j_on - 0.05, (j_on, j_off)
     ratio = off.metrics["fairness"]["api"]["tenants"]
     assert ratio["a"]["ratio"] < ratio["d"]["ratio"]  # alone on one instance: less than d

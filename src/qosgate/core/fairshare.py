@@ -27,7 +27,8 @@ class FairShare(Generic[K]):
     could hide a key under others, so it files a fresh row and retires the old one (version).
     """
 
-    __slots__ = ("_active", "_heap", "_last_left", "_order", "_version", "_weight", "counter")
+    __slots__ = ("_active", "_heap", "_last_left", "_order", "_version", "_weight", "counter",
+                 "lifted")
 
     def __init__(self) -> None:
         self.counter: dict[K, float] = {}
@@ -38,6 +39,9 @@ class FairShare(Generic[K]):
         self._heap: list[tuple[float, int, int, K]] = []
         self._active: set[K] = set()
         self._last_left = 0.0
+        # what the lifts added to each counter: not service, so not for other instances to
+        # merge (each lifts on its own; summed across instances, lifts starved a tenant)
+        self.lifted: dict[K, float] = {}
 
     def set_weight(self, key: K, weight: float) -> None:
         self._weight[key] = weight
@@ -47,6 +51,7 @@ class FairShare(Generic[K]):
         floor = self._min_active() if self._active else self._last_left
         c = self.counter.get(key, 0.0)
         if c < floor:
+            self.lifted[key] = self.lifted.get(key, 0.0) + (floor - c)
             c = floor
         self.counter[key] = c
         if key not in self._order:

@@ -308,7 +308,9 @@ class SharedState:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         # fair-share counters: (path, key) -> local counter after the last sync, store total seen
-        self._seen_local: dict[tuple[str, str], float] = {}
+        # each counter and its lifts at the last sync: what changed since, less the lifts, is
+        # the service this instance gave (a lift is local: VTC's floor among *its* backlog)
+        self._seen_local: dict[tuple[str, str], tuple[float, float]] = {}
         self._seen_total: dict[tuple[str, str], float] = {}
         self._baseline = True
 
@@ -443,11 +445,14 @@ class SharedState:
         baseline = self._baseline
         for path, share in list(self._shares()):
             keys = {str(k): k for k in share.counter}
+            lifted = share.lifted
             deltas: dict[str, float] = {}
             for sk, k in keys.items():
                 seen = self._seen_local.get((path, sk))
                 cur = share.counter[k]
-                d = cur - seen if seen is not None and not baseline else 0.0
+                d = 0.0
+                if seen is not None and not baseline:
+                    d = (cur - seen[0]) - (lifted.get(k, 0.0) - seen[1])
                 if d:
                     deltas[sk] = d
             totals = await self.store.counters(path, deltas)
@@ -458,7 +463,7 @@ class SharedState:
                     others = total - before - deltas.get(sk, 0.0)
                     merge_counter(share, k, others)
                 self._seen_total[(path, sk)] = total
-                self._seen_local[(path, sk)] = share.counter[k]
+                self._seen_local[(path, sk)] = (share.counter[k], lifted.get(k, 0.0))
         self._baseline = False
 
     # ------------------------------------------------------------ metrics

@@ -104,21 +104,23 @@ def test_fail_closed_refuses_limited_tenants_only() -> None:
     asyncio.run(run())
 
 
+async def _two_instances_counting_x_and_y() -> tuple[list[FairSplit], list[SharedState]]:
+    """Two instances over one store, each with a tenant fair share holding keys x and y at 0,
+    synced once (their baselines)."""
+    roots = [FairSplit(lambda r: r.tenant, lambda k: 1.0,
+                       lambda: KeyedQueue(lambda r: 0.0, [0])) for _ in range(2)]
+    insts = fleet(2, MemoryStore(), roots)  # type: ignore[arg-type]
+    for root in roots:
+        for key in ("x", "y"):
+            root.share.counter[key] = 0.0
+    for s in insts:
+        await s.sync()
+    return roots, insts
+
+
 def test_fair_share_counters_merge_across_instances() -> None:
     async def run() -> None:
-        store = MemoryStore()
-
-        def split() -> FairSplit:
-            return FairSplit(lambda r: r.tenant, lambda k: 1.0, lambda: KeyedQueue(
-                lambda r: 0.0, lambda: 0))
-
-        roots = [split(), split()]
-        insts = fleet(2, store, roots)  # type: ignore[arg-type]
-        for root in roots:
-            for key in ("x", "y"):
-                root.share.counter[key] = 0.0
-        for s in insts:
-            await s.sync()  # baselines
+        roots, insts = await _two_instances_counting_x_and_y()
         roots[0].share.charge("x", 100.0)  # x served on instance 0
         await insts[0].sync()
         await insts[1].sync()
@@ -137,19 +139,7 @@ def test_a_lift_is_not_service_and_is_not_merged_elsewhere() -> None:
     on every other, and that tenant was starved (in the real-Redis skewed flood one tenant
     completed 13-19 requests while the others completed ~200-400)."""
     async def run() -> None:
-        store = MemoryStore()
-
-        def split() -> FairSplit:
-            return FairSplit(lambda r: r.tenant, lambda k: 1.0, lambda: KeyedQueue(
-                lambda r: 0.0, lambda: 0))
-
-        roots = [split(), split()]
-        insts = fleet(2, store, roots)  # type: ignore[arg-type]
-        for root in roots:
-            for key in ("x", "y"):
-                root.share.counter[key] = 0.0
-        for s in insts:
-            await s.sync()  # baselines
+        roots, insts = await _two_instances_counting_x_and_y()
         for root in roots:  # y is served on both while x is idle
             root.share.activate("y")
             root.share.charge("y", 100.0)

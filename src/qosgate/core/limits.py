@@ -118,8 +118,7 @@ class EngineLimit:
             # the engine beyond the allowance counts, whoever sent it: the conservative side,
             # which keeps realtime's TTFT; counting only its share let four gateways queue
             # four allowances in the engine, see docs/simulator.md.)
-            share = min(1.0, inflight / (running + waiting))
-            target = max(self.min_limit, int(share * (running + allowance)))
+            target = max(self.min_limit, int(signals.share(inflight) * (running + allowance)))
             if target < self.limit and now - self._last_change >= self.cooldown_s:
                 self.limit = target
                 self._last_change = now

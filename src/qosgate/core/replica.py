@@ -260,12 +260,11 @@ class MostFreeRouter:
 class LeastLoadRouter:
     """The least loaded replica by measured load: its share of the window in flight (with the
     request to place), prompt tokens it has not answered yet (local accounting, exact and
-    immediate) and what its last scrape said of its own queue, times how long it has lately
-    taken from dispatch to first byte against the fastest candidate (one not measured yet counts
-    as the fastest); its KV cache
-    from the scrape. Data older than ``stale_s`` counts as saturated;
-    a saturated replica (its queue past ``waiting_saturated`` per window slot, or its KV cache
-    past ``kv_saturated``) is taken only if every candidate is."""
+    immediate) and what its last scrape said of its own queue and KV cache. Data older than
+    ``stale_s`` counts as saturated; a saturated replica (its queue past ``waiting_saturated``
+    per window slot, or its KV cache past ``kv_saturated``) is taken only if every candidate
+    is. (Weighing replicas by their recent dispatch-to-first-byte time was tried and reverted:
+    the average lags a growing queue and herded traffic onto one replica, docs/fleet.md.)"""
 
     name = "least-load"
 

@@ -300,8 +300,7 @@ class Scheduler:
             rep.signals = signals
             rep.limit.on_signals(now, signals, self._busy(rep))
             self._watch_itl(rep, signals)
-            held = (signals.running or 0) + (signals.waiting or 0)
-            rep.engine_share = min(1.0, len(rep.inflight) / held) if held else 1.0
+            rep.engine_share = signals.share(len(rep.inflight))
         self._refresh(now)
         self._fill(now, out)
         return out

@@ -25,3 +25,10 @@ class LoadSignals:
     # of each request
     itl_seconds_total: float | None = None
     itl_tokens_total: int | None = None
+
+    def share(self, inflight: int) -> float:
+        """The part of what the engine holds (running + waiting) that ``inflight`` requests of
+        one gateway are: 1 alone, less when other gateways feed the same engine (1 when the
+        engine reports holding nothing)."""
+        held = (self.running or 0) + (self.waiting or 0)
+        return min(1.0, inflight / held) if held else 1.0

@@ -667,6 +667,7 @@ class _Run:
         else:
             win = self.snapshot.get(rid, (False, 0))
         self.started.discard(rid)
+        retry_of, attempt = self.attempt_of.get(rid, ("", 0))
         self.records[rid] = RequestRecord(
             rid=rid,
             stream=a.stream,
@@ -687,8 +688,8 @@ class _Run:
             replica=self.last_rep.pop(rid, ""),
             failed_attempts=req.failures,
             gateway=self.gw_of.get(rid, 0),
-            retry_of=self.attempt_of.get(rid, ("", 0))[0],
-            attempt=self.attempt_of.get(rid, ("", 0))[1],
+            retry_of=retry_of,
+            attempt=attempt,
         )
         if now > self.last_finish:
             self.last_finish = now

@@ -39,7 +39,7 @@ def _case(name: str) -> tuple[str, dict[str, Any]]:
     raise SystemExit(f"unknown case {name!r} (seed-L, azure-T, mixed)")
 
 
-def run(case: str, guard: float | None, policy: str = "qos") -> dict[str, Any]:
+def run(case: str, guard: float | str | None, policy: str = "qos") -> dict[str, Any]:
     scenario_name, changes = _case(case)
     base = load_scenario(scenario_name)
     config = dict(base.config)
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--guards", default="off,0.6,0.9")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
-    guards: list[float | None] = [None if g == "off" else float(g)
-                                  for g in args.guards.split(",")]
+    guards: list[float | str | None] = [
+        None if g == "off" else g if g == "auto" else float(g) for g in args.guards.split(",")]
     print(f"{'case':<9} {'guard':>5} {'rt TTFT p99':>11} {'rt TPOT p99':>11} {'rt SLO':>7} "
           f"{'api SLO':>7} {'rej':>5} {'t/o':>4} {'goodput/s':>9} {'out tok/s':>9} {'% fifo':>6} "
           f"{'KV evict':>8} "
@@ -73,7 +73,7 @@ def main() -> None:
         fifo_tok_s = 0.0
         for g in ["fifo", *guards]:
             t0 = time.perf_counter()
-            r = run(case, None, "fifo") if g == "fifo" else run(case, float(g) if g else None)
+            r = run(case, None, "fifo") if g == "fifo" else run(case, g)
             if g == "fifo":
                 fifo_tok_s = r["tok_s"]
             api = "-" if r["api_slo"] is None else f"{100 * r['api_slo']:.1f}%"

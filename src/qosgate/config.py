@@ -170,12 +170,14 @@ class Fleet(_Strict):
         "it one prompt of the other classes at a time may go (no starvation). Several gateways "
         "feeding one engine each keep their share of it (what they have in flight over what "
         "the engine holds, from its scrape). None = no bound")
-    tpot_guard: float | None = Field(
-        default=None, gt=0, description="while a replica streams to a strict (realtime) class, "
+    tpot_guard: float | Literal["auto"] | None = Field(
+        default="auto", description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "
         "vllm:inter_token_latency_seconds) past this fraction of that class's TPOT budget holds "
         "the other classes' new requests from that replica until it is back under 3/4 of that "
-        "point. None = off")
+        "point. auto (the default) = a fraction per replica between 0.5 and 1.5, learned from "
+        "the TPOT its strict streams got: it starts at 1.5 and tightens only while they miss "
+        "their budget (core.tpot_guard.LearnedGuard). None = off")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(
@@ -183,6 +185,13 @@ class Fleet(_Strict):
         "Retry-After"
     )
     seed: int = Field(default=0, description="seeds the ejection jitter (deterministic runs)")
+
+    @field_validator("tpot_guard")
+    @classmethod
+    def _guard_positive(cls, v: float | str | None) -> float | str | None:
+        if isinstance(v, float) and v <= 0:
+            raise ValueError("tpot_guard must be a positive fraction, 'auto' or null")
+        return v
 
 
 class QosConfig(_Strict):

@@ -295,8 +295,8 @@ def test_what_a_held_replica_does_not_take_does_not_pile_onto_one_near_its_guard
     assert _dispatched(out) == {"api1": near}
 
 
-def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None:
-    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None))
+def test_the_tpot_guard_is_off_when_unset_and_for_a_class_blind_policy() -> None:
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None, tpot_guard=None))
     _submit(s, "rt", cls="realtime")
     s.first_token("rt", 0.1)
     s.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
@@ -308,6 +308,28 @@ def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None
     fifo.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
     fifo.observe("a", 2.0, signals=_itl(2.0, 50.0, 100))
     assert not fifo.replicas["a"].others_held
+
+
+def test_the_default_guard_tightens_only_once_realtime_streams_miss_their_budget() -> None:
+    """``auto`` (the default) starts at 1.5 x realtime's 200 ms: an engine at 250 ms a token
+    is not held. Sixteen realtime streams that ended on it at 300 ms a token (past the budget)
+    tighten its guard to 1.125 (225 ms), and the same 250 ms now holds the other classes off."""
+    s = _sched(ReplicaSpec("a", 64), fleet=Fleet(prefill_budget_tokens=None))
+    s.observe("a", 0.0, signals=_itl(0.0, 0.0, 0))
+    _submit(s, "rt-live", now=0.1, cls="realtime")
+    s.first_token("rt-live", 0.2)
+    s.observe("a", 1.0, signals=_itl(1.0, 25.0, 100))  # 250 ms a token
+    assert not s.replicas["a"].others_held
+    guard = s.replicas["a"].guard
+    assert guard is not None and guard.fraction == 1.5
+    for i in range(16):
+        _submit(s, f"rt{i}", now=1.0, cls="realtime")
+        s.first_token(f"rt{i}", 1.1)
+        s.complete(f"rt{i}", 1.1 + 19 * 0.3, 20)  # 20 tokens at 300 ms: 1.5x the budget
+    assert guard.fraction == 1.125
+    s.observe("a", 8.0, signals=_itl(8.0, 50.0, 200))  # 250 ms again: now past 225 ms
+    assert s.replicas["a"].others_held
+    assert _dispatched(_submit(s, "api", now=8.1)) == {}
 
 
 def test_a_class_held_next_to_free_room_is_predicted_to_wait() -> None:

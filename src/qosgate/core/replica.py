@@ -24,6 +24,7 @@ from qosgate.core.signals import LoadSignals
 
 if TYPE_CHECKING:
     from qosgate.core.request import Request
+    from qosgate.core.tpot_guard import TpotGuard
 
 
 # ---------------------------------------------------------------------- Limit
@@ -163,7 +164,7 @@ class OutlierDetector:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "cooled_until", "engine_share", "failing", "inflight", "itl_s",
+    __slots__ = ("breaker", "cooled_until", "engine_share", "failing", "guard", "inflight", "itl_s",
                  "itl_seen", "limit", "models", "name", "other_prefill_tokens", "others_held",
                  "pausable", "pending", "preemptible", "prefill_tokens", "signals",
                  "strict_streams", "up")
@@ -177,6 +178,7 @@ class Replica:
         pausable: bool = False,
         breaker: Breaker | None = None,
         up: bool = True,
+        guard: TpotGuard | None = None,
     ) -> None:
         self.name = name
         self.limit = limit
@@ -192,6 +194,7 @@ class Replica:
         self.itl_s: float | None = None
         self.itl_seen: tuple[float, int] | None = None
         self.others_held = False
+        self.guard = guard  # where that hold point sits (None: no TPOT guard)
         # this gateway's share of what the engine holds (1 alone): several gateways feeding
         # one engine each keep that share of the prefill budget
         self.engine_share = 1.0

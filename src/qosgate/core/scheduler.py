@@ -46,6 +46,7 @@ from qosgate.core.request import (
 )
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import ClassView, ReplicaView, Snapshot, TenantView
+from qosgate.core.tpot_guard import FixedGuard, LearnedGuard
 
 
 @dataclass(slots=True)
@@ -142,14 +143,17 @@ class Scheduler:
         )
         # the TPOT guard: the engine inter-token latency past which a replica streaming to a
         # strict class takes none of the other classes' new requests (the tightest strict
-        # TPOT budget times the guard's fraction)
+        # TPOT budget times each replica's guard fraction)
         budgets = [c.tpot_budget_ms for c in self.classes if c.strict and c.tpot_budget_ms]
-        guard = cfg.fleet.tpot_guard
-        self._tpot_guard_s = (
-            guard * min(budgets) / 1000.0
-            if guard is not None and budgets and self.policy.class_aware else None
+        self._guard_mode = (
+            cfg.fleet.tpot_guard if budgets and self.policy.class_aware else None
         )
-        self._hold_others = self._prefill_budget is not None or self._tpot_guard_s is not None
+        self._guard_budget_s = min(budgets) / 1000.0 if budgets else 0.0
+        self._tpot_budget_s = [
+            c.tpot_budget_ms / 1000.0 if c.strict and c.tpot_budget_ms else None
+            for c in self.classes
+        ]
+        self._hold_others = self._prefill_budget is not None or self._guard_mode is not None
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
         # a light tenant's request waits behind its own share of the class's queue, not all of it
@@ -255,6 +259,7 @@ class Scheduler:
                 )
             else:
                 limit = FixedLimit(spec.capacity)
+        gm = self._guard_mode
         self.replicas[spec.name] = Replica(
             spec.name,
             limit,
@@ -262,6 +267,7 @@ class Scheduler:
             pausable=spec.pausable,
             breaker=breaker,
             up=spec.up,
+            guard=None if gm is None else LearnedGuard() if gm == "auto" else FixedGuard(gm),
         )
         self._refresh(-math.inf)
 
@@ -316,9 +322,14 @@ class Scheduler:
         if seen is None or tokens <= seen[1]:
             return  # nothing decoded since (or the engine restarted): no new reading
         rep.itl_s = itl = (total - seen[0]) / (tokens - seen[1])
-        guard = self._tpot_guard_s
+        guard = self._guard_s(rep)
         if guard is not None:
             rep.others_held = itl > (0.75 * guard if rep.others_held else guard)
+
+    def _guard_s(self, rep: Replica) -> float | None:
+        """The inter-token latency past which the TPOT guard holds ``rep`` (None: no guard)."""
+        g = rep.guard
+        return None if g is None else g.fraction * self._guard_budget_s
 
     def _busy(self, rep: Replica) -> int:
         """What a window counts as in use: the requests in flight and the free room kept for
@@ -970,7 +981,7 @@ class Scheduler:
             return True
         if rep.others_held:
             return False  # its streams are slow: realtime's time per token comes first
-        guard = self._tpot_guard_s
+        guard = self._guard_s(rep)
         if guard is not None and (rep.itl_s is None or rep.itl_s > 0.75 * guard) and any(
                 r.others_held for r in self._usable):
             # what a held replica does not take must not pile onto one close to its own guard
@@ -1124,6 +1135,12 @@ class Scheduler:
             self.completions.add(now)
             lvl = req.class_level
             self._out_est[lvl] += 0.05 * (output_tokens - self._out_est[lvl])
+            budget = self._tpot_budget_s[lvl]
+            rep = self.replicas.get(req.replica or "")
+            if (budget is not None and rep is not None and rep.guard is not None
+                    and req.first_token_at is not None and output_tokens > 1):
+                rep.guard.on_stream_ended(
+                    (now - req.first_token_at) / (output_tokens - 1) / budget)
         req.move(state, reason)
         self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)
         self._record(req, now, out)

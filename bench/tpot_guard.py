@@ -1,7 +1,8 @@
-"""The TPOT guard (``fleet.tpot_guard``) in the simulator: ``qos`` with the guard off and at
-several fractions of realtime's TPOT budget, on the workloads the issue-9 goals are judged on.
+"""The TPOT guard (``fleet.tpot_guard``) in the simulator: ``qos`` with the guard off, learned
+(``auto``, the default) and at fixed fractions of realtime's TPOT budget, on the workloads the
+issue-9 goals are judged on.
 
-    .venv/bin/python bench/tpot_guard.py [--guards off,0.6,0.9] [--cases seed-1,seed-5,...]
+    .venv/bin/python bench/tpot_guard.py [--guards off,auto,0.6,0.9] [--cases seed-1,seed-5,...]
 
 Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-conv`` at
 ``--time-scale T``; ``mixed`` is ``fleet-mixed`` (heterogeneous replicas, its own 1.5x). Every
@@ -60,7 +61,7 @@ def run(case: str, guard: float | str | None, policy: str = "qos") -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--guards", default="off,0.6,0.9")
+    ap.add_argument("--guards", default="off,auto,0.6,0.9")
     ap.add_argument("--cases", default=DEFAULT_CASES)
     args = ap.parse_args()
     guards: list[float | str | None] = [

@@ -252,15 +252,19 @@ def _itl(at: float, seconds: float, tokens: int) -> LoadSignals:
 def test_the_tpot_guard_holds_the_other_classes_off_a_slow_replica_streaming_realtime() -> None:
     """Realtime's TPOT budget is 200 ms: with the guard at 0.5, an engine whose mean time per
     output token between two scrapes passes 100 ms takes no new request of the other classes
-    while it streams to realtime, until it is back under 75 ms; realtime itself always goes."""
+    while it streams to realtime (beyond one at a time), until it is back under 75 ms;
+    realtime itself always goes."""
     s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8),
                fleet=Fleet(prefill_budget_tokens=None, tpot_guard=0.5))
+    s.observe("b", 0.0, up=False)  # only a can take work
     s.observe("a", 0.0, signals=_itl(0.0, 0.0, 0))
     assert _dispatched(_submit(s, "rt", now=0.1, cls="realtime")) == {"rt": "a"}
     s.first_token("rt", 0.2)
     s.observe("a", 1.0, signals=_itl(1.0, 12.0, 100))  # 120 ms a token: past the guard
     assert s.replicas["a"].itl_s == 0.12 and s.replicas["a"].others_held
-    s.observe("b", 1.0, up=False)  # only a can take work
+    # held, but nothing of the other classes runs there: one at a time still goes (without
+    # this, an engine too slow for realtime even alone would starve them while it streams)
+    assert _dispatched(_submit(s, "bg", now=1.05, cls="batch")) == {"bg": "a"}
     assert _dispatched(_submit(s, "api1", now=1.1)) == {}  # held in qosgate
     assert _dispatched(_submit(s, "rt2", now=1.2, cls="realtime")) == {"rt2": "a"}
     s.observe("a", 2.0, signals=_itl(2.0, 21.0, 200))  # 90 ms: under the guard, not under 75
@@ -272,6 +276,7 @@ def test_the_tpot_guard_holds_the_other_classes_off_a_slow_replica_streaming_rea
     assert _dispatched(_submit(s, "api2", now=4.1)) == {"api2": "b"}  # another replica takes it
     s.complete("rt", 5.0, 20)
     s.complete("rt2", 5.0, 20)
+    s.complete("bg", 5.0, 20)
     # no realtime stream on a: nothing to protect, whatever its engine's pace
     s.observe("b", 5.0, up=False)
     assert _dispatched(_submit(s, "api3", now=5.1)) == {"api3": "a"}
@@ -290,6 +295,7 @@ def test_what_a_held_replica_does_not_take_does_not_pile_onto_one_near_its_guard
     near = "b" if held == "a" else "a"
     s.observe(held, 1.0, signals=_itl(1.0, 15.0, 100))  # 150 ms: held
     s.observe(near, 1.0, signals=_itl(1.0, 8.0, 100))  # 80 ms: under the guard, not under 75
+    assert _dispatched(_submit(s, "bg", now=1.05, cls="batch")) == {"bg": held}  # one at a time
     assert _dispatched(_submit(s, "api1", now=1.1)) == {}
     out = s.observe(near, 2.0, signals=_itl(2.0, 14.0, 200))  # 60 ms: well under
     assert _dispatched(out) == {"api1": near}
@@ -329,7 +335,8 @@ def test_the_default_guard_tightens_only_once_realtime_streams_miss_their_budget
     assert guard.fraction == 1.125
     s.observe("a", 8.0, signals=_itl(8.0, 50.0, 200))  # 250 ms again: now past 225 ms
     assert s.replicas["a"].others_held
-    assert _dispatched(_submit(s, "api", now=8.1)) == {}
+    assert _dispatched(_submit(s, "api", now=8.1)) == {"api": "a"}  # one at a time
+    assert _dispatched(_submit(s, "api2", now=8.2)) == {}
 
 
 def test_a_class_held_next_to_free_room_is_predicted_to_wait() -> None:

@@ -166,6 +166,7 @@ class Replica:
 
     __slots__ = ("breaker", "cooled_until", "engine_share", "failing", "guard", "inflight", "itl_s",
                  "itl_seen", "limit", "models", "name", "other_prefill_tokens", "others_held",
+                 "others_inflight",
                  "pausable", "pending", "preemptible", "prefill_tokens", "signals",
                  "strict_streams", "up")
 
@@ -205,6 +206,7 @@ class Replica:
         self.pending = 0  # requests sent and not answered by a first byte yet
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
+        self.others_inflight = 0  # requests of the non-strict classes in flight
         # a call failed on it and none has succeeded since: suspect, it gets one unanswered
         # request at a time (a replica that just died must not be sent the whole queue)
         self.failing = False

@@ -653,6 +653,7 @@ class Scheduler:
                 signals=r.signals,
                 engine_itl_s=r.itl_s,
                 others_held=r.others_held and r.strict_streams > 0,
+                tpot_guard_s=self._guard_s(r),
             )
             for r in self.replicas.values()
         )
@@ -948,8 +949,9 @@ class Scheduler:
         budget = self._prefill_budget
         for rep in self._usable:
             if rep.free > 0 and not (rep.strict_streams and (
-                rep.others_held or (budget is not None and rep.other_prefill_tokens
-                                    and rep.prefill_tokens >= budget * rep.engine_share))):
+                (rep.others_held and rep.others_inflight)
+                or (budget is not None and rep.other_prefill_tokens
+                    and rep.prefill_tokens >= budget * rep.engine_share))):
                 return False  # the common case, and the cheapest test first
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
@@ -980,14 +982,18 @@ class Scheduler:
         if not rep.strict_streams or req.replica is not None or self._strict[req.class_level]:
             return True
         if rep.others_held:
-            return False  # its streams are slow: realtime's time per token comes first
-        guard = self._guard_s(rep)
-        if guard is not None and (rep.itl_s is None or rep.itl_s > 0.75 * guard) and any(
-                r.others_held for r in self._usable):
-            # what a held replica does not take must not pile onto one close to its own guard
-            # (without this, on fleet-mixed the H100s took what the slower A100s were held off,
-            # and evicted from their KV caches: see docs/tpot_guard.md)
-            return False
+            if rep.others_inflight:
+                # its streams are slow: realtime's time per token comes first; but one request
+                # of the others at a time still goes (no starvation where realtime alone is slow)
+                return False
+        else:
+            guard = self._guard_s(rep)
+            if guard is not None and (rep.itl_s is None or rep.itl_s > 0.75 * guard) and any(
+                    r.others_held for r in self._usable):
+                # what a held replica does not take must not pile onto one close to its own
+                # guard (without this, on fleet-mixed the H100s took what the slower A100s were
+                # held off, and evicted from their KV caches: see docs/tpot_guard.md)
+                return False
         budget = self._prefill_budget
         if budget is None:
             return True
@@ -1035,6 +1041,8 @@ class Scheduler:
         req.replica = rep.name
         req.dispatched_at = now
         rep.inflight[req.id] = req
+        if not self._strict[req.class_level]:
+            rep.others_inflight += 1
         if resume and req.first_token_at is not None:
             # a stream paused after its first byte goes on: no new first byte will come
             req.move(RUNNING)
@@ -1095,6 +1103,8 @@ class Scheduler:
         rep = self.replicas.get(req.replica or "")
         if rep is None or rep.inflight.pop(req.id, None) is None:
             return
+        if not self._strict[req.class_level]:
+            rep.others_inflight -= 1
         if req.state is DISPATCHED:
             rep.prefill_tokens -= req.prompt_tokens
             if not self._strict[req.class_level]:

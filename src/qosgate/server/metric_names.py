@@ -141,6 +141,9 @@ ENGINE_ITL = _f("qosgate_replica_engine_itl_seconds", "gauge", "seconds", R,
                 "(vllm:inter_token_latency_seconds), which the TPOT guard reads.")
 OTHERS_HELD = _f("qosgate_replica_others_held", "gauge", "", R,
                  "1 while the TPOT guard holds the non-strict classes' new requests off it.")
+TPOT_GUARD = _f("qosgate_replica_tpot_guard_seconds", "gauge", "seconds", R,
+                "The engine time per output token past which the TPOT guard holds it (learned "
+                "per replica under tpot_guard: auto; absent when the guard is off).")
 ATTEMPT_FAILURES = _f("qosgate_attempt_failures_total", "counter", "", ("class", "replica",
                       "reason"), "Engine calls that failed before the first byte reached the "
                       "client.")

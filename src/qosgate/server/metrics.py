@@ -213,6 +213,7 @@ class _StateCollector:
         kv = mn.ENGINE_KV.gauge()
         itl = mn.ENGINE_ITL.gauge()
         held = mn.OTHERS_HELD.gauge()
+        guard = mn.TPOT_GUARD.gauge()
         ejections = mn.REPLICA_EJECTIONS.counter()
         for r in snap.replicas:
             rin.add_metric([r.name], r.inflight)
@@ -233,9 +234,11 @@ class _StateCollector:
             if r.engine_itl_s is not None:
                 itl.add_metric([r.name], r.engine_itl_s)
             held.add_metric([r.name], 1.0 if r.others_held else 0.0)
+            if r.tpot_guard_s is not None:
+                guard.add_metric([r.name], r.tpot_guard_s)
             ejections.add_metric([r.name], r.ejections)
         yield from (rin, cap, up, eligible, breaker, cooling, age, running, waiting, kv, itl,
-                    held, ejections)
+                    held, guard, ejections)
         fails = mn.ATTEMPT_FAILURES.counter()
         for cls, rep, reason, n in snap.attempt_failures:
             fails.add_metric([cls, rep, reason], n)

@@ -171,13 +171,13 @@ class Fleet(_Strict):
         "feeding one engine each keep their share of it (what they have in flight over what "
         "the engine holds, from its scrape). None = no bound")
     tpot_guard: float | Literal["auto"] | None = Field(
-        default="auto", description="while a replica streams to a strict (realtime) class, "
+        default=None, description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "
         "vllm:inter_token_latency_seconds) past this fraction of that class's TPOT budget holds "
         "the other classes' new requests from that replica until it is back under 3/4 of that "
-        "point. auto (the default) = a fraction per replica between 0.5 and 1.5, learned from "
-        "the TPOT its strict streams got: it starts at 1.5 and tightens only while they miss "
-        "their budget (core.tpot_guard.LearnedGuard). None = off")
+        "point. auto = a fraction per replica between 0.5 and 1.5, learned from the TPOT its "
+        "strict streams got: it starts at 1.5 and tightens only while they miss their budget "
+        "(core.tpot_guard.LearnedGuard). None = off (the default: docs/tpot_guard.md)")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(

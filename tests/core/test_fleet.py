@@ -301,8 +301,8 @@ def test_what_a_held_replica_does_not_take_does_not_pile_onto_one_near_its_guard
     assert _dispatched(out) == {"api1": near}
 
 
-def test_the_tpot_guard_is_off_when_unset_and_for_a_class_blind_policy() -> None:
-    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None, tpot_guard=None))
+def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None:
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=None))
     _submit(s, "rt", cls="realtime")
     s.first_token("rt", 0.1)
     s.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
@@ -316,11 +316,11 @@ def test_the_tpot_guard_is_off_when_unset_and_for_a_class_blind_policy() -> None
     assert not fifo.replicas["a"].others_held
 
 
-def test_the_default_guard_tightens_only_once_realtime_streams_miss_their_budget() -> None:
-    """``auto`` (the default) starts at 1.5 x realtime's 200 ms: an engine at 250 ms a token
-    is not held. Sixteen realtime streams that ended on it at 300 ms a token (past the budget)
-    tighten its guard to 1.125 (225 ms), and the same 250 ms now holds the other classes off."""
-    s = _sched(ReplicaSpec("a", 64), fleet=Fleet(prefill_budget_tokens=None))
+def test_the_learned_guard_tightens_only_once_realtime_streams_miss_their_budget() -> None:
+    """``auto`` starts at 1.5 x realtime's 200 ms: an engine at 250 ms a token is not held.
+    Sixteen realtime streams that ended on it at 300 ms a token (past the budget) tighten its
+    guard to 1.125 (225 ms), and the same 250 ms now holds the other classes off."""
+    s = _sched(ReplicaSpec("a", 64), fleet=Fleet(prefill_budget_tokens=None, tpot_guard="auto"))
     s.observe("a", 0.0, signals=_itl(0.0, 0.0, 0))
     _submit(s, "rt-live", now=0.1, cls="realtime")
     s.first_token("rt-live", 0.2)

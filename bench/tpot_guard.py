@@ -1,17 +1,19 @@
 """The TPOT guard (``fleet.tpot_guard``) in the simulator: ``qos`` with the guard off, learned
-(``auto``, the default) and at fixed fractions of realtime's TPOT budget, on the workloads the
+(``auto``) and at fixed fractions of realtime's TPOT budget, on the workloads the
 issue-9 goals are judged on.
 
     .venv/bin/python bench/tpot_guard.py [--guards off,auto,0.6,0.9] [--cases seed-1,seed-5,...]
 
 Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-conv`` at
-``--time-scale T``; ``mixed`` is ``fleet-mixed`` (heterogeneous replicas, its own 1.5x). Every
-run is one ``qosgate simulate --policies qos`` of that scenario with ``config.fleet.tpot_guard``
-set (merged into the scenario's own config), deterministic: the same command prints the same
-table. Printed per run: realtime TTFT p99 / TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO
-attainment, refusals at arrival and queue timeouts (all classes), goodput (requests that met both
-SLOs and finished inside the arrival window, per second of it), output tokens/s and their share
-of ``fifo``'s (one ``fifo`` run per case, first), and the engines' KV evictions.
+``--time-scale T``; ``mixed`` is ``fleet-mixed`` (heterogeneous replicas, its own 1.5x);
+``faults`` is ``fleet-faults`` (three replicas: one fails and comes back, one slows to 3x).
+Every run is one ``qosgate simulate --policies qos`` of that scenario with
+``config.fleet.tpot_guard`` set (merged into the scenario's own config), deterministic: the same
+command prints the same table. Printed per run: realtime TTFT p99 / TPOT p99 / SLO attainment
+(TTFT and TPOT), api's SLO attainment, refusals at arrival and queue timeouts (all classes),
+goodput (requests that met both SLOs and finished inside the arrival window, per second of it),
+output tokens/s and their share of ``fifo``'s (one ``fifo`` run per case, first), and the
+engines' KV evictions.
 
 Request data: Azure LLM inference trace 2023 (conversation), Azure/AzurePublicDataset, CC-BY
 4.0; Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting",
@@ -26,18 +28,20 @@ from typing import Any
 
 from qosgate.sim.scenarios import load_scenario, override, prepare, run_scenario
 
-DEFAULT_CASES = "seed-0.5,seed-1,seed-3,seed-5,azure-3,mixed"
+DEFAULT_CASES = "seed-0.5,seed-1,seed-3,seed-5,azure-3,mixed,faults"
 
 
 def _case(name: str) -> tuple[str, dict[str, Any]]:
     if name == "mixed":
         return "fleet-mixed", {}
+    if name == "faults":
+        return "fleet-faults", {}
     kind, _, value = name.partition("-")
     if kind == "seed":
         return "seed-classes", {"arrivals": {"load": float(value)}}
     if kind == "azure":
         return "azure-conv", {"arrivals": {"time_scale": float(value)}}
-    raise SystemExit(f"unknown case {name!r} (seed-L, azure-T, mixed)")
+    raise SystemExit(f"unknown case {name!r} (seed-L, azure-T, mixed, faults)")
 
 
 def run(case: str, guard: float | str | None, policy: str = "qos") -> dict[str, Any]:

@@ -44,10 +44,10 @@ class LearnedGuard:
     It judges the strict streams that ended here in batches of ``batch``: if their ``quantile``
     is past ``high`` of the budget, the guard tightens (times ``tighten``, down to ``lowest``);
     if under ``low``, it loosens (plus ``loosen``, up to ``highest``); in between it stays. It
-    starts at ``highest``, past the budget itself: an engine whose mean time per token is there
-    already fails realtime, so until realtime's streams miss, the guard holds nothing and
-    moderate load runs exactly as without it. The thresholds are the ones
-    ``bench/tpot_guard.py`` chose between (docs/tpot_guard.md)."""
+    starts at ``highest``, past the budget itself: until realtime's streams miss, it holds only
+    an engine whose mean time per token already fails realtime, and moderate load runs exactly
+    as without it. The defaults were picked from a dozen variants tried in the simulator;
+    docs/tpot_guard.md has what they give, and where they lose."""
 
     __slots__ = ("_batch", "batch", "fraction", "high", "highest", "loosen", "low", "lowest",
                  "quantile", "tighten")

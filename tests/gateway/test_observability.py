@@ -8,10 +8,14 @@ real gateway in front of two real stand-in upstreams, with Redis for shared stat
   board, every template variable and every rule (recording rules as they are; alert rules with
   ``bool`` on their comparisons, so that they return data whether they fire or not) returns data
   through Prometheus' HTTP API, and every ``qosgate_*`` series they name exists in Prometheus;
-- a staged overload fires the alerts: the realtime TTFT alert is inactive under the mixed load
-  and fires once both stand-ins are slowed; killing a stand-in fires ``QosgateReplicaDown``,
-  killing Redis ``QosgateSharedStateDegraded``. Rules are loaded with their ``for:`` shortened
-  to seconds (``short_for``), the only change from the shipped file;
+- staged faults fire every alert of the rules file: the realtime TTFT alert is inactive under
+  the mixed load and fires once both stand-ins are slowed; killing a stand-in fires
+  ``QosgateReplicaDown``, killing Redis ``QosgateSharedStateDegraded``; streams going silent on
+  the stand-in left fire ``QosgateErrorRateHigh``; first bytes that never come get it ejected
+  (``QosgateReplicaEjected``); an api request then waiting with no replica to go to fires
+  ``QosgateClassStarving``; and ``QosgateClassBacklogGrowing`` fires along the way (the test
+  checks that every alert of the file fired). Rules are loaded with their ``for:`` shortened to
+  seconds (``short_for``), the only change from the shipped file;
 - the board's "outcomes" panel sees every outcome kind: rejected, timed out, cancelled, failed.
 
 Conditions are polled with deadlines (Prometheus evaluates rules every second here).
@@ -188,7 +192,8 @@ class Prometheus:
 
 
 # ---------------------------------------------------------------- the stack
-def gateway_config(upstreams: list[Server], redis_url: str | None) -> dict[str, Any]:
+def gateway_config(upstreams: list[Server], redis_url: str | None,
+                   offline_first_byte_s: float | None = None) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "classes": [
             {"name": "realtime", "level": 0, "strict": True, "ttft_budget_ms": REALTIME_BUDGET_MS,
@@ -216,6 +221,8 @@ def gateway_config(upstreams: list[Server], redis_url: str | None) -> dict[str, 
     }
     if redis_url is not None:
         cfg["redis"] = {"url": redis_url}
+    if offline_first_byte_s is not None:  # the test's ejection stage; not the board capture's
+        cfg["classes"][3]["first_byte_timeout_s"] = offline_first_byte_s
     return cfg
 
 
@@ -223,7 +230,8 @@ class Stack:
     """Two stand-ins (replicas ``a`` and ``b``), Redis, a gateway, and (given rules) Prometheus
     scraping it; ``close`` stops what is still running."""
 
-    def __init__(self, tmp: Path, rules_text: str | None, redis: bool = True) -> None:
+    def __init__(self, tmp: Path, rules_text: str | None, redis: bool = True,
+                 offline_first_byte_s: float | None = None) -> None:
         self.tmp = tmp
         self.closers: list[Callable[[], object]] = []
         try:
@@ -240,7 +248,8 @@ class Stack:
                 self.standins.append(s)
             cfg = tmp / "gateway.json"
             cfg.write_text(json.dumps(gateway_config(
-                self.standins, self.redis.url if self.redis is not None else None)))
+                self.standins, self.redis.url if self.redis is not None else None,
+                offline_first_byte_s)))
             self.gw = start_gateway(tmp, "--config", str(cfg))
             self.closers.append(self.gw.stop)
             if rules_text is not None:
@@ -279,6 +288,9 @@ class Stack:
         assert code == 200
         want = set(labels.items())
         return sum(v for k, v in metric_values(body.decode(), name).items() if want <= set(k))
+
+
+ERROR_RATIO = "qosgate:requests_error:ratio_5m"
 
 
 def chat(c: OpenAI, cls: str, max_tokens: int, prompt: str = "hello", stream: bool = False,
@@ -367,7 +379,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     from tests.gateway.redis_server import redis_binary
 
     redis_binary()
-    st = Stack(tmp_path, short_for(RULES.read_text()))
+    st = Stack(tmp_path, short_for(RULES.read_text()), offline_first_byte_s=3)
     try:
         yield st
     finally:
@@ -436,6 +448,38 @@ def test_board_and_rules_return_data_and_alerts_fire(stack: Stack) -> None:
     assert wait_until(lambda: {"QosgateReplicaDown", "QosgateSharedStateDegraded"}
                       <= prom.alerts(), timeout=30, every=0.25), prom.api("alerts")
     marks.append(("replica-down and shared-state alerts firing", time.time()))
+
+    # ---- errors, then a replica ejected: a (the one left) goes silent mid-stream, so streams
+    # time out (idle), past 5% of the outcomes; then it never sends a first byte, so offline
+    # attempts (first-byte timeout 3 s here) fail one after the other until outlier detection
+    # ejects it
+    st.fault(0, {"fault": "hang-mid-stream", "after": 1})
+    c = st.client("sk-beta")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        silent = list(pool.map(lambda _: chat(c, "api", 50, stream=True), range(8)))
+    assert all(o != "ok" for o in silent), silent
+    assert wait_until(lambda: "QosgateErrorRateHigh" in prom.alerts(), timeout=30,
+                      every=0.25), (prom.api("alerts"), prom.query(ERROR_RATIO))
+    marks.append(("error-rate alert firing", time.time()))
+    st.fault(0, None)
+    st.fault(0, {"fault": "hang-first-byte"})
+    quick = OpenAI(base_url=st.gw.url + "/v1", api_key="sk-beta", max_retries=0, timeout=20)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        hung = [pool.submit(chat, quick, "offline", 4, stream=True) for _ in range(6)]
+        assert wait_until(lambda: "QosgateReplicaEjected" in prom.alerts(), timeout=40,
+                          every=0.25), (prom.api("alerts"),
+                                        st.metric("qosgate_attempt_failures_total"))
+        marks.append(("replica-ejected alert firing", time.time()))
+        st.fault(0, None)
+        # with a ejected and b dead, an api request waits in the queue past api's starvation
+        # ceiling (aging_after_s 10 s: api is aging's ceiling class)
+        waiting = pool.submit(chat, quick, "api", 4)
+        assert wait_until(lambda: "QosgateClassStarving" in prom.alerts(), timeout=30,
+                          every=0.25), (prom.api("alerts"),
+                                        prom.query("qosgate_queue_oldest_wait_seconds"))
+        marks.append(("class-starving alert firing", time.time()))
+        for f in [*hung, waiting]:  # (each ends as it may: served once a is back, or not)
+            f.result()
     # the failed streams and the dead replica's stale signals have been scraped
     assert wait_until(lambda: prom.query(
         'sum(qosgate_requests_total{outcome="failed"}) > 0'), timeout=10, every=0.25)
@@ -465,6 +509,9 @@ def test_board_and_rules_return_data_and_alerts_fire(stack: Stack) -> None:
     for r in rules:
         expr = r["expr"] if "record" in r else with_bool(r["expr"])
         assert prom.query_range(expr, t0, t1), r
+    fired = {s["metric"]["alertname"] for s in prom.query_range(
+        'ALERTS{alertstate="firing"}', t0, time.time())}
+    assert fired == {r["alert"] for r in rules if "alert" in r}, fired  # every alert, once
     recorded = {n for n in known if n.startswith("qosgate:")} | set(
         prom.api("label/__name__/values", **{"match[]": '{__name__=~"qosgate:.+"}'}))
     assert {r["record"] for r in rules if "record" in r} <= recorded

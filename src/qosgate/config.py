@@ -160,8 +160,10 @@ class Window(_Strict):
 
 
 class Fleet(_Strict):
-    router: str = Field(default="least-load", description="how a replica is picked: "
-                        "least-load (measured load) or most-free (the most free slots)")
+    router: Literal["least-load", "least-load-spread", "most-free"] = Field(
+        default="least-load", description="how a replica is picked: least-load (measured "
+        "load), least-load-spread (that, and strict requests spread over the replicas and "
+        "steered off one slower than their TPOT budget) or most-free (the most free slots)")
     window: Window = Window()
     prefill_budget_tokens: int | None = Field(
         default=2048, ge=1, description="while a replica streams to a strict (realtime) "

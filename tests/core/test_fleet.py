@@ -506,3 +506,37 @@ def test_a_suspect_replica_gets_one_unanswered_request_at_a_time() -> None:
     probe = next(iter(a.inflight))
     s.first_token(probe, 1.5)  # it answers: no longer suspect
     assert not a.failing and len(a.inflight) == 8  # its whole window again
+
+
+def test_least_load_spread_spreads_realtime_and_steers_it_off_a_slow_replica() -> None:
+    """With the prefill budget holding the other classes off a replica that streams realtime,
+    plain least-load sends the next realtime request to that replica again (it looks least
+    loaded); least-load-spread counts its realtime streams and sends it to the other one, and
+    keeps realtime off a replica whose engine runs past realtime's 200 ms TPOT budget. Other
+    classes are placed as by least-load."""
+    def fleet(router: str) -> Scheduler:
+        s = _sched(ReplicaSpec("a", 10), ReplicaSpec("b", 10),
+                   fleet=Fleet(router=router, prefill_budget_tokens=100))
+        _submit(s, "rt0", cls="realtime")
+        s.first_token("rt0", 0.1)
+        where = s.requests["rt0"].replica
+        other = "b" if where == "a" else "a"
+        _submit(s, "bulk", now=0.2, prompt=50)  # goes where realtime does not stream
+        assert s.requests["bulk"].replica == other
+        return s
+
+    plain, spread = fleet("least-load"), fleet("least-load-spread")
+    assert _dispatched(_submit(plain, "rt1", now=0.3, cls="realtime")) == {
+        "rt1": plain.requests["rt0"].replica}  # piles onto the replica it streams on
+    assert _dispatched(_submit(spread, "rt1", now=0.3, cls="realtime")) == {
+        "rt1": spread.requests["bulk"].replica}  # spread
+    # the replica realtime would go to next runs past its budget: realtime goes elsewhere
+    s = _sched(ReplicaSpec("a", 10), ReplicaSpec("b", 10), fleet=Fleet(router="least-load-spread"))
+    for name, seconds in (("a", 30.0), ("b", 40.0)):  # a: 300 ms a token, b: 400 ms
+        s.observe(name, 0.0, signals=_itl(0.0, 0.0, 0))
+        s.observe(name, 1.0, signals=_itl(1.0, seconds, 100))
+    s.observe("b", 2.0, signals=_itl(2.0, 45.0, 200))  # b: 50 ms a token now
+    _submit(s, "bulk1", now=2.1)
+    _submit(s, "bulk2", now=2.1)  # one on each: equal load
+    assert _dispatched(_submit(s, "rt", now=2.2, cls="realtime")) == {"rt": "b"}
+    assert _dispatched(_submit(s, "api", now=2.3)) == {"api": "a"}  # least-load's choice

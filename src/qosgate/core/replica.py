@@ -17,7 +17,7 @@ back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from qosgate.core.signals import LoadSignals
@@ -294,6 +294,7 @@ class LeastLoadRouter:
             if n >= window:
                 continue
             score = (n + 1 + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
+            score += self._extra(req, rep, window)
             sig = rep.signals
             saturated = False  # no scrape at all (an engine without metrics): no evidence
             if sig is not None:
@@ -310,16 +311,46 @@ class LeastLoadRouter:
                 best, best_key = rep, key
         return best
 
+    def _extra(self, req: Request, rep: Replica, window: int) -> float:
+        """What a variant adds to a replica's load score for this request (nothing here)."""
+        return 0.0
 
-ROUTERS: dict[str, type[MostFreeRouter] | type[LeastLoadRouter]] = {
+
+class SpreadStrictRouter(LeastLoadRouter):
+    """``least-load``, and for a request of a strict class two more terms: the strict streams
+    the replica already runs (counted twice, so realtime spreads over the fleet), and a full
+    window's worth on a replica whose engine's time per token is past the request's TPOT
+    budget (it would miss there). Why: with the prefill budget, a replica streaming to realtime
+    keeps the other classes' prompts off and so looks least loaded to the next realtime request;
+    realtime piles onto one replica by itself, and that replica's death cuts all its streams
+    (docs/simulator.md, ``fleet-faults``)."""
+
+    name = "least-load-spread"
+
+    def __init__(self, strict_tpot_s: Mapping[int, float] | None = None) -> None:
+        super().__init__()
+        self.strict_tpot_s = dict(strict_tpot_s or {})  # class level -> its TPOT budget
+
+    def _extra(self, req: Request, rep: Replica, window: int) -> float:
+        budget = self.strict_tpot_s.get(req.class_level)
+        if budget is None:
+            return 0.0
+        slow = rep.itl_s is not None and rep.itl_s > budget
+        return rep.strict_streams / max(1, window) + (1.0 if slow else 0.0)
+
+
+ROUTERS: dict[str, type[Router]] = {
     "most-free": MostFreeRouter,
     "least-load": LeastLoadRouter,
+    "least-load-spread": SpreadStrictRouter,
 }
 
 
-def build_router(name: str) -> Router:
-    try:
-        cls = ROUTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None
-    return cls()
+def build_router(name: str, strict_tpot_s: Mapping[int, float] | None = None) -> Router:
+    """The router called ``name``; ``strict_tpot_s`` (class level -> TPOT budget, seconds, of
+    each strict class) is for the one that places strict requests by it."""
+    if name not in ROUTERS:
+        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
+    if name == SpreadStrictRouter.name:
+        return SpreadStrictRouter(strict_tpot_s)
+    return ROUTERS[name]()

@@ -170,7 +170,10 @@ class Scheduler:
         self.queued: list[dict[str, Request]] = [{} for _ in self.classes]
         self.queued_total = 0
         self.replicas: dict[str, Replica] = {}
-        self.router: Router = router if router is not None else build_router(cfg.fleet.router)
+        self.router: Router = router if router is not None else build_router(
+            cfg.fleet.router,
+            {c.level: c.tpot_budget_ms / 1000.0 for c in self.classes
+             if c.strict and c.tpot_budget_ms})
         # replicas that may take work now; free_slots counts only their room
         self._usable: list[Replica] = []
         self._usable_names: set[str] = set()

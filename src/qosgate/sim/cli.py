@@ -118,6 +118,11 @@ def simulate_command(
             "that much later, up to N times (default: the scenario's, unset 0).",
         ),
     ] = None,
+    router: Annotated[
+        str | None,
+        typer.Option("--router", help="fleet.router for every gateway: least-load (the "
+                     "default), least-load-spread or most-free."),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -174,6 +179,10 @@ def simulate_command(
                 gw[key] = val
         if gw:
             changes["gateways"] = {**sc.gateways.model_dump(), **gw}
+        if router is not None:
+            config = dict(sc.config)
+            config["fleet"] = {**dict(config.get("fleet", {})), "router": router}
+            changes["config"] = config
         if changes:
             sc = override(sc, **changes)
         prep = prepare(sc, trace)

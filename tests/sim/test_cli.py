@@ -210,3 +210,20 @@ def test_ttft_over_time_counts_the_unserved_as_infinitely_late() -> None:
     xs, ys = ttft_over_time(Run("fifo", None, 0.0, result, {}), "realtime", bins=2)
     assert xs == [0.25]  # every realtime request arrived in the first half
     assert ys[0] > 10 or math.isinf(ys[0])
+
+
+def test_router_and_tpot_guard_options_reach_the_config(tmp_path: Path) -> None:
+    """The values go into the scenario's qosgate config: good ones run, bad ones are the
+    config's own errors (exit 2, no traceback)."""
+    p = _scenario(tmp_path)
+    for args in (["--router", "least-load-spread"], ["--tpot-guard", "auto"],
+                 ["--tpot-guard", "0.6"], ["--tpot-guard", "off"]):
+        res = runner.invoke(app, ["simulate", "--scenario", str(p), "--policies", "qos",
+                                  "--quiet", *args])
+        assert res.exit_code == 0, (args, res.output)
+    for args, field in ((["--router", "nearest"], "fleet.router"),
+                        (["--tpot-guard", "sometimes"], "fleet.tpot_guard"),
+                        (["--tpot-guard", "0"], "fleet.tpot_guard")):
+        res = runner.invoke(app, ["simulate", "--scenario", str(p), "--quiet", *args])
+        assert res.exit_code == 2, args
+        assert field in res.output and "Traceback" not in res.output, res.output

@@ -123,6 +123,11 @@ def simulate_command(
         typer.Option("--router", help="fleet.router for every gateway: least-load (the "
                      "default), least-load-spread or most-free."),
     ] = None,
+    tpot_guard: Annotated[
+        str | None,
+        typer.Option("--tpot-guard", help="fleet.tpot_guard: off (the default), auto, or a "
+                     "fraction of realtime's TPOT budget such as 0.6 (docs/tpot_guard.md)."),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -179,9 +184,14 @@ def simulate_command(
                 gw[key] = val
         if gw:
             changes["gateways"] = {**sc.gateways.model_dump(), **gw}
+        fleet: dict[str, Any] = {}
         if router is not None:
+            fleet["router"] = router
+        if tpot_guard is not None:
+            fleet["tpot_guard"] = None if tpot_guard == "off" else tpot_guard
+        if fleet:
             config = dict(sc.config)
-            config["fleet"] = {**dict(config.get("fleet", {})), "router": router}
+            config["fleet"] = {**dict(config.get("fleet", {})), **fleet}
             changes["config"] = config
         if changes:
             sc = override(sc, **changes)

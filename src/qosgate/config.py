@@ -8,7 +8,7 @@ realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -172,7 +172,7 @@ class Fleet(_Strict):
         "it one prompt of the other classes at a time may go (no starvation). Several gateways "
         "feeding one engine each keep their share of it (what they have in flight over what "
         "the engine holds, from its scrape). None = no bound")
-    tpot_guard: float | Literal["auto"] | None = Field(
+    tpot_guard: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
         default=None, description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "
         "vllm:inter_token_latency_seconds) past this fraction of that class's TPOT budget holds "
@@ -187,13 +187,6 @@ class Fleet(_Strict):
         "Retry-After"
     )
     seed: int = Field(default=0, description="seeds the ejection jitter (deterministic runs)")
-
-    @field_validator("tpot_guard")
-    @classmethod
-    def _guard_positive(cls, v: float | str | None) -> float | str | None:
-        if isinstance(v, float) and v <= 0:
-            raise ValueError("tpot_guard must be a positive fraction, 'auto' or null")
-        return v
 
 
 class QosConfig(_Strict):

@@ -141,18 +141,18 @@ class Scheduler:
         self._prefill_budget = (
             cfg.fleet.prefill_budget_tokens if self.policy.class_aware else None
         )
-        # the TPOT guard: the engine inter-token latency past which a replica streaming to a
-        # strict class takes none of the other classes' new requests (the tightest strict
-        # TPOT budget times each replica's guard fraction)
-        budgets = [c.tpot_budget_ms for c in self.classes if c.strict and c.tpot_budget_ms]
-        self._guard_mode = (
-            cfg.fleet.tpot_guard if budgets and self.policy.class_aware else None
-        )
-        self._guard_budget_s = min(budgets) / 1000.0 if budgets else 0.0
+        # each strict class's TPOT budget (None for the others), which the TPOT guard and the
+        # spreading router protect; the guard holds a replica past the tightest one times its
+        # fraction
         self._tpot_budget_s = [
             c.tpot_budget_ms / 1000.0 if c.strict and c.tpot_budget_ms else None
             for c in self.classes
         ]
+        strict_tpot_s = {lvl: b for lvl, b in enumerate(self._tpot_budget_s) if b is not None}
+        self._guard_mode = (
+            cfg.fleet.tpot_guard if strict_tpot_s and self.policy.class_aware else None
+        )
+        self._guard_budget_s = min(strict_tpot_s.values(), default=0.0)
         self._hold_others = self._prefill_budget is not None or self._guard_mode is not None
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
@@ -170,10 +170,8 @@ class Scheduler:
         self.queued: list[dict[str, Request]] = [{} for _ in self.classes]
         self.queued_total = 0
         self.replicas: dict[str, Replica] = {}
-        self.router: Router = router if router is not None else build_router(
-            cfg.fleet.router,
-            {c.level: c.tpot_budget_ms / 1000.0 for c in self.classes
-             if c.strict and c.tpot_budget_ms})
+        self.router: Router = (
+            router if router is not None else build_router(cfg.fleet.router, strict_tpot_s))
         # replicas that may take work now; free_slots counts only their room
         self._usable: list[Replica] = []
         self._usable_names: set[str] = set()

@@ -181,6 +181,15 @@ class Request:
     def done(self) -> bool:
         return self.state in TERMINAL
 
+    @property
+    def tpot(self) -> float | None:
+        """Seconds per output token after the first, once it has finished with two or more
+        (vLLM's benchmark definition); None otherwise."""
+        first, end = self.first_token_at, self.finished_at
+        if first is None or end is None or self.output_tokens < 2:
+            return None
+        return (end - first) / (self.output_tokens - 1)
+
     def __repr__(self) -> str:
         return (
             f"Request({self.id!r}, tenant={self.tenant!r}, class={self.service_class!r}, "

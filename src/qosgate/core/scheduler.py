@@ -1146,17 +1146,23 @@ class Scheduler:
             self.completions.add(now)
             lvl = req.class_level
             self._out_est[lvl] += 0.05 * (output_tokens - self._out_est[lvl])
-            budget = self._tpot_budget_s[lvl]
-            rep = self.replicas.get(req.replica or "")
-            if (budget is not None and rep is not None and rep.guard is not None
-                    and req.first_token_at is not None and output_tokens > 1):
-                rep.guard.on_stream_ended(
-                    (now - req.first_token_at) / (output_tokens - 1) / budget)
         req.move(state, reason)
         self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)
         self._record(req, now, out)
+        if state is COMPLETED:
+            self._guard_learns(req)
         self._fill(now, out)
         return out
+
+    def _guard_learns(self, req: Request) -> None:
+        """A strict stream ended: its TPOT against its budget, for its replica's guard."""
+        budget = self._tpot_budget_s[req.class_level]
+        tpot = req.tpot
+        if budget is None or tpot is None:
+            return
+        rep = self.replicas.get(req.replica or "")
+        if rep is not None and rep.guard is not None:
+            rep.guard.on_stream_ended(tpot / budget)
 
     def _release_tenant(self, req: Request, used_tokens: int) -> None:
         lim = self._limiters.get(req.tenant)

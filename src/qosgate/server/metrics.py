@@ -423,10 +423,11 @@ class GatewayMetrics:
         acc[1] += req.output_tokens
         if req.finished_at is not None and req.state is State.COMPLETED:
             self.e2e.observe(cls, req.finished_at - req.arrival)
-            n = req.output_tokens
-            tpot = (req.finished_at - first) / (n - 1) if n >= 2 else 0.0
-            if n >= 2:
+            tpot = req.tpot
+            if tpot is not None:
                 self.tpot.observe(cls, tpot)
+            else:
+                tpot = 0.0  # one token: nothing to judge
             budget = self._budgets.get(cls)
             if budget is not None:
                 verdict = self.counters.slo.get(cls)

@@ -1157,11 +1157,11 @@ class Scheduler:
     def _guard_learns(self, req: Request) -> None:
         """A strict stream ended: its TPOT against its budget, for its replica's guard."""
         budget = self._tpot_budget_s[req.class_level]
+        if budget is None or self._guard_mode is None:
+            return  # (the common case: a request of another class, or no guard)
         tpot = req.tpot
-        if budget is None or tpot is None:
-            return
         rep = self.replicas.get(req.replica or "")
-        if rep is not None and rep.guard is not None:
+        if tpot is not None and rep is not None and rep.guard is not None:
             rep.guard.on_stream_ended(tpot / budget)
 
     def _release_tenant(self, req: Request, used_tokens: int) -> None:

@@ -227,3 +227,27 @@ def test_router_and_tpot_guard_options_reach_the_config(tmp_path: Path) -> None:
         res = runner.invoke(app, ["simulate", "--scenario", str(p), "--quiet", *args])
         assert res.exit_code == 2, args
         assert field in res.output and "Traceback" not in res.output, res.output
+
+
+def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
+    """``--prefill-budget`` reaches the config: a budget of one token holds the other classes'
+    prompts while realtime streams, so the run differs from one without a budget; bad values are
+    the config's own errors (exit 2, no traceback)."""
+    p = _scenario(tmp_path)
+
+    def realtime(*args: str) -> dict[str, float]:
+        res = runner.invoke(app, ["simulate", "--scenario", str(p), "--policies", "qos",
+                                  "--json-only", *args])
+        assert res.exit_code == 0, (args, res.output)
+        (run,) = json.loads(res.output)["runs"]
+        rt: dict[str, float] = run["classes"]["realtime"]
+        return rt
+
+    off, tight = realtime("--prefill-budget", "off"), realtime("--prefill-budget", "1")
+    assert tight["tpot_p99_ms"] < off["tpot_p99_ms"]
+    assert realtime() == realtime("--prefill-budget", "2048")  # the default, named
+    for bad in ("0", "lots"):
+        res = runner.invoke(app, ["simulate", "--scenario", str(p), "--quiet",
+                                  "--prefill-budget", bad])
+        assert res.exit_code == 2, bad
+        assert "fleet.prefill_budget_tokens" in res.output and "Traceback" not in res.output

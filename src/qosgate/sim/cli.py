@@ -17,6 +17,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from qosgate.config import Fleet
 from qosgate.sim.driver import SIM_POLICIES
 from qosgate.sim.report import document, dumps, ledger_ok, print_report, write_files
 from qosgate.sim.scenarios import (
@@ -29,6 +30,8 @@ from qosgate.sim.scenarios import (
     prepare,
     run_scenario,
 )
+
+_DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default
 
 
 def simulate_command(
@@ -128,6 +131,11 @@ def simulate_command(
         typer.Option("--tpot-guard", help="fleet.tpot_guard: off (the default), auto, or a "
                      "fraction of realtime's TPOT budget such as 0.6 (docs/tpot_guard.md)."),
     ] = None,
+    prefill_budget: Annotated[
+        str | None,
+        typer.Option("--prefill-budget", help="fleet.prefill_budget_tokens: a token count "
+                     f"(default {_DEFAULT_PREFILL_BUDGET}) or off (docs/tpot_guard.md)."),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -189,6 +197,8 @@ def simulate_command(
             fleet["router"] = router
         if tpot_guard is not None:
             fleet["tpot_guard"] = None if tpot_guard == "off" else tpot_guard
+        if prefill_budget is not None:
+            fleet["prefill_budget_tokens"] = None if prefill_budget == "off" else prefill_budget
         if fleet:
             config = dict(sc.config)
             config["fleet"] = {**dict(config.get("fleet", {})), **fleet}

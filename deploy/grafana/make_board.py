@@ -137,6 +137,16 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
           q(f"max by (replica) (qosgate_replica_engine_waiting{{{IR}}})", "{{replica}} waiting"),
           q(f"max by (replica) (qosgate_replica_engine_kv_usage_ratio{{{IR}}})",
             "{{replica}} KV")], "timeseries"),
+        ("Engine: time per token, TPOT guard", "s", "The engine's mean time per output "
+         "token between its last two scrapes (what every stream on it gets); dashed: the TPOT "
+         "guard's hold point (absent with fleet.tpot_guard off); others held: 1 while the "
+         "guard keeps the other classes' new requests off a replica streaming to realtime.",
+         [q(f"max by (replica) (qosgate_replica_engine_itl_seconds{{{IR}}})",
+            "{{replica}} time per token"),
+          q(f"max by (replica) (qosgate_replica_tpot_guard_seconds{{{IR}}})",
+            "{{replica}} hold point"),
+          q(f"max by (replica) (qosgate_replica_others_held{{{IR}}})",
+            "{{replica}} others held")], "timeseries"),
         ("Replica TTFT p50 / p99", "s", "Dispatch to first token: the engine's part of TTFT.",
          quantiles("qosgate_replica_ttft_seconds", "replica", IR), "timeseries"),
         ("Ejections and cooling", "short", "Outlier ejections in the window, and the "
@@ -198,7 +208,8 @@ def board() -> dict[str, Any]:
         y += 1
         for i, (ptitle, unit, desc, targets, ptype) in enumerate(items):
             overrides = [
-                {"matcher": {"id": "byRegexp", "options": ".*(budget|starving past|window|fair)"},
+                {"matcher": {"id": "byRegexp",
+                             "options": ".*(budget|starving past|window|fair|hold point)"},
                  "properties": [{"id": "custom.lineStyle",
                                  "value": {"fill": "dash", "dash": [10, 10]}}]}
             ] if ptype == "timeseries" else []

@@ -7,7 +7,9 @@ real gateway in front of two real stand-in upstreams, with Redis for shared stat
   cancellations, an idle-timed-out stream, a retried 503, embeddings) EVERY expression of the
   board, every template variable and every rule (recording rules as they are; alert rules with
   ``bool`` on their comparisons, so that they return data whether they fire or not) returns data
-  through Prometheus' HTTP API, and every ``qosgate_*`` series they name exists in Prometheus;
+  through Prometheus' HTTP API, and every ``qosgate_*`` series they name exists in Prometheus
+  (the gateway runs with ``fleet.tpot_guard: auto`` and a realtime TPOT budget, so that the
+  guard's hold point has a series);
 - staged faults fire every alert of the rules file: the realtime TTFT alert is inactive under
   the mixed load and fires once both stand-ins are slowed; killing a stand-in fires
   ``QosgateReplicaDown``, killing Redis ``QosgateSharedStateDegraded``; streams going silent on
@@ -193,7 +195,8 @@ class Prometheus:
 
 # ---------------------------------------------------------------- the stack
 def gateway_config(upstreams: list[Server], redis_url: str | None,
-                   offline_first_byte_s: float | None = None) -> dict[str, Any]:
+                   offline_first_byte_s: float | None = None,
+                   tpot_guard: str | None = None) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "classes": [
             {"name": "realtime", "level": 0, "strict": True, "ttft_budget_ms": REALTIME_BUDGET_MS,
@@ -223,6 +226,10 @@ def gateway_config(upstreams: list[Server], redis_url: str | None,
         cfg["redis"] = {"url": redis_url}
     if offline_first_byte_s is not None:  # the test's ejection stage; not the board capture's
         cfg["classes"][3]["first_byte_timeout_s"] = offline_first_byte_s
+    if tpot_guard is not None:  # the test's: the guard's hold point is on the board only with
+        # it, and the guard needs a strict class with a TPOT budget to protect
+        cfg["fleet"]["tpot_guard"] = tpot_guard
+        cfg["classes"][0]["tpot_budget_ms"] = 200
     return cfg
 
 
@@ -231,7 +238,8 @@ class Stack:
     scraping it; ``close`` stops what is still running."""
 
     def __init__(self, tmp: Path, rules_text: str | None, redis: bool = True,
-                 offline_first_byte_s: float | None = None) -> None:
+                 offline_first_byte_s: float | None = None,
+                 tpot_guard: str | None = None) -> None:
         self.tmp = tmp
         self.closers: list[Callable[[], object]] = []
         try:
@@ -249,7 +257,7 @@ class Stack:
             cfg = tmp / "gateway.json"
             cfg.write_text(json.dumps(gateway_config(
                 self.standins, self.redis.url if self.redis is not None else None,
-                offline_first_byte_s)))
+                offline_first_byte_s, tpot_guard)))
             self.gw = start_gateway(tmp, "--config", str(cfg))
             self.closers.append(self.gw.stop)
             if rules_text is not None:
@@ -379,7 +387,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     from tests.gateway.redis_server import redis_binary
 
     redis_binary()
-    st = Stack(tmp_path, short_for(RULES.read_text()), offline_first_byte_s=3)
+    st = Stack(tmp_path, short_for(RULES.read_text()), offline_first_byte_s=3,
+               tpot_guard="auto")
     try:
         yield st
     finally:

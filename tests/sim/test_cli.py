@@ -245,7 +245,10 @@ def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
 
     off, tight = realtime("--prefill-budget", "off"), realtime("--prefill-budget", "1")
     assert tight["tpot_p99_ms"] < off["tpot_p99_ms"]
-    assert realtime() == realtime("--prefill-budget", "2048")  # the default, named
+    from qosgate.config import Fleet
+
+    default = Fleet.model_fields["prefill_budget_tokens"].default
+    assert realtime() == realtime("--prefill-budget", str(default))  # the default, named
     for bad in ("0", "lots"):
         res = runner.invoke(app, ["simulate", "--scenario", str(p), "--quiet",
                                   "--prefill-budget", bad])

@@ -2,6 +2,7 @@
 gateway, mixed classes at ~1.5x the fleet's measured capacity.
 
     .venv/bin/python bench/fleet_load.py [--quick] [--load-factor 1.5] [--seed N]
+        [--phases static,adaptive,spread,guard]
 
 A benchmark, not a test: it prints what happened. Three steps, each on fresh processes:
 
@@ -11,9 +12,11 @@ A benchmark, not a test: it prints what happened. Three steps, each on fresh pro
    length and summed, are the fleet's capacity in requests/s for this mix;
 2. **static**: ``fleet: {window: {mode: fixed}, router: most-free}``, every replica's window
    the configured capacity (``CAPACITY``, the upstream default), as before issue 9;
-3. **adaptive**: ``fleet: {window: {mode: adaptive}, router: least-load}`` (the defaults).
+3. **adaptive**: ``fleet: {window: {mode: adaptive}, router: least-load}`` (the defaults);
+   with ``--phases``, also **spread** (that, with the opt-in ``router: least-load-spread``) and
+   **guard** (the defaults with the opt-in ``tpot_guard: auto``).
 
-Phases 2 and 3 send the same open-loop Poisson load (same seed) at ``--load-factor`` x the
+Every load phase sends the same open-loop Poisson load (same seed) at ``--load-factor`` x the
 capacity for ``LOAD_S``, all streaming, the class mix of ``bench/fleet_faults.py`` (30%
 realtime, 30% api, 20% batch, 20% offline, class-typical prompt and output lengths), then
 wait at most ``DRAIN_S`` for the rest; what is still open then is counted as such and
@@ -40,6 +43,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
@@ -95,9 +99,18 @@ def stop_all(servers: list[Server]) -> None:
         s.stop()
 
 
+# each phase's fleet section: static (before issue 9), adaptive (the defaults), and the opt-in
+# router and TPOT guard on top of the defaults (docs/fleet.md, docs/tpot_guard.md)
+PHASES: dict[str, dict[str, Any]] = {
+    "static": {"window": {"mode": "fixed"}, "router": "most-free"},
+    "adaptive": {"window": {"mode": "adaptive"}, "router": "least-load"},
+    "spread": {"window": {"mode": "adaptive"}, "router": "least-load-spread"},
+    "guard": {"window": {"mode": "adaptive"}, "router": "least-load", "tpot_guard": "auto"},
+}
+
+
 def gateway(tmp: Path, urls: list[str], mode: str) -> Server:
-    fleet = ({"window": {"mode": "fixed"}, "router": "most-free"} if mode == "static"
-             else {"window": {"mode": "adaptive"}, "router": "least-load"})
+    fleet = PHASES[mode]
     cfg = {
         "classes": [c.model_dump(exclude_none=True) for c in qconfig.default_config().classes],
         "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
@@ -329,11 +342,11 @@ async def main_async(args: argparse.Namespace) -> None:
               + f" = {cap:.2f} req/s; load {args.load_factor:g}x = {rate:.2f} req/s Poisson for "
               f"{LOAD_S * scale:g} s, then at most {DRAIN_S * scale:g} s of drain", flush=True)
         phases = []
-        for mode in ("static", "adaptive"):
+        for mode in args.phases.split(","):
             t = time.monotonic()
             ph = await load_phase(mode, tmp, profile, rate, args.seed, LOAD_S * scale,
                                   DRAIN_S * scale)
-            print(f"{mode}: window {'fixed ' + str(CAPACITY) + ', router most-free' if mode == 'static' else 'adaptive (max ' + str(CAPACITY) + '), router least-load'}; "  # noqa: E501
+            print(f"{mode}: fleet {json.dumps(PHASES[mode])}, window max {CAPACITY}; "
                   f"{len(ph.recs)} requests, {time.monotonic() - t:.0f} s", flush=True)
             phases.append(ph)
         report(phases)
@@ -344,7 +357,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="half the durations")
     p.add_argument("--load-factor", type=float, default=1.5)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--phases", default="static,adaptive",
+                   help=f"comma-separated, from {', '.join(PHASES)}")
     args = p.parse_args(argv)
+    unknown = [m for m in args.phases.split(",") if m not in PHASES]
+    if unknown:
+        p.error(f"unknown phase(s) {unknown}; known: {', '.join(PHASES)}")
     uvloop.run(main_async(args))
 
 

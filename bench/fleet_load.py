@@ -2,7 +2,7 @@
 gateway, mixed classes at ~1.5x the fleet's measured capacity.
 
     .venv/bin/python bench/fleet_load.py [--quick] [--load-factor 1.5] [--seed N]
-        [--phases static,adaptive,spread,guard]
+        [--phases static,adaptive,spread,guard,spread-guard]
 
 A benchmark, not a test: it prints what happened. Three steps, each on fresh processes:
 
@@ -13,8 +13,8 @@ A benchmark, not a test: it prints what happened. Three steps, each on fresh pro
 2. **static**: ``fleet: {window: {mode: fixed}, router: most-free}``, every replica's window
    the configured capacity (``CAPACITY``, the upstream default), as before issue 9;
 3. **adaptive**: ``fleet: {window: {mode: adaptive}, router: least-load}`` (the defaults);
-   with ``--phases``, also **spread** (that, with the opt-in ``router: least-load-spread``) and
-   **guard** (the defaults with the opt-in ``tpot_guard: auto``).
+   with ``--phases``, also **spread** (that, with the opt-in ``router: least-load-spread``),
+   **guard** (the defaults with the opt-in ``tpot_guard: auto``) and **spread-guard** (both).
 
 Every load phase sends the same open-loop Poisson load (same seed) at ``--load-factor`` x the
 capacity for ``LOAD_S``, all streaming, the class mix of ``bench/fleet_faults.py`` (30%
@@ -106,6 +106,8 @@ PHASES: dict[str, dict[str, Any]] = {
     "adaptive": {"window": {"mode": "adaptive"}, "router": "least-load"},
     "spread": {"window": {"mode": "adaptive"}, "router": "least-load-spread"},
     "guard": {"window": {"mode": "adaptive"}, "router": "least-load", "tpot_guard": "auto"},
+    "spread-guard": {"window": {"mode": "adaptive"}, "router": "least-load-spread",
+                     "tpot_guard": "auto"},
 }
 
 

@@ -217,7 +217,8 @@ def serve(
     served_model_name: Annotated[
         str | None,
         _opt("Built-in engine: the model id it serves (default: smollm2-135m-instruct for the "
-             "default model, the GGUF's file name for --model, qosgate-sim for sim).",
+             "default model, the GGUF's file name without .gguf, lower-cased, for --model, "
+             "qosgate-sim for sim).",
              "QOSGATE_SERVED_MODEL_NAME", "--served-model-name"),
     ] = None,
     default_max_tokens: Annotated[
@@ -237,8 +238,9 @@ def serve(
 ) -> None:
     """Serve the OpenAI-compatible gateway: every request is scheduled through the QoS core.
 
-    Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), GET /v1/models,
-    /healthz (or /health), /readyz, /metrics (Prometheus) and /v1/qos/status. Flags override
+    Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), POST
+    /v1/embeddings, GET /v1/models, /healthz (or /health), /readyz, /metrics (Prometheus) and
+    /v1/qos/status. Flags override
     environment variables, which override the config file.
     """
     if workers > 1:

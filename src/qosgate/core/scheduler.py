@@ -46,7 +46,7 @@ from qosgate.core.request import (
 )
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import ClassView, ReplicaView, Snapshot, TenantView
-from qosgate.core.tpot_guard import FixedGuard, LearnedGuard
+from qosgate.core.tpot_guard import build_guard
 
 
 @dataclass(slots=True)
@@ -260,7 +260,7 @@ class Scheduler:
                 )
             else:
                 limit = FixedLimit(spec.capacity)
-        gm = self._guard_mode
+        guard_mode = self._guard_mode
         self.replicas[spec.name] = Replica(
             spec.name,
             limit,
@@ -268,7 +268,7 @@ class Scheduler:
             pausable=spec.pausable,
             breaker=breaker,
             up=spec.up,
-            guard=None if gm is None else LearnedGuard() if gm == "auto" else FixedGuard(gm),
+            guard=None if guard_mode is None else build_guard(guard_mode),
         )
         self._refresh(-math.inf)
 

@@ -12,7 +12,7 @@ closes that loop on what the SLO judges: the TPOT the strict streams that ended 
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 class TpotGuard(Protocol):
@@ -88,3 +88,8 @@ class LearnedGuard:
             self.fraction = max(self.lowest, self.fraction * self.tighten)
         elif q < self.low:
             self.fraction = min(self.highest, self.fraction + self.loosen)
+
+
+def build_guard(mode: float | Literal["auto"]) -> TpotGuard:
+    """The guard ``fleet.tpot_guard`` names: ``auto`` learns, a number is fixed."""
+    return LearnedGuard() if mode == "auto" else FixedGuard(mode)

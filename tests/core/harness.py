@@ -3,6 +3,13 @@
 Not a scheduler: it only plays the engine's part (a dispatched request yields its first token after
 ``prefill_s`` and completes after ``output_tokens * decode_s``), records every decision, and checks
 the invariants that must hold after every event.
+
+It also watches the order in which the scheduler's queue hands out requests (``policy.pop``), and
+which of them it dispatches and which it puts back (held): no rule may let a request of a lower
+non-strict class take a replica that a request of a higher one, popped before it in the same fill
+and held, could have been placed on (served its model, not paused elsewhere, not a retry avoiding
+it). That is the policy's order kept against every rule beside it (the reserve, the prefill budget,
+the TPOT guard); a rule that held one class and let a lower one through would show here.
 """
 
 from __future__ import annotations
@@ -36,6 +43,32 @@ class Harness:
     dispatches: list[Dispatch] = field(default_factory=list)
     output_of: dict[str, int] = field(default_factory=dict)
     ids: int = 0
+    # what the scheduler did with its queue since the last check: ("pop"|"restore", req) and
+    # ("dispatch", req, replica), in order
+    timeline: list[tuple[object, ...]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        s = self.sched
+        pop, restore, dispatch = s.policy.pop, s.policy.restore, s._dispatch
+        timeline = self.timeline
+
+        def watched_pop() -> Request | None:
+            req = pop()
+            if req is not None:
+                timeline.append(("pop", req))
+            return req
+
+        def watched_restore(req: Request) -> None:
+            timeline.append(("restore", req))
+            restore(req)
+
+        def watched_dispatch(req: Request, rep: object, now: float, out: list[object]) -> None:
+            timeline.append(("dispatch", req, rep.name))  # type: ignore[attr-defined]
+            dispatch(req, rep, now, out)  # type: ignore[arg-type]
+
+        s.policy.pop = watched_pop
+        s.policy.restore = watched_restore
+        s._dispatch = watched_dispatch  # type: ignore[method-assign]
 
     def submit(
         self,
@@ -69,7 +102,35 @@ class Harness:
         self.inflight.discard(rid)  # that call is gone, whatever the core decides
         self.apply(self.sched.attempt_failed(rid, self.now, "upstream_500", **kind))  # type: ignore[arg-type]
 
+    def _check_order(self) -> None:
+        """No lower class went past a held higher one onto a replica that one could use."""
+        s = self.sched
+        held: dict[str, Request] = {}  # popped in this fill and neither dispatched nor back
+        for ev in self.timeline:
+            kind, req = ev[0], ev[1]
+            assert isinstance(req, Request)
+            if kind == "pop":
+                held[req.id] = req
+            elif kind == "restore":
+                held.pop(req.id, None)
+            else:
+                held.pop(req.id, None)
+                name = ev[2]
+                if s.classes[req.class_level].strict:
+                    continue
+                rep = s.replicas[name]  # type: ignore[index]
+                for h in held.values():
+                    if (s.classes[h.class_level].strict or h.class_level >= req.class_level
+                            or not rep.serves(h.model) or h.replica not in (None, name)
+                            or h.avoid == name):
+                        continue
+                    raise AssertionError(
+                        f"{req.id} ({req.service_class}) went to {name} past {h.id} "
+                        f"({h.service_class}), held though it could have gone there")
+        self.timeline.clear()
+
     def apply(self, decisions: list[object]) -> None:
+        self._check_order()
         lower_to: set[str] = set()  # replicas a lower band was dispatched to
         for d in decisions:
             if isinstance(d, Dispatch):

@@ -162,6 +162,35 @@ def test_deadline_infeasible_rejects_at_arrival() -> None:
     assert len(rejected) < 40  # the first ones were admitted
 
 
+def test_a_class_back_from_idle_beside_a_served_flood_is_not_taken_for_overloaded() -> None:
+    """api was served, then sent nothing for two minutes while an offline flood held the
+    engine. Its own dispatch rate decayed to almost nothing for want of traffic, not because
+    the engine cannot serve it: admission predicts its wait from its weighted share of what the
+    classes were served together, and admits it (before, half of these were refused as
+    ``overloaded``; all of them are served in a few seconds)."""
+    h = Harness(Scheduler(default_config(), "qos", [ReplicaSpec("r0", 8, window="fixed")]),
+                prefill_s=0.05, decode_s=0.01)
+
+    def flood() -> None:
+        while len(h.sched.queued[3]) < 30:
+            h.submit("offline", prompt=300, output=100)
+
+    for _ in range(10):
+        h.submit(None, prompt=100, output=20)
+    h.run_until(5.0)
+    while h.now < 120:
+        flood()
+        h.run_until(h.events[0][0])
+    back = []
+    for _ in range(20):
+        back.append(h.submit(None, prompt=100, output=20))
+        h.run_until(h.now + 0.1)
+        flood()
+    h.run_until(h.now + 30)
+    assert all(r.state is State.COMPLETED for r in back), [r.reason for r in back]
+    assert max(r.first_token_at - r.arrival for r in back) < 10  # type: ignore[operator]
+
+
 def test_tenant_rate_limits_and_release() -> None:
     tenants = (
         Tenant(

@@ -46,10 +46,11 @@ class FairShare(Generic[K]):
     def set_weight(self, key: K, weight: float) -> None:
         self._weight[key] = weight
 
-    def activate(self, key: K) -> None:
-        """``key`` became backlogged: lift it so idle time earns no credit (VTC)."""
-        floor = self._min_active() if self._active else self._last_left
+    def activate(self, key: K, lift: bool = True) -> None:
+        """``key`` became backlogged: lift it so idle time earns no credit (VTC). Without
+        ``lift``: it was never idle (emptied only for a moment), and keeps its counter."""
         c = self.counter.get(key, 0.0)
+        floor = (self._min_active() if self._active else self._last_left) if lift else c
         if c < floor:
             self.lifted[key] = self.lifted.get(key, 0.0) + (floor - c)
             c = floor

@@ -47,7 +47,8 @@ class Policy:
     ``push``/``pop``/``remove`` are the root's own bound methods (no wrapper call on the hot path).
     """
 
-    __slots__ = ("class_aware", "name", "pop", "preemptive", "push", "remove", "root")
+    __slots__ = ("class_aware", "name", "pop", "preemptive", "push", "remove", "restore",
+                 "root")
 
     def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool) -> None:
         self.name = name
@@ -55,6 +56,7 @@ class Policy:
         self.push: Callable[[Request], None] = root.push
         self.pop: Callable[[], Request | None] = root.pop
         self.remove: Callable[[Request], None] = root.remove
+        self.restore: Callable[[Request], None] = root.restore
         # whether levels mean anything (aging, displacement, deadline admission need it)
         self.class_aware = class_aware
         # whether a more urgent request is always served first, so pulling a less urgent one

@@ -29,6 +29,11 @@ class Node(Protocol):
 
     def settle(self, req: Request, delta_cost: float) -> None: ...
 
+    def restore(self, req: Request) -> None:
+        """Undo ``pop`` for a request that was popped and not served (held): back in place,
+        its charge refunded, and no VTC lift for a key that emptied only by that pop."""
+        ...
+
 
 class KeyedQueue:
     """A min-heap of requests by ``key(req)``, ties in push order. ``req.seq`` identifies the live
@@ -59,7 +64,7 @@ class KeyedQueue:
             _, s, req = heapq.heappop(heap)
             if s == req.seq:
                 self.n -= 1
-                req.seq = 0
+                req.seq = -s  # popped: no row is live, but restore keeps its place in ties
                 return req
         return None
 
@@ -69,6 +74,14 @@ class KeyedQueue:
 
     def settle(self, req: Request, delta_cost: float) -> None:
         pass
+
+    def restore(self, req: Request) -> None:
+        if req.seq >= 0:
+            self.push(req)
+            return
+        req.seq = s = -req.seq
+        heapq.heappush(self._heap, (self._key(req), s, req))
+        self.n += 1
 
 
 class StrictBands:
@@ -99,6 +112,10 @@ class StrictBands:
 
     def settle(self, req: Request, delta_cost: float) -> None:
         self._bands[self._band_of(req)].settle(req, delta_cost)
+
+    def restore(self, req: Request) -> None:
+        self._bands[self._band_of(req)].restore(req)
+        self.n += 1
 
 
 class FairSplit:
@@ -165,3 +182,14 @@ class FairSplit:
         child = self._children.get(self._key_of(req))
         if child is not None:
             child.settle(req, delta_cost)
+
+    def restore(self, req: Request) -> None:
+        # a key that a hold emptied did not go idle: lifting it would cost it the credit it
+        # had (a class held on every fill would lose its share to the classes it waits beside)
+        key = self._key_of(req)
+        self.share.charge(self._charge_of(req), -req.cost)
+        child = self._children[key]
+        child.restore(req)
+        if child.n == 1:
+            self.share.activate(key, lift=False)
+        self.n += 1

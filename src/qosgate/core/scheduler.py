@@ -85,10 +85,11 @@ class DecayingRate:
         self._first: float | None = None
         self._count = 0
 
-    def add(self, now: float) -> None:
+    def add(self, now: float, amount: float = 1.0) -> None:
+        """One event (of ``amount``: a rate of cost rather than of events)."""
         if self._first is None:
             self._first = now
-        self._value = self._decayed(now) + 1.0 / self.tau
+        self._value = self._decayed(now) + amount / self.tau
         self._stamp = now
         self._count += 1
 
@@ -136,6 +137,15 @@ class Scheduler:
         self._reserve_max = max(
             (f for f, borrow in zip(self._reserve_above, self._may_borrow, strict=True)
              if not borrow), default=0.0)
+        # the classes a reserve holds back that may not borrow it: while one of theirs waits,
+        # the reserve is lent to no one (see _reserve_allows)
+        self._unlent_levels = [
+            c.level for c in self.classes if self._reserve_above[c.level] and not c.preemptible]
+        # the smallest reserve any queued non-strict request can face (aging stops at the
+        # ceiling), for the test that nothing queued may go
+        self._reserve_floor = min(
+            (self._reserve_above[min(c.level, self._ceiling)] for c in self.classes
+             if not c.strict), default=0.0)
         # the prefill budget protects the strict classes' streams: a policy blind to classes
         # (fifo, the baseline) has none to protect
         self._prefill_budget = (
@@ -154,6 +164,9 @@ class Scheduler:
         )
         self._guard_budget_s = min(strict_tpot_s.values(), default=0.0)
         self._hold_others = self._prefill_budget is not None or self._guard_mode is not None
+        # whether a rule may keep free room from the queue (the reserve, the prefill budget,
+        # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
+        self._may_stall = self._hold_others or any(self._reserve_above)
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
         # a light tenant's request waits behind its own share of the class's queue, not all of it
@@ -197,6 +210,8 @@ class Scheduler:
         # first dispatches per class: the service a backlogged class actually gets, after the
         # strict classes, the other shares and aging took theirs (what admission predicts from)
         self._served = [DecayingRate() for _ in self.classes]
+        # ... and their cost (fair-share units), for each class's weighted share of the service
+        self._served_cost = [DecayingRate() for _ in self.classes]
         self._paused_queued = 0  # queued requests paused on a replica (they resume only there)
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
@@ -730,10 +745,12 @@ class Scheduler:
             # the time after which the queue ahead is predicted to have drained enough
             level = req.level
             if cls.deadline_admission and self.policy.class_aware:
-                predicted = self.predicted_wait(level, now)  # exact: budgets are short
+                # exact: budgets are short
+                predicted = self.predicted_wait(level, now, cost=req.cost)
                 budget = req.deadline - now
                 if predicted is not None and predicted > budget and self._tenant_fair:
-                    predicted = self.predicted_wait(level, now, req.tenant, req.class_level)
+                    predicted = self.predicted_wait(level, now, req.tenant, req.class_level,
+                                                    req.cost)
                 if predicted is not None and predicted > budget:
                     return "deadline_infeasible", self._clamp_retry(predicted - budget)
             else:
@@ -743,12 +760,13 @@ class Scheduler:
                 if hit is not None and 0 <= now - hit[0] < _PREDICT_EVERY_S:
                     predicted = hit[1]
                 else:
-                    predicted = self.predicted_wait(level, now)
+                    predicted = self.predicted_wait(level, now, cost=req.cost)
                     self._predicted[level] = (now, predicted)
             limit = self._admission_wait[level]
             if predicted is not None and predicted > limit and self._tenant_fair:
                 # the class as a whole would wait too long: does this tenant's turn?
-                predicted = self.predicted_wait(level, now, req.tenant, req.class_level)
+                predicted = self.predicted_wait(level, now, req.tenant, req.class_level,
+                                                req.cost)
             if predicted is not None and predicted > limit:
                 return "overloaded", self._clamp_retry(predicted - limit)
         if self.queued_total >= adm.max_queue_total and not self._displace_for(req, now, out):
@@ -774,7 +792,8 @@ class Scheduler:
         return False
 
     def predicted_wait(
-        self, level: int, now: float, tenant: str | None = None, class_level: int | None = None
+        self, level: int, now: float, tenant: str | None = None, class_level: int | None = None,
+        cost: float | None = None,
     ) -> float | None:
         """Seconds a new request of ``level`` is expected to wait before dispatch, from the
         queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
@@ -817,11 +836,30 @@ class Scheduler:
             # overtakes it while it waits (strict arrivals, the other shares, the prefill
             # budget), and the estimate above, from the queue as it stands now, does not. A
             # backlog next to free room means the room is not the class's to use (the prefill
-            # budget or the TPOT guard holds it): there too the served rate is what it gets
+            # budget or the TPOT guard holds it): there too the served rate is what it gets.
+            # But never less than its weighted share of what the non-strict classes were
+            # served together: a class served less was held by a rule or had no traffic a
+            # moment ago, not refused by a saturated engine, and the shares give it that much
             served = self._served[level].value(now)
+            if self._any_model:  # (where every replica serves every model, they share slots)
+                served = max(served, self._share_rate(level, weights, now, cost))
             if served > 0:
                 wait = max(wait, (own + 1) / served)
         return wait
+
+    def _share_rate(self, level: int, weights: float, now: float, cost: float | None) -> float:
+        """Requests per second class ``level`` gets by its weight out of the service (in cost)
+        the non-strict classes got together, ``weights`` being the backlogged classes' weights;
+        its requests' cost is its own recent mean (or ``cost``, before it has one). 0 when
+        nothing is known."""
+        together = sum(self._served_cost[lv].value(now) for lv, _ in self._weighted_levels)
+        if together <= 0:
+            return 0.0
+        served, served_cost = self._served[level].value(now), self._served_cost[level].value(now)
+        mean = served_cost / served if served > 0 else cost
+        if not mean:
+            return 0.0
+        return together * self.classes[level].weight / weights / mean
 
     def _rate(self, now: float) -> float:
         """The decayed completion rate, re-read at most every ``_RATE_EVERY_S``: it moves with
@@ -923,8 +961,8 @@ class Scheduler:
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
-        if (self._hold_others and self.free_slots > 0 and policy.root.n
-                and self._others_held_everywhere()):
+        if (self._may_stall and self.free_slots > 0 and policy.root.n
+                and self._nothing_may_go()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
@@ -932,29 +970,48 @@ class Scheduler:
             assert req is not None
             rep = self._choose_replica(req, now)
             if rep is None:
-                # paused on a full replica (it can only resume there), or no replica of its
-                # model has room: set aside, the next one in order may fit elsewhere
+                # paused on a full replica (it can only resume there), no replica of its
+                # model has room, or a rule keeps the room from its class: set aside, the
+                # next one in order may fit elsewhere (unless nothing queued may go now)
                 held.append(req)
-                if len(held) >= _HOLD_MAX:
+                if len(held) >= _HOLD_MAX or (self._may_stall and self._nothing_may_go()):
                     break
                 continue
             self._dispatch(req, rep, now, out)
         for req in held:
-            policy.settle(req, -req.cost)  # popping charged it; it was not served
-            policy.push(req)
+            policy.restore(req)  # popping charged it; it was not served, nor did it go idle
 
-    def _others_held_everywhere(self) -> bool:
-        """No strict or paused request is queued and every replica with room holds the other
-        classes back (its prefill budget spent on their prompts, or its TPOT guard on): no
-        queued request may go anywhere."""
+    def _nothing_may_go(self) -> bool:
+        """No strict or paused request is queued and every replica with room keeps it from the
+        other classes (it is the reserve, or the prefill budget is spent on their prompts, or
+        the TPOT guard is on): no queued request may go anywhere. Conservative: True only
+        where ``may_take`` would refuse every queued request."""
         budget = self._prefill_budget
+        floor = self._reserve_floor
+        lend: bool | None = None  # whether the reserve may be lent now (asked once, if at all)
         for rep in self._usable:
-            if rep.free > 0 and not (rep.strict_streams and (
+            if rep.free <= 0:
+                continue
+            if floor:
+                room = rep.free + rep.preemptible - int(floor * rep.limit.limit)
+                if room == 0 and lend is None:
+                    lend = self._may_lend()
+                reserve_open = room > 0 or (room == 0 and lend)
+            else:
+                reserve_open = True
+            if reserve_open and not (rep.strict_streams and (
                 (rep.others_held and rep.others_inflight)
                 or (budget is not None and rep.other_prefill_tokens
                     and rep.prefill_tokens >= budget * rep.engine_share))):
                 return False  # the common case, and the cheapest test first
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
+
+    def _may_lend(self) -> bool:
+        """Whether the reserve may be lent now: no class that may not borrow it waits (a
+        lent slot whose borrower starts streaming is reclaimed from the next slot to free, so
+        lending it while such a class waits would hand that class's turn to the borrower)."""
+        queued = self.queued
+        return not any(queued[lv] for lv in self._unlent_levels)
 
     def may_take(self, rep: Replica, req: Request, now: float) -> bool:
         """Whether ``rep`` may take ``req`` now, room aside: it may take work, serves the
@@ -972,14 +1029,33 @@ class Scheduler:
             return False  # suspect: one unanswered request at a time
         return self._isolated_ok(rep, req, now)
 
-    def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
+    def _reserve_allows(self, rep: Replica, req: Request) -> bool:
+        """The reserved share of ``rep``'s window for the classes above ``req``'s.
+
+        What it guarantees them: on each replica, that many slots are free or held by requests
+        they may pull back (borrowers that have sent nothing yet, or that pause in-process),
+        except slots lent to a borrower that has since begun streaming (an upstream cannot take
+        those back); such slots return to the reserve from the next ones to free, before any
+        class below is given another. Room beyond the reserve goes to whichever class the
+        weighted shares pick, borrower or not. The reserve itself is lent only to a class that
+        may be pulled back, only while it is whole, and only while no class that may not
+        borrow waits: otherwise each slot a borrower frees would be again one only a borrower
+        may take, and a higher class that may not borrow would starve behind a lower one."""
         frac = self._reserve_above[req.level]
-        if frac and not self._may_borrow[req.class_level]:
-            # after this dispatch the classes above must still find their share: free, or
-            # held by requests that can give it back (preemptible borrowers)
-            reserved = int(frac * rep.limit.limit)
-            if reserved and rep.free - 1 + rep.preemptible < reserved:
-                return False
+        if not frac:
+            return True
+        reserved = int(frac * rep.limit.limit)
+        if not reserved:
+            return True
+        room = rep.free + rep.preemptible - reserved  # beyond the reserve, after pull-backs
+        if room >= 1:
+            return True
+        return (room == 0 and rep.free >= 1 and self._may_borrow[req.class_level]
+                and self._may_lend())
+
+    def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
+        if not self._reserve_allows(rep, req):
+            return False
         if not rep.strict_streams or req.replica is not None or self._strict[req.class_level]:
             return True
         if rep.others_held:
@@ -998,11 +1074,14 @@ class Scheduler:
         budget = self._prefill_budget
         if budget is None:
             return True
-        # past the budget, one prompt of the other classes at a time: however much realtime
-        # prefill is pending, they still make progress (no starvation). Realtime's own prompts
-        # are not held: that costs its TTFT more than its streams' TPOT gains
+        # below the budget a prompt of the other classes goes, whatever its length; past it,
+        # one at a time: however much realtime prefill is pending, they still make progress
+        # (no starvation). The test does not read the prompt's length, so it holds every class
+        # alike and the shares pick who goes (a length test let short prompts of a lower class
+        # overtake a long one of a higher class). Realtime's own prompts are not held: that
+        # costs its TTFT more than its streams' TPOT gains
         return (rep.other_prefill_tokens == 0
-                or rep.prefill_tokens + req.prompt_tokens <= budget * rep.engine_share)
+                or rep.prefill_tokens < budget * rep.engine_share)
 
     def _suspects(self) -> bool:
         return any(r.failing for r in self._usable)
@@ -1055,6 +1134,7 @@ class Scheduler:
                 rep.other_prefill_tokens += req.prompt_tokens
             rep.pending += 1
             self._served[req.class_level].add(now)
+            self._served_cost[req.class_level].add(now, req.cost)
         self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self._may_borrow[req.class_level]:
             self._preemptible[req.id] = req

@@ -274,9 +274,8 @@ def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:
     s.first_token("rt2", 2.1)
     _submit(s, "long4", now=3.0, prompt=4000)
     assert s.requests["long4"].state is State.QUEUED  # long3 is not answered yet
-    # below the budget (short's 500 tokens pending) a prompt goes, whatever its length: the
-    # test reads no length, so it holds every class alike
-    assert _dispatched(s.first_token("long3", 3.5)) == {"long4": "a"}
+    assert _dispatched(s.first_token("long3", 3.5)) == {}  # short's prompt is still pending
+    assert _dispatched(s.first_token("short", 3.6)) == {"long4": "a"}
 
 
 def _itl(at: float, seconds: float, tokens: int) -> LoadSignals:

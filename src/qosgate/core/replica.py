@@ -164,7 +164,8 @@ class OutlierDetector:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "cooled_until", "engine_share", "failing", "guard", "inflight", "itl_s",
+    __slots__ = ("breaker", "budget_closed_below", "cooled_until", "engine_share", "failing",
+                 "guard", "inflight", "itl_s",
                  "itl_seen", "limit", "models", "name", "other_prefill_tokens", "others_held",
                  "others_inflight",
                  "pausable", "pending", "preemptible", "prefill_tokens", "signals",
@@ -207,6 +208,9 @@ class Replica:
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
         self.others_inflight = 0  # requests of the non-strict classes in flight
+        # the class level of a prompt its prefill budget held in the scheduler's last fill:
+        # the classes below it may not use the budget's room (no overtaking by length)
+        self.budget_closed_below = 1 << 30
         # a call failed on it and none has succeeded since: suspect, it gets one unanswered
         # request at a time (a replica that just died must not be sent the whole queue)
         self.failing = False

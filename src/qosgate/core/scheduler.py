@@ -62,6 +62,7 @@ class ReplicaSpec:
 
 
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
+_OPEN = 1 << 30  # a replica's prefill budget closed to no class
 _RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
 _PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
 
@@ -164,6 +165,8 @@ class Scheduler:
         )
         self._guard_budget_s = min(strict_tpot_s.values(), default=0.0)
         self._hold_others = self._prefill_budget is not None or self._guard_mode is not None
+        # replicas whose prefill budget this fill closed to the classes below a held prompt
+        self._budget_closed: list[Replica] = []
         # whether a rule may keep free room from the queue (the reserve, the prefill budget,
         # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
         self._may_stall = self._hold_others or any(self._reserve_above)
@@ -964,6 +967,9 @@ class Scheduler:
         if (self._may_stall and self.free_slots > 0 and policy.root.n
                 and self._nothing_may_go()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
+        for closed in self._budget_closed:  # the last fill's closures: this fill sees anew
+            closed.budget_closed_below = _OPEN
+        self._budget_closed.clear()
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
             req = policy.pop()
@@ -974,6 +980,8 @@ class Scheduler:
                 # model has room, or a rule keeps the room from its class: set aside, the
                 # next one in order may fit elsewhere (unless nothing queued may go now)
                 held.append(req)
+                if self._prefill_budget is not None:
+                    self._close_budget_below(req)
                 if len(held) >= _HOLD_MAX or (self._may_stall and self._nothing_may_go()):
                     break
                 continue
@@ -1074,14 +1082,33 @@ class Scheduler:
         budget = self._prefill_budget
         if budget is None:
             return True
-        # below the budget a prompt of the other classes goes, whatever its length; past it,
-        # one at a time: however much realtime prefill is pending, they still make progress
-        # (no starvation). The test does not read the prompt's length, so it holds every class
-        # alike and the shares pick who goes (a length test let short prompts of a lower class
-        # overtake a long one of a higher class). Realtime's own prompts are not held: that
-        # costs its TTFT more than its streams' TPOT gains
+        # past the budget, one prompt of the other classes at a time: however much realtime
+        # prefill is pending, they still make progress (no starvation). A prompt the budget
+        # holds keeps what is left of it from the classes below its own until it goes (see
+        # _fill): else their shorter prompts would fit, and overtake it on every fill.
+        # Realtime's own prompts are not held: that costs its TTFT more than its streams' TPOT
+        # gains
+        if req.class_level > rep.budget_closed_below:
+            return False
+        return self._fits_budget(rep, req, budget)
+
+    def _fits_budget(self, rep: Replica, req: Request, budget: int) -> bool:
         return (rep.other_prefill_tokens == 0
-                or rep.prefill_tokens < budget * rep.engine_share)
+                or rep.prefill_tokens + req.prompt_tokens <= budget * rep.engine_share)
+
+    def _close_budget_below(self, req: Request) -> None:
+        """``req`` (of a non-strict class) found no replica: where the prefill budget is what
+        kept it out, close that replica's budget to the classes below it for this fill."""
+        budget = self._prefill_budget
+        if budget is None or self._strict[req.class_level]:
+            return
+        level = req.class_level
+        for rep in self._usable:
+            if (rep.strict_streams and rep.free > 0 and level < rep.budget_closed_below
+                    and rep.serves(req.model) and req.replica in (None, rep.name)
+                    and not self._fits_budget(rep, req, budget)):
+                rep.budget_closed_below = level
+                self._budget_closed.append(rep)
 
     def _suspects(self) -> bool:
         return any(r.failing for r in self._usable)

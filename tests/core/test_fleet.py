@@ -15,6 +15,7 @@ from qosgate.config import (
 from qosgate.core import Dispatch, Finished, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.replica import OutlierDetector
+from qosgate.core.request import LENT_PREEMPTIBLE
 from qosgate.core.signals import LoadSignals
 
 
@@ -225,24 +226,33 @@ def test_the_reserve_is_not_lent_while_a_class_that_may_not_borrow_it_waits() ->
     assert _dispatched(s.complete("api0", 1.0, 5)) == {"api9": "a", "off0": "a"}
 
 
-def test_a_slot_lent_to_a_borrower_that_streams_returns_to_the_reserve_first() -> None:
+def test_a_slot_lent_to_a_borrower_returns_to_the_reserve_when_its_stream_ends() -> None:
     s = _sched(ReplicaSpec("a", 10))
-    for i in range(10):
-        _submit(s, f"off{i}", cls="offline")  # the reserve is lent: nothing else waits
+    for i in range(10):  # nothing else waits: the reserve is lent to the tenth
+        _submit(s, f"off{i}", cls="offline")
+    rep = s.replicas["a"]
+    assert (rep.loans, s.requests["off9"].lent) == (1, LENT_PREEMPTIBLE)
     for i in range(10):
         s.first_token(f"off{i}", 0.5)  # streaming: an upstream cannot take them back
-    assert s.replicas["a"].preemptible == 0
+    assert rep.loan_streams == 1 and rep.preemptible == 0
     _submit(s, "api0", now=0.6)
-    _submit(s, "off10", now=0.6, cls="offline")
-    # the first slot to free goes back to the reserve: neither api nor offline gets it ...
-    assert _dispatched(s.complete("off0", 1.0, 5)) == {}
-    # ... realtime does
-    assert _dispatched(_submit(s, "rt", now=1.1, cls="realtime")) == {"rt": "a"}
-    # the next slot is again the reserve's; the one after goes beyond it, by the weighted
-    # shares (api first), and with api's queue empty offline may borrow the reserve again
-    # (it can give it back until its first byte)
-    assert _dispatched(s.complete("off1", 1.2, 5)) == {}
-    assert _dispatched(s.complete("off2", 1.3, 5)) == {"api0": "a", "off10": "a"}
+    assert _dispatched(_submit(s, "rt", now=0.7, cls="realtime")) == {}  # nothing to pull back
+    # the first slot to free goes to realtime, the next beyond the reserve to api: the loan
+    # is offline's debt, not api's
+    assert _dispatched(s.complete("off0", 1.0, 5)) == {"rt": "a"}
+    assert _dispatched(s.complete("off1", 1.1, 5)) == {"api0": "a"}
+    _submit(s, "off10", now=1.15, cls="offline")
+    assert _dispatched(s.complete("off2", 1.2, 5)) == {"off10": "a"}  # beyond the reserve
+    s.first_token("off10", 1.3)
+    _submit(s, "off11", now=1.3, cls="offline")
+    assert _dispatched(s.complete("api0", 1.4, 5)) == {"off11": "a"}  # beyond, again
+    s.first_token("off11", 1.5)
+    assert rep.free == 0 and rep.loans == 1  # the reserve's one slot: on loan to off9
+    _submit(s, "off12", now=1.5, cls="offline")
+    assert s.requests["off12"].state is State.QUEUED
+    # the loan ends: its slot is the reserve's again, and (nothing else waiting) lent anew
+    assert _dispatched(s.complete("off9", 2.0, 5)) == {"off12": "a"}
+    assert s.requests["off12"].lent == LENT_PREEMPTIBLE and rep.loans == 1
 
 
 def test_a_long_prefill_waits_while_a_replica_streams_to_realtime() -> None:

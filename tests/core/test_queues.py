@@ -25,19 +25,21 @@ def test_a_held_request_goes_back_in_place_with_its_class_keeping_its_credit() -
         policy = build_policy(cfg, "qos")
         for i in range(4):
             policy.push(_req(s, f"o{i}", "offline", 0.0, prompt=1000))
-        for i in range(2):
+        for i in range(10):
             policy.push(_req(s, f"a{i}", "api", 0.0))
-        first = policy.pop()  # offline (first in on a tie): api is behind from here on
-        assert first is not None and first.service_class == "offline"
-        if hold:
-            held = [policy.pop(), policy.pop()]
-            assert [r.id for r in held if r is not None] == ["a0", "a1"]
+        served = [policy.pop(), policy.pop()]  # api (the tie goes to the urgent class), offline
+        assert [r.id for r in served if r is not None] == ["a0", "o0"]  # api is behind now
+        if hold:  # the rest of api's queue, popped and held in one fill
+            held = [policy.pop() for _ in range(9)]
+            assert [r.id for r in held if r is not None] == [f"a{i}" for i in range(1, 10)]
             for r in held:
                 assert r is not None
                 policy.restore(r)
+        for i in range(10, 20):  # more api: how much credit it kept shows in its turns
+            policy.push(_req(s, f"a{i}", "api", 0.0))
         order = []
         while (r := policy.pop()) is not None:
             order.append(r.id)
         orders.append(order)
     assert orders[1] == orders[0]
-    assert orders[0][:2] == ["a0", "a1"]
+    assert orders[0][:13] == [f"a{i}" for i in range(1, 14)]  # api's credit: its turns first

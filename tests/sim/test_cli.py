@@ -231,9 +231,10 @@ def test_router_and_tpot_guard_options_reach_the_config(tmp_path: Path) -> None:
 
 def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
     """``--prefill-budget`` reaches the config: a budget of one token holds the other classes'
-    prompts while realtime streams, so the run differs from one without a budget; bad values are
-    the config's own errors (exit 2, no traceback)."""
-    p = _scenario(tmp_path)
+    prompts while realtime streams, so realtime's streams are steadier than without a budget
+    (on prompts long enough for prefill to show in the engine's steps); bad values are the
+    config's own errors (exit 2, no traceback)."""
+    p = _scenario(tmp_path, SCENARIO.replace("mean: 600, cv: 1.2", "mean: 4000, cv: 0.5"))
 
     def realtime(*args: str) -> dict[str, float]:
         res = runner.invoke(app, ["simulate", "--scenario", str(p), "--policies", "qos",
@@ -244,7 +245,7 @@ def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
         return rt
 
     off, tight = realtime("--prefill-budget", "off"), realtime("--prefill-budget", "1")
-    assert tight["tpot_p99_ms"] < off["tpot_p99_ms"]
+    assert tight["tpot_p90_ms"] < off["tpot_p90_ms"]
     from qosgate.config import Fleet
 
     default = Fleet.model_fields["prefill_budget_tokens"].default

@@ -11,7 +11,7 @@ about one request's cost (the paper's bound is 2x the largest single request cos
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -27,10 +27,12 @@ class FairShare(Generic[K]):
     could hide a key under others, so it files a fresh row and retires the old one (version).
     """
 
-    __slots__ = ("_active", "_heap", "_last_left", "_order", "_version", "_weight", "counter",
-                 "lifted")
+    __slots__ = ("_active", "_heap", "_last_left", "_order", "_rank", "_version", "_weight",
+                 "counter", "lifted")
 
-    def __init__(self) -> None:
+    def __init__(self, rank: Callable[[K], int] | None = None) -> None:
+        # who goes first on equal counters: ``rank`` (lower first), else the first activated
+        self._rank = rank
         self.counter: dict[K, float] = {}
         self._weight: dict[K, float] = {}
         self._version: dict[K, int] = {}
@@ -56,7 +58,7 @@ class FairShare(Generic[K]):
             c = floor
         self.counter[key] = c
         if key not in self._order:
-            self._order[key] = len(self._order)
+            self._order[key] = len(self._order) if self._rank is None else self._rank(key)
         self._active.add(key)
         self._push(key)
 

@@ -82,6 +82,10 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
         assert isinstance(level, int)
         return weights[level]
 
+    def class_rank(level: Hashable) -> int:
+        assert isinstance(level, int)
+        return level
+
     def tenant_weight(tenant: Hashable) -> float:
         assert isinstance(tenant, str)
         return tenant_weights.get(tenant, 1.0)
@@ -100,7 +104,8 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
     if name == "wfq":
         return Policy(
             name,
-            FairSplit(_class_level, class_weight, lambda: KeyedQueue(_deadline, seq)),
+            FairSplit(_class_level, class_weight, lambda: KeyedQueue(_deadline, seq),
+                      rank=class_rank),
             class_aware=True,
             preemptive=False,
         )
@@ -113,7 +118,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
             return band_index.get(req.level, shared)
 
         qos_bands: list[Node] = [by_tenant() for _ in strict]
-        qos_bands.append(FairSplit(_class_level, class_weight, by_tenant))
+        qos_bands.append(FairSplit(_class_level, class_weight, by_tenant, rank=class_rank))
         return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True)
     raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
 

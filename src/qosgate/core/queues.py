@@ -125,7 +125,9 @@ class FairSplit:
     with the real usage (or refunds it when a request is pulled back before its first token).
     ``charge_of`` names the counter that pays when it differs from the child the request waits in:
     an aged request waits in a more urgent class but is paid for by its own, so aging reorders
-    who goes first without shifting the shares between classes.
+    who goes first without shifting the shares between classes. ``rank`` breaks ties between
+    equal counters (a class's level: a class returning from idle is lifted to the others'
+    counter, and on that tie the more urgent class goes first).
     """
 
     __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_weight_of", "n", "share")
@@ -136,6 +138,7 @@ class FairSplit:
         weight_of: Callable[[Hashable], float],
         make_child: Callable[[], Node],
         charge_of: Callable[[Request], Hashable] | None = None,
+        rank: Callable[[Hashable], int] | None = None,
     ) -> None:
         self.n = 0
         self._children: dict[Hashable, Node] = {}
@@ -143,7 +146,7 @@ class FairSplit:
         self._charge_of = charge_of or key_of
         self._weight_of = weight_of
         self._make = make_child
-        self.share: FairShare[Hashable] = FairShare()
+        self.share: FairShare[Hashable] = FairShare(rank)
 
     def push(self, req: Request) -> None:
         key = self._key_of(req)

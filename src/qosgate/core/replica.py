@@ -165,9 +165,8 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = ("breaker", "budget_closed_below", "cooled_until", "engine_share", "failing",
-                 "guard", "inflight", "itl_s",
-                 "itl_seen", "limit", "models", "name", "other_prefill_tokens", "others_held",
-                 "others_inflight",
+                 "guard", "inflight", "itl_s", "itl_seen", "limit", "loan_streams", "loans",
+                 "models", "name", "other_prefill_tokens", "others_held", "others_inflight",
                  "pausable", "pending", "preemptible", "prefill_tokens", "signals",
                  "strict_streams", "up")
 
@@ -207,6 +206,10 @@ class Replica:
         self.pending = 0  # requests sent and not answered by a first byte yet
         self.strict_streams = 0
         self.preemptible = 0  # requests in flight that may still be pulled back
+        # requests in flight in slots lent from the reserve, and those of them streaming (on
+        # an engine that cannot pause, they can no longer give the slot back)
+        self.loans = 0
+        self.loan_streams = 0
         self.others_inflight = 0  # requests of the non-strict classes in flight
         # the class level of a prompt its prefill budget held in the scheduler's last fill:
         # the classes below it may not use the budget's room (no overtaking by length)

@@ -75,6 +75,9 @@ class IllegalTransition(RuntimeError):
     pass
 
 
+NOT_LENT, LENT_PREEMPTIBLE, LENT_STREAMING = 0, 1, 2
+
+
 class Request:
     """One inference request.
 
@@ -103,6 +106,7 @@ class Request:
         "first_token_at",
         "gen",
         "id",
+        "lent",
         "level",
         "max_tokens",
         "model",
@@ -168,6 +172,9 @@ class Request:
         self.failures = 0  # attempts that failed before the first byte
         self.avoid: str | None = None  # the replica its last attempt failed on
         self.streamed = 0  # output tokens sent to the client so far (``progress``)
+        # in flight in a slot lent from a reserve: LENT_PREEMPTIBLE while it can still give it
+        # back, LENT_STREAMING once it streams (it returns the slot when it ends)
+        self.lent = NOT_LENT
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in _LEGAL.get(self.state, frozenset()):

@@ -36,6 +36,9 @@ from qosgate.core.request import (
     COMPLETED,
     DISPATCHED,
     FAILED,
+    LENT_PREEMPTIBLE,
+    LENT_STREAMING,
+    NOT_LENT,
     PREEMPTED,
     QUEUED,
     REJECTED,
@@ -446,6 +449,9 @@ class Scheduler:
                     self._next_change = now  # prefill budget freed: the queue may use it now
                 if not rep.pausable and self._preemptible.pop(rid, None) is not None:
                     rep.preemptible -= 1
+                    if req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
+                        req.lent = LENT_STREAMING
+                        rep.loan_streams += 1
                 if rep.failing:  # a success ends a run of failures (and a probation)
                     rep.failing = False
                     rep.breaker.on_result(now, True)
@@ -1000,13 +1006,15 @@ class Scheduler:
         for rep in self._usable:
             if rep.free <= 0:
                 continue
-            if floor:
-                room = rep.free + rep.preemptible - int(floor * rep.limit.limit)
-                if room == 0 and lend is None:
-                    lend = self._may_lend()
-                reserve_open = room > 0 or (room == 0 and lend)
-            else:
+            room = self._reserve_room(rep, floor) if floor else None
+            if room is None or room > 0:
                 reserve_open = True
+            elif room < 0 or rep.loan_streams:
+                reserve_open = False
+            else:
+                if lend is None:
+                    lend = self._may_lend()
+                reserve_open = lend
             if reserve_open and not (rep.strict_streams and (
                 (rep.others_held and rep.others_inflight)
                 or (budget is not None and rep.other_prefill_tokens
@@ -1037,29 +1045,38 @@ class Scheduler:
             return False  # suspect: one unanswered request at a time
         return self._isolated_ok(rep, req, now)
 
+    def _reserve_room(self, rep: Replica, frac: float) -> int | None:
+        """Slots of ``rep`` beyond a reserve of ``frac`` of its window (None: no reserve): its
+        free ones less the reserve, plus the reserve's slots on loan (each returns to it when
+        its borrower ends: the borrower's debt, not the other classes'). On an engine that
+        pauses, every request of a class that may be pulled back counts as free room too: the
+        classes above can have its slot back at any time."""
+        reserved = int(frac * rep.limit.limit)
+        if not reserved:
+            return None
+        return rep.free + (rep.preemptible if rep.pausable else rep.loans) - reserved
+
     def _reserve_allows(self, rep: Replica, req: Request) -> bool:
         """The reserved share of ``rep``'s window for the classes above ``req``'s.
 
         What it guarantees them: on each replica, that many slots are free or held by requests
-        they may pull back (borrowers that have sent nothing yet, or that pause in-process),
-        except slots lent to a borrower that has since begun streaming (an upstream cannot take
-        those back); such slots return to the reserve from the next ones to free, before any
-        class below is given another. Room beyond the reserve goes to whichever class the
-        weighted shares pick, borrower or not. The reserve itself is lent only to a class that
-        may be pulled back, only while it is whole, and only while no class that may not
-        borrow waits: otherwise each slot a borrower frees would be again one only a borrower
-        may take, and a higher class that may not borrow would starve behind a lower one."""
+        they may pull back (a borrower that has sent nothing yet, or that pauses in-process),
+        less the slots on loan to a borrower that has begun streaming on an engine that cannot
+        pause (at most the reserve): such a slot returns to the reserve when that stream ends,
+        and nothing more is lent until it has. Room beyond the reserve goes to whichever class
+        the weighted shares pick, borrower or not, and a loan does not shrink it. The reserve
+        is lent only to a class that may be pulled back, only while all of it is free or on
+        loan, none of it to a stream, and only while no class that may not borrow waits:
+        otherwise each slot a borrower frees would be again one only a borrower may take, and a
+        higher class that may not borrow would starve behind a lower one."""
         frac = self._reserve_above[req.level]
         if not frac:
             return True
-        reserved = int(frac * rep.limit.limit)
-        if not reserved:
+        room = self._reserve_room(rep, frac)
+        if room is None or room >= 1:
             return True
-        room = rep.free + rep.preemptible - reserved  # beyond the reserve, after pull-backs
-        if room >= 1:
-            return True
-        return (room == 0 and rep.free >= 1 and self._may_borrow[req.class_level]
-                and self._may_lend())
+        return (room == 0 and rep.free >= 1 and not rep.loan_streams
+                and self._may_borrow[req.class_level] and self._may_lend())
 
     def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:
         if not self._reserve_allows(rep, req):
@@ -1164,6 +1181,12 @@ class Scheduler:
             self._served_cost[req.class_level].add(now, req.cost)
         self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self._may_borrow[req.class_level]:
+            frac = self._reserve_above[req.level]
+            if frac and not rep.pausable:
+                room = self._reserve_room(rep, frac)  # (rep.free counts this dispatch)
+                if room is not None and room < 0:  # it found no room beyond: a loan
+                    req.lent = LENT_PREEMPTIBLE
+                    rep.loans += 1
             self._preemptible[req.id] = req
             rep.preemptible += 1
         out.append(Dispatch(req, rep.name, resume))
@@ -1209,6 +1232,11 @@ class Scheduler:
     def _release_slot(self, req: Request) -> None:
         self._unmark_preemptible(req)
         rep = self.replicas.get(req.replica or "")
+        if req.lent and rep is not None:  # the loan is repaid: the slot is the reserve's again
+            rep.loans -= 1
+            if req.lent == LENT_STREAMING:
+                rep.loan_streams -= 1
+        req.lent = NOT_LENT
         if rep is None or rep.inflight.pop(req.id, None) is None:
             return
         if not self._strict[req.class_level]:

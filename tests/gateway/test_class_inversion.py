@@ -1,0 +1,108 @@
+"""Tag only the batch job: untagged requests (class api) beside a tagged offline flood are all
+served, each ahead of every offline request that arrived after it.
+
+The gateway runs on its defaults in front of the stand-in (realtime's reserved share, the
+adaptive window, the prefill budget as shipped); the flood keeps a backlog of offline requests
+queued in the gateway throughout. The order is read where it counts, at the engine: the
+stand-in records every request body as it arrives there. An offline request sent after an api
+request stands behind the whole offline backlog, so it reaches the engine first only if api
+waits out that backlog: the inversion this pins (the reserve, lent only to offline, once
+starved api behind offline and then refused it as overloaded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+from tests.gateway.conftest import (
+    MODEL,
+    http,
+    metric_values,
+    start_gateway,
+    start_standin,
+    wait_until,
+)
+
+FLOOD = 24  # offline streams, closed loop: more than the engine's batch of 8 can take
+API = 12  # untagged requests, sent while the offline backlog stands
+
+
+def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offline(
+    tmp_path: Path,
+) -> None:
+    record = tmp_path / "engine-arrivals.jsonl"
+    si = start_standin(tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "8",
+                       "--time-scale", "8", "--record", str(record))
+    gw = start_gateway(tmp_path, "--upstream", si.url)
+    seq = itertools.count()
+    sent: dict[str, tuple[int, str]] = {}  # marker -> (send order, class)
+    api_out: list[tuple[str, str]] = []  # (marker, finish_reason)
+
+    def offline_queued() -> bool:
+        _, _, body = http("GET", gw.url + "/metrics")
+        depth = metric_values(body.decode(), "qosgate_queue_depth")
+        return depth.get((("class", "offline"),), 0.0) >= 8
+
+    async def one(c: AsyncOpenAI, cls: str | None, max_tokens: int) -> str | None:
+        marker = f"inv-{next(seq)}"
+        sent[marker] = (int(marker[4:]), cls or "api")
+        stream = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"{marker} go"}],
+            max_tokens=max_tokens, stream=True,
+            extra_headers={"x-qos-class": cls} if cls else None,
+        )
+        finish = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        if cls is None:
+            api_out.append((marker, finish or ""))
+        return finish
+
+    async def run() -> None:
+        c = AsyncOpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        stop = asyncio.Event()
+
+        async def flood() -> None:
+            while not stop.is_set():
+                await one(c, "offline", 48)
+
+        floods = [asyncio.create_task(flood()) for _ in range(FLOOD)]
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, lambda: wait_until(offline_queued, 60))
+        # one by one, each once the previous is answered: the offline backlog stands behind
+        # every one of them, and offline requests keep arriving after each
+        for _ in range(API):
+            await one(c, None, 8)
+        stop.set()
+        await asyncio.gather(*floods)
+
+    try:
+        asyncio.run(run())
+        _, _, body = http("GET", gw.url + "/metrics")
+    finally:
+        gw.stop()
+        si.stop()
+    assert len(api_out) == API and all(f == "length" for _, f in api_out), api_out
+    served = metric_values(body.decode(), "qosgate_requests_total")
+    api_done = sum(v for k, v in served.items()
+                   if ("class", "api") in k and ("outcome", "completed") in k)
+    assert api_done == API  # untagged is api, and every one of them completed
+
+    arrived: list[str] = []  # markers in the order the engine received them
+    for line in record.read_text().splitlines():
+        content = json.loads(base64.b64decode(json.loads(line)["body"]))["messages"][0]["content"]
+        arrived.append(content.split()[0])
+    at = {m: i for i, m in enumerate(arrived)}
+    for marker, _ in api_out:
+        order = sent[marker][0]
+        later_offline_first = [m for m, (o, cls) in sent.items()
+                               if cls == "offline" and o > order and m in at
+                               and at[m] < at[marker]]
+        assert not later_offline_first, (marker, later_offline_first)

@@ -29,15 +29,20 @@ from tests.gateway.conftest import (
     wait_until,
 )
 
-FLOOD = 24  # offline streams, closed loop: more than the engine's batch of 8 can take
-API = 12  # untagged requests, sent while the offline backlog stands
+# offline streams, closed loop: more than the engine's batch of 16 takes, so a backlog of
+# offline requests stands in the gateway (its window holds the engine's batch and a little more)
+FLOOD = 32
+API = 20  # untagged requests, two a second while the offline backlog stands
+REALTIME = 10  # and tagged realtime ones, one a second, beside them
 
 
 def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offline(
     tmp_path: Path,
 ) -> None:
     record = tmp_path / "engine-arrivals.jsonl"
-    si = start_standin(tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "8",
+    # a batch of 16 (the window is 10 or more, so realtime's reserve of 10% holds a slot), at
+    # an eighth of the modelled speed: offline streams hold their slots for seconds
+    si = start_standin(tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "16",
                        "--time-scale", "8", "--record", str(record))
     gw = start_gateway(tmp_path, "--upstream", si.url)
     seq = itertools.count()
@@ -51,7 +56,7 @@ def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offli
 
     async def one(c: AsyncOpenAI, cls: str | None, max_tokens: int) -> str | None:
         marker = f"inv-{next(seq)}"
-        sent[marker] = (int(marker[4:]), cls or "api")
+        sent[marker] = (int(marker[4:]), cls or "api")  # (cls None: untagged)
         stream = await c.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": f"{marker} go"}],
             max_tokens=max_tokens, stream=True,
@@ -71,15 +76,19 @@ def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offli
 
         async def flood() -> None:
             while not stop.is_set():
-                await one(c, "offline", 48)
+                await one(c, "offline", 160)
+
+        async def paced(cls: str | None, n: int, every: float, max_tokens: int) -> None:
+            tasks = []
+            for _ in range(n):
+                tasks.append(asyncio.create_task(one(c, cls, max_tokens)))
+                await asyncio.sleep(every)  # the pace of arrivals, not a wait for an outcome
+            await asyncio.gather(*tasks)
 
         floods = [asyncio.create_task(flood()) for _ in range(FLOOD)]
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, lambda: wait_until(offline_queued, 60))
-        # one by one, each once the previous is answered: the offline backlog stands behind
-        # every one of them, and offline requests keep arriving after each
-        for _ in range(API):
-            await one(c, None, 8)
+        await asyncio.gather(paced(None, API, 0.5, 8), paced("realtime", REALTIME, 1.0, 16))
         stop.set()
         await asyncio.gather(*floods)
 

@@ -11,7 +11,14 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, http, start_gateway
+from tests.gateway.conftest import (
+    MODEL,
+    Server,
+    http,
+    metric_values,
+    start_gateway,
+    wait_until,
+)
 
 
 def test_sigterm_drains_gracefully(standin: Server, tmp_session: Path) -> None:
@@ -35,7 +42,11 @@ def test_sigterm_drains_gracefully(standin: Server, tmp_session: Path) -> None:
         threads = [threading.Thread(target=queued) for _ in range(2)]
         for th in threads:
             th.start()
-        time.sleep(0.3)  # both queued behind the running stream
+        # both queued behind the running stream (waited for: on a loaded machine a thread's
+        # connection could come after the signal, and be refused instead of answered 503)
+        assert wait_until(lambda: metric_values(
+            http("GET", gw.url + "/metrics")[2].decode(), "qosgate_queue_depth"
+        ).get((("class", "api"),), 0.0) == 2, 10)
         t0 = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
         for th in threads:

@@ -352,29 +352,36 @@ class SlowSink(FakeSink):
     def __init__(self, stall_start: bool, stall_send: int | None) -> None:
         super().__init__()
         self.gate = asyncio.Event()
+        self.stalled = asyncio.Event()  # set once a call waits at the gate
         self.stall_start = stall_start
         self.stall_send = stall_send
         self.stalls = 0
 
+    async def _stall(self) -> None:
+        self.stalls += 1
+        self.stalled.set()
+        await self.gate.wait()
+
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         if self.stall_start:
-            self.stalls += 1
-            await self.gate.wait()
+            await self._stall()
         await super().start(status, headers)
 
     async def send(self, data: bytes, more: bool = True) -> None:
         if len(self.sends) == self.stall_send:
-            self.stalls += 1
-            await self.gate.wait()
+            await self._stall()
         await super().send(data, more)
 
 
 @pytest.mark.parametrize(("stall_start", "stall_send"), [(True, None), (False, 1), (False, 3)])
 def test_a_slow_client_gets_every_byte_in_order(stall_start: bool, stall_send: int | None) -> None:
+    sent_all = asyncio.Event()
+
     async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      n: int) -> None:
         await _read_request(reader)
         await _sse_response(writer)
+        sent_all.set()
         await reader.read()
 
     async def main() -> None:
@@ -384,7 +391,9 @@ def test_a_slow_client_gets_every_byte_in_order(stall_start: bool, stall_send: i
             sink = SlowSink(stall_start, stall_send)
             call.sink = sink
             task = asyncio.create_task(eng.run(call))
-            await asyncio.sleep(0.08)  # the engine has sent everything meanwhile
+            # the engine has sent everything while the client stalls (waited for, not slept
+            # on: a fixed 80 ms lost that race on a loaded machine now and then)
+            await asyncio.wait_for(asyncio.gather(sent_all.wait(), sink.stalled.wait()), 10)
             assert sink.stalls == 1 and not task.done()
             sink.gate.set()
             await asyncio.wait_for(task, 2)

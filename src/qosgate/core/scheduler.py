@@ -195,6 +195,7 @@ class Scheduler:
         self._usable: list[Replica] = []
         self._usable_names: set[str] = set()
         self._any_model = True  # every usable replica serves every model: no model filter
+        self._one_pool = True  # every usable replica serves the same models: classes share slots
         # models some up replica serves (None: one serves any model, or there is no replica)
         self._up_models: frozenset[str] | None = None
         self._next_change = math.inf  # when a cooling or an ejection ends
@@ -367,6 +368,7 @@ class Scheduler:
         self._usable = usable
         self._usable_names = {r.name for r in usable}
         self._any_model = all(not r.models for r in usable)
+        self._one_pool = len({r.models for r in usable}) <= 1
         up = [r for r in self.replicas.values() if r.up]
         if not self.replicas or any(not r.models for r in up):
             self._up_models = None
@@ -850,7 +852,7 @@ class Scheduler:
             # served together: a class served less was held by a rule or had no traffic a
             # moment ago, not refused by a saturated engine, and the shares give it that much
             served = self._served[level].value(now)
-            if self._any_model:  # (where every replica serves every model, they share slots)
+            if self._one_pool:  # (where every replica serves the same models, they share slots)
                 served = max(served, self._share_rate(level, weights, now, cost))
             if served > 0:
                 wait = max(wait, (own + 1) / served)

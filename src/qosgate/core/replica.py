@@ -161,6 +161,9 @@ class OutlierDetector:
 
 
 # ---------------------------------------------------------------------- Replica
+BUDGET_OPEN = 1 << 30  # a replica's prefill budget closed to no class
+
+
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
@@ -213,7 +216,7 @@ class Replica:
         self.others_inflight = 0  # requests of the non-strict classes in flight
         # the class level of a prompt its prefill budget held in the scheduler's last fill:
         # the classes below it may not use the budget's room (no overtaking by length)
-        self.budget_closed_below = 1 << 30
+        self.budget_closed_below = BUDGET_OPEN
         # a call failed on it and none has succeeded since: suspect, it gets one unanswered
         # request at a time (a replica that just died must not be sent the whole queue)
         self.failing = False

@@ -22,6 +22,7 @@ from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.limits import EngineLimit
 from qosgate.core.policies import Policy, build_policy
 from qosgate.core.replica import (
+    BUDGET_OPEN,
     AlwaysClosed,
     Breaker,
     FixedLimit,
@@ -65,7 +66,6 @@ class ReplicaSpec:
 
 
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
-_OPEN = 1 << 30  # a replica's prefill budget closed to no class
 _RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
 _PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
 
@@ -811,7 +811,8 @@ class Scheduler:
         those held by preemptible less urgent requests) and the recent completion rate; None
         while no rate is known. With ``tenant`` (under a policy fair between tenants) only the
         tenant's share of its class's queue counts as ahead of it: each backlogged tenant gets a
-        turn (VTC), so a flooder's backlog does not delay a light tenant."""
+        turn (VTC), so a flooder's backlog does not delay a light tenant. ``cost``: the
+        arriving request's, for a class with no recent dispatches to take its mean from."""
         queued = self.queued
         cls = self.classes[level]
         if not self.policy.class_aware:
@@ -972,12 +973,13 @@ class Scheduler:
 
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
+        if self._budget_closed:  # the last fill's closures: this fill sees anew
+            for closed in self._budget_closed:
+                closed.budget_closed_below = BUDGET_OPEN
+            self._budget_closed.clear()
         if (self._may_stall and self.free_slots > 0 and policy.root.n
                 and self._nothing_may_go()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
-        for closed in self._budget_closed:  # the last fill's closures: this fill sees anew
-            closed.budget_closed_below = _OPEN
-        self._budget_closed.clear()
         held: list[Request] = []
         while self.free_slots > 0 and policy.root.n:
             req = policy.pop()
@@ -1025,9 +1027,9 @@ class Scheduler:
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
     def _may_lend(self) -> bool:
-        """Whether the reserve may be lent now: no class that may not borrow it waits (a
-        lent slot whose borrower starts streaming is reclaimed from the next slot to free, so
-        lending it while such a class waits would hand that class's turn to the borrower)."""
+        """Whether the reserve may be lent now: no class that may not borrow it waits (lent
+        then, the slot would go to a lower class while a higher one, which may not use it,
+        waits; and on an engine that cannot pause it stays lent for the borrower's stream)."""
         queued = self.queued
         return not any(queued[lv] for lv in self._unlent_levels)
 

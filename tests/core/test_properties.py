@@ -345,8 +345,9 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
     """Two models on four replicas (one pausable, one serving both); replicas go down and come
     back, windows change, attempts fail (faults that eject, back-pressure that cools, refused
     connections) and are retried: every request still ends exactly once, the books balance,
-    nothing is sent to a replica that does not serve its model or may not take work, and
-    nothing waits while a replica that could take it has room."""
+    nothing is sent to a replica that does not serve its model or may not take work, nothing
+    waits while a replica that could take it has room, and (the harness) no lower class goes
+    past a held higher one; with realtime's reserve, the prefill budget and a TPOT guard on."""
     from qosgate.config import Fleet, Outlier, Retries
 
     cfg = default_config(
@@ -355,7 +356,9 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
         admission=Admission(max_queue_total=25, max_prompt_tokens=1800),
         fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=3.0),
                     retries=Retries(max_attempts=3, min_retries=2),
-                    prefill_budget_tokens=600),  # often spent: holds, and its fill shortcut
+                    prefill_budget_tokens=600,  # often spent: holds, and its fill shortcut
+                    tpot_guard=0.5),  # held while the signals' time per token is past 100 ms
+        classes=_with_reserve(0.34),  # a slot of the windows of 3 and 4 kept for realtime
     )
     names = ["r0", "r1", "r2", "r3"]
     sched = Scheduler(
@@ -370,6 +373,7 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
     )
     h = Harness(sched)
     keys = ["ka", "kb", "kc"]
+    itl = [0.0, 0.0]  # the engines' time per output token, summed (what the TPOT guard reads)
     for o in ops:
         kind = o[0]
         if kind == "submit":
@@ -384,8 +388,11 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
             h.apply(sched.set_capacity(names[o[1]], o[2], h.now))  # type: ignore[index,arg-type]
         elif kind == "signals":
             _, i, waiting, kv, pre = o
+            itl[0] += 100 * (0.15 if kv > 0.5 else 0.03)  # type: ignore[operator]
+            itl[1] += 100
             sig = LoadSignals(at=h.now, waiting=waiting, kv_usage=kv,  # type: ignore[arg-type]
-                              preemptions_total=pre)  # type: ignore[arg-type]
+                              preemptions_total=pre,  # type: ignore[arg-type]
+                              itl_seconds_total=itl[0], itl_tokens_total=int(itl[1]))
             h.apply(sched.observe(names[i], h.now, signals=sig))  # type: ignore[index]
         elif kind == "probe":
             h.apply(sched.observe(names[o[1]], h.now, up=o[2]))  # type: ignore[index,arg-type]

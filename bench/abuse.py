@@ -67,8 +67,7 @@ server:
   admin_keys: [sk-admin]
   header_timeout_s: 5
   body_timeout_s: 10
-  default_max_tokens: 16
-engine: {kind: sim}
+engine: {kind: sim, eos_after: 16}
 """
 HI = [{"role": "user", "content": "Say hello."}]
 

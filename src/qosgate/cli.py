@@ -221,11 +221,6 @@ def serve(
              "qosgate-sim for sim).",
              "QOSGATE_SERVED_MODEL_NAME", "--served-model-name"),
     ] = None,
-    default_max_tokens: Annotated[
-        int | None,
-        _opt("Output length assumed when a request sets no max_tokens (default: 256).",
-             "QOSGATE_DEFAULT_MAX_TOKENS", "--default-max-tokens"),
-    ] = None,
     shutdown_timeout: Annotated[
         float | None,
         _opt("SIGTERM: seconds running requests may still finish (default: 30).",
@@ -258,7 +253,7 @@ def serve(
         settings = load_settings(config)
         data = settings.model_dump()
         srv, eng = data["server"], data["engine"]
-        for k, v in (("host", host), ("port", port), ("default_max_tokens", default_max_tokens),
+        for k, v in (("host", host), ("port", port),
                      ("shutdown_timeout_s", shutdown_timeout), ("log_level", log_level),
                      ("metrics_port", metrics_port), ("metrics_auth", metrics_auth),
                      ("max_connections", max_connections)):
@@ -442,7 +437,7 @@ def show_config(config: ConfigOpt = None) -> None:
         f"server: {srv.host}:{srv.port}, admin keys {len(srv.admin_keys)}, /metrics "
         + (f"on port {srv.metrics_port}" if srv.metrics_port is not None else "on the API port")
         + (" (admin key)" if srv.metrics_auth else "")
-        + f", default max_tokens {srv.default_max_tokens}, shutdown {srv.shutdown_timeout_s:g} s"
+        + f", shutdown {srv.shutdown_timeout_s:g} s"
     )
     if settings.upstreams:
         for i, u in enumerate(settings.upstreams):

@@ -54,6 +54,11 @@ class ServiceClass(_Strict):
         default=0.0, ge=0, lt=1, description="share of each replica's window kept for this "
         "class and the ones above; classes below that can be preempted may borrow it while "
         "it is idle (they give it back first), others may not")
+    max_output_tokens: int | None = Field(
+        default=None, ge=1, description="output ceiling of this class: a request asking for more "
+        "is refused (400); one that asks for no cap is sent with this one, and its response "
+        "says so (x-qosgate-inserted-max-tokens). None = what the client asks, as it asks it"
+    )
     first_byte_timeout_s: float | None = Field(
         default=None,
         gt=0,
@@ -78,6 +83,10 @@ class TenantLimits(_Strict):
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)
     max_concurrent: int | None = Field(default=None, ge=1)
+    max_output_tokens: int | None = Field(
+        default=None, ge=1, description="output ceiling of this tenant's requests (with its "
+        "class's, the smaller holds): as a class's max_output_tokens"
+    )
 
 
 class Tenant(_Strict):

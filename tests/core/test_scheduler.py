@@ -316,3 +316,64 @@ def test_a_metrics_snapshot_counts_tenants_without_walking_the_queue() -> None:
     assert rows == {("a", "api"): (2, 1), ("b", "api"): (1, 0), ("b", "batch"): (1, 0)}
     assert all(r.oldest_wait_s == 0 for r in counts.tenants)
     assert max(r.oldest_wait_s for r in full.tenants) == pytest.approx(3.0)
+
+
+# ---------------------------------------------------------------- the output cap
+def _with_ceilings(batch: int | None = None, tenant: int | None = None) -> Scheduler:
+    from qosgate.config import _default_classes
+
+    classes = [c.model_copy(update={"max_output_tokens": batch}) if c.name == "batch" else c
+               for c in _default_classes()]
+    tenants = [Tenant(name="t", api_keys=("k",), limits=TenantLimits(
+        tokens_per_minute=6000, max_output_tokens=tenant))]
+    return Scheduler(default_config(classes=classes, tenants=tenants), "qos",
+                     [ReplicaSpec("r0", 4)])
+
+
+def test_no_cap_is_bounded_by_the_context_and_charged_the_class_estimate() -> None:
+    s = _with_ceilings()
+    req = s.make_request("a", QosInputs(api_key="k", qos_class="api"), 0, 900, None,
+                         context=1000)
+    # the engine may run to the end of its context: that is the bound ...
+    assert req.max_tokens == 100 and req.ceiling is None
+    # ... but admission charges what the class usually produces (256 before it has learned)
+    assert req.est_output_tokens == 100
+    wide = s.make_request("b", QosInputs(api_key="k", qos_class="api"), 0, 10, None,
+                          context=100_000)
+    assert wide.max_tokens == s.cfg.admission.max_output_tokens
+    assert wide.est_output_tokens == 256
+    unknown = s.make_request("c", QosInputs(api_key="k", qos_class="api"), 0, 10, None)
+    assert unknown.max_tokens == s.cfg.admission.max_output_tokens
+
+
+def test_no_cap_cannot_dodge_the_token_limit() -> None:
+    """Charged an estimate at admission, a request without a cap pays its real usage when it
+    ends: a tenant that keeps sending uncapped long answers runs out of tokens as one whose
+    requests said so up front."""
+    s = _with_ceilings()
+    now = 0.0
+    served = 0
+    for i in range(10):
+        req = s.make_request(f"r{i}", QosInputs(api_key="k", qos_class="api"), now, 10, None)
+        out = s.submit(req, now)
+        if not any(isinstance(d, Dispatch) for d in out):
+            break
+        s.first_byte(req.id, now)
+        s.complete(req.id, now, 3000)  # each answer is 3000 tokens, far over the estimate
+        served += 1
+    # 6000 tokens a minute: the third uncapped request finds the tenant in debt
+    assert served == 2
+
+
+def test_ceilings_class_and_tenant() -> None:
+    s = _with_ceilings(batch=40, tenant=20)
+    req = s.make_request("a", QosInputs(api_key="k", qos_class="batch"), 0, 10, None)
+    assert req.ceiling == 20 and req.max_tokens == 20  # the smaller of the two, inserted
+    over = s.make_request("b", QosInputs(api_key="k", qos_class="batch"), 0, 10, 21)
+    out = s.submit(over, 0)
+    assert over.state is State.REJECTED and over.reason == "invalid_max_tokens", out
+    s2 = _with_ceilings(batch=40)
+    assert s2.make_request("c", QosInputs(api_key="k", qos_class="batch"), 0, 10,
+                           None).ceiling == 40
+    assert s2.make_request("d", QosInputs(api_key="k", qos_class="api"), 0, 10,
+                           None).ceiling is None

@@ -123,8 +123,8 @@ def raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 def sim_gw(tmp_session: Path) -> Iterator[Server]:
     """Only options the gateway had before this issue: the same tests run against it fail."""
     cfg = write(tmp_session, "abuse-sim.yaml", TENANTS + """
-server: {admin_keys: [sk-admin], default_max_tokens: 8}
-engine: {kind: sim, time_scale: 0.02}
+server: {admin_keys: [sk-admin]}
+engine: {kind: sim, time_scale: 0.02, eos_after: 8}
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
     yield gw
@@ -139,8 +139,8 @@ server:
   metrics_auth: true
   metrics_max_tenants: 2
   sse_keepalive_s: 0.2
-  default_max_tokens: 8
-engine: {kind: sim, time_scale: 0.5, capacity: 1}   # a 500-token stream holds the slot seconds
+# a 500-token stream holds the slot seconds
+engine: {kind: sim, time_scale: 0.5, capacity: 1, eos_after: 8}
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
     yield gw
@@ -150,7 +150,7 @@ engine: {kind: sim, time_scale: 0.5, capacity: 1}   # a 500-token stream holds t
 @pytest.fixture(scope="module")
 def up_gw(standin: Server, tmp_session: Path) -> Iterator[Server]:
     cfg = write(tmp_session, "abuse-up.yaml", TENANTS + f"""
-server: {{admin_keys: [sk-admin], default_max_tokens: 77}}
+server: {{admin_keys: [sk-admin]}}
 upstreams: [{{url: {standin.url}, name: standin, capacity: 4, priority_polarity: vllm}}]
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
@@ -171,22 +171,26 @@ engine: {kind: sim, time_scale: 0.02}
 
 
 # ---------------------------------------------------------------------- 1. max_tokens cap
-def test_1_admitted_cap_is_forwarded_when_the_client_sent_none(up_gw: Server,
-                                                               standin: Server) -> None:
-    for body in (
-        {"model": MODEL, "messages": HI},
-        {"model": MODEL, "messages": HI, "max_tokens": None},
+def test_1_no_max_tokens_is_forwarded_as_none(up_gw: Server, standin: Server) -> None:
+    """What the client asked is what the engine gets: no cap stays none (an explicit null
+    stays null), and max_completion_tokens is not joined by a max_tokens."""
+    for body, has in (
+        ({"model": MODEL, "messages": HI}, False),
+        ({"model": MODEL, "messages": HI, "max_tokens": None}, True),
     ):
-        code, _, out = post(up_gw, json.dumps(body).encode())
+        code, hdrs, out = post(up_gw, json.dumps(body).encode())
         assert code == 200, out
         sent = recorded(standin)[-1]
-        assert sent["max_tokens"] == 77  # server.default_max_tokens, what admission charged
-        assert json.loads(out)["usage"]["completion_tokens"] <= 77
+        assert sent["messages"] == HI and sent.get("max_tokens") is None, sent
+        assert ("max_tokens" in sent) is has
+        # the stand-in's model ends its answer by itself: "stop", not a cap's "length"
+        assert json.loads(out)["choices"][0]["finish_reason"] == "stop"
+        assert "x-qosgate-inserted-max-tokens" not in hdrs
     code, _, out = post(up_gw, json.dumps(
         {"model": MODEL, "messages": HI, "max_completion_tokens": 5}).encode())
     assert code == 200, out
     sent = recorded(standin)[-1]
-    assert sent["max_tokens"] == 5 and sent["max_completion_tokens"] == 5
+    assert sent["max_completion_tokens"] == 5 and "max_tokens" not in sent
 
 
 def test_1_max_completion_tokens_is_checked_like_max_tokens(up_gw: Server) -> None:
@@ -514,7 +518,7 @@ def test_9_serving_on_names_the_bound_port(tmp_session: Path) -> None:
         "upstreams: [{url: 'http://a:1', capacty: 3}]",
         "engine: {kind: vllm}",
         "engine: {kind: sim, profile: no-such-profile}",
-        "server: {default_max_tokens: 99999}",
+        "server: {default_max_tokens: 256}",
         "server: {metrics_auth: true}",
     ],
 )

@@ -35,12 +35,11 @@ tenants:
 admission: {max_prompt_tokens: 20000, max_output_tokens: 64}
 server:
   admin_keys: [sk-admin]
-  default_max_tokens: 4
   header_timeout_s: 5
   body_timeout_s: 5
   max_header_bytes: 16384
   max_body_bytes: 1048576
-engine: {kind: sim, time_scale: 0.01}
+engine: {kind: sim, time_scale: 0.01, eos_after: 4}
 """
 
 ADMIN = {"Authorization": "Bearer sk-admin"}

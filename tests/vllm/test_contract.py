@@ -109,6 +109,36 @@ def test_no_model_means_the_served_one(engine: Server) -> None:
     assert code == 200 and body["model"] == MODEL
 
 
+def test_models(engine: Server) -> None:
+    code, _, data = http("GET", engine.url + "/v1/models")
+    doc = json.loads(data)
+    assert code == 200 and doc["object"] == "list" and len(doc["data"]) == 1
+    card = doc["data"][0]
+    assert list(card) == ["id", "object", "created", "owned_by", "root", "parent",
+                          "max_model_len", "permission"]
+    assert (card["id"], card["object"], card["owned_by"], card["parent"]) == (
+        MODEL, "model", "vllm", None)
+    assert card["max_model_len"] == MAX_MODEL_LEN and isinstance(card["root"], str)
+    assert [p["object"] for p in card["permission"]] == ["model_permission"]
+
+
+def test_no_max_tokens(engine: Server) -> None:
+    """vLLM's own defaults: chat runs to the end of the context, completions stop at 16 (the
+    legacy completions API's default)."""
+    code, body = post(engine, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "the " * 1700}],
+        "ignore_eos": True})
+    assert code == 200, body
+    u = body["usage"]
+    assert u["prompt_tokens"] + u["completion_tokens"] == MAX_MODEL_LEN
+    assert body["choices"][0]["finish_reason"] == "length"
+    code, body = post(engine, "/v1/completions", {"model": MODEL, "prompt": "The sea is",
+                                                   "ignore_eos": True})
+    assert code == 200, body
+    assert body["usage"]["completion_tokens"] == 16
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
 def test_unknown_path(engine: Server) -> None:
     code, _, body = http("GET", engine.url + "/v1/nothing")
     assert (code, json.loads(body)) == (404, {"detail": "Not Found"})

@@ -6,6 +6,7 @@ errors, a client disconnect aborting inside vLLM, and vLLM's ``/metrics`` read a
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
@@ -82,6 +83,36 @@ def test_greedy_text_is_the_same_through_the_gateway(gw_priority: Server,
     via = client(gw_priority).completions.create(**req).choices[0].text
     direct = client(vllm_priority).completions.create(**req).choices[0].text
     assert via == direct
+
+
+def test_no_max_tokens_runs_to_vllms_own_end(gw_priority: Server,
+                                             vllm_priority: Server) -> None:
+    """A request without max_tokens reaches vLLM without one: vLLM's own default (chat: the
+    rest of the context) holds, not a cap of the gateway's; greedy output identical to vLLM's."""
+    req: dict[str, Any] = {
+        "model": MODEL, "messages": [{"role": "user", "content": "the " * 1700}],
+        "temperature": 0, "extra_body": {"ignore_eos": True}}
+    via = client(gw_priority, timeout=300).chat.completions.create(**req)
+    direct = client(vllm_priority, timeout=300).chat.completions.create(**req)
+    assert via.usage is not None and direct.usage is not None
+    # ignore_eos: vLLM ran to the end of its context, past any cap a gateway might invent
+    assert direct.usage.prompt_tokens + direct.usage.completion_tokens == MAX_MODEL_LEN
+    assert direct.usage.completion_tokens > 256
+    assert via.usage.completion_tokens == direct.usage.completion_tokens
+    assert via.choices[0].finish_reason == direct.choices[0].finish_reason == "length"
+    assert via.choices[0].message.content == direct.choices[0].message.content
+
+
+def test_models_are_vllms_own(gw_priority: Server, vllm_priority: Server) -> None:
+    """/v1/models through the gateway is vLLM's list: max_model_len, root, parent kept."""
+    _, _, direct = http("GET", vllm_priority.url + "/v1/models")
+    _, _, via = http("GET", gw_priority.url + "/v1/models")
+    want = json.loads(direct)["data"]
+    got = [c for c in json.loads(via)["data"] if c["id"] == MODEL]  # not the ghost replica's
+    assert [list(c) for c in got] == [list(c) for c in want]
+    assert got[0]["max_model_len"] == MAX_MODEL_LEN and got[0]["owned_by"] == "vllm"
+    assert (got[0]["id"], got[0]["root"], got[0]["parent"]) == (
+        want[0]["id"], want[0]["root"], want[0]["parent"])
 
 
 # ------------------------------------------------------------------ priority in vLLM's queue

@@ -93,6 +93,7 @@ class Request:
         "ages_at",
         "arrival",
         "avoid",
+        "ceiling",
         "charged_tpm",
         "class_level",
         "cost",
@@ -151,6 +152,8 @@ class Request:
         self.prompt_tokens = prompt_tokens
         self.max_tokens = max_tokens
         self.est_output_tokens = max_tokens if est_output_tokens is None else est_output_tokens
+        # the configured output ceiling of its class and tenant (None: none)
+        self.ceiling: int | None = None
         self.cost = 0.0
         self.state = State.NEW
         self.reason = ""

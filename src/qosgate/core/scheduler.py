@@ -232,11 +232,27 @@ class Scheduler:
         inputs: QosInputs,
         now: float,
         prompt_tokens: int,
-        max_tokens: int,
+        max_tokens: int | None,
         model: str = "",
+        *,
+        context: int | None = None,
     ) -> Request:
-        """Classify and build a request; raises QosInputError for unusable QoS inputs."""
+        """Classify and build a request; raises QosInputError for unusable QoS inputs.
+
+        ``max_tokens`` is the output cap the client asked for; None: none, so the engine runs
+        to its own end, within its ``context`` (prompt and output, as the engine reports it)
+        unless a configured ceiling applies. Either way admission charges the class's learned
+        output length within that bound, and the real usage is settled at completion."""
         c = self.classifier.classify(inputs)
+        ceiling = self._output_ceiling(c.service_class, c.tenant)
+        if max_tokens is None:
+            most = self.cfg.admission.max_output_tokens
+            if ceiling is not None:
+                max_tokens = ceiling
+            elif context is not None:
+                max_tokens = max(1, min(context - prompt_tokens, most))
+            else:
+                max_tokens = most
         est = min(float(max_tokens), self._out_est[self._level_of[c.service_class]])
         req = Request(
             rid,
@@ -252,7 +268,16 @@ class Scheduler:
             model=model,
         )
         req.cost = self._wp * prompt_tokens + self._wq * est
+        req.ceiling = ceiling
         return req
+
+    def _output_ceiling(self, service_class: str, tenant: str) -> int | None:
+        """The smaller of the class's and the tenant's configured output ceilings."""
+        caps = [self.classes[self._level_of[service_class]].max_output_tokens]
+        t = self._tenant_cfg.get(tenant)
+        if t is not None:
+            caps.append(t.limits.max_output_tokens)
+        return min((v for v in caps if v is not None), default=None)
 
     # ---------------------------------------------------------------- replicas
     def add_replica(self, spec: ReplicaSpec, limit: Limit | None = None) -> None:
@@ -735,7 +760,9 @@ class Scheduler:
         adm = self.cfg.admission
         if req.prompt_tokens > adm.max_prompt_tokens:
             return "prompt_too_long", None
-        if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1:
+        if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1 or (
+            req.ceiling is not None and req.max_tokens > req.ceiling
+        ):
             return "invalid_max_tokens", None
         up_models = self._up_models
         if up_models is not None and (req.model not in up_models if req.model else not up_models):

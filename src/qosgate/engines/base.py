@@ -33,7 +33,10 @@ class Job:
     body: bytes
     stream: bool
     model: str
-    max_tokens: int  # effective: the client's, or the gateway default when it sent none
+    # the output cap as the engine will read it: the client's (max_completion_tokens first), a
+    # configured ceiling the gateway inserted, or None: the engine's own default (vLLM's: the
+    # rest of the context)
+    max_tokens: int | None
     prompt_tokens: int  # estimate (chars/4)
     include_usage: bool = False
     has_priority: bool = False  # the body has a top-level "priority" member
@@ -143,6 +146,11 @@ class Engine(Protocol):
     def ready(self) -> bool: ...
 
     def models(self) -> list[str]: ...
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The ``/v1/models`` entries as the engine reports them (vLLM's carry
+        ``max_model_len``), passed through to clients and read for the context bound."""
+        ...
 
     def check_body(self, body: bytes, route: Route) -> Unservable | None:
         """Why this engine could not serve ``body`` (None if it can): asked before admission,

@@ -74,6 +74,7 @@ def llamacpp_replica(
         modelled_time=False,
         text=True,
         pausable=pausable,
+        max_model_len=n_ctx,
     )
     if embeddings:  # /v1/embeddings: the same model, mean-pooled (engines/llama_embed.py)
         from qosgate.engines.llama_embed import LlamaEmbedder

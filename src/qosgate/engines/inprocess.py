@@ -36,7 +36,7 @@ import msgspec
 from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
 from qosgate.engines.base import Call, Health, Route, Unservable
 from qosgate.engines.embeddings import deliver
-from qosgate.engines.openai_format import Formatter
+from qosgate.engines.openai_format import Formatter, model_card
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
 
@@ -75,11 +75,17 @@ class InProcessEngine:
         time_scale: float = 1.0,
         text: bool = False,
         pausable: bool = True,
+        max_model_len: int | None = None,
+        eos_after: int = 256,
     ) -> None:
         self.engine = engine
+        # the context a sequence may fill (prompt and output); None: the engine sets no bound
+        self.max_model_len = max_model_len
+        self.eos_after = eos_after  # a simulated model's answer length when nothing caps it
         self.name = name
         self.capacity = capacity if capacity is not None else engine.max_num_seqs
         self._models = models or ["qosgate-sim"]
+        self._created = int(time.time())
         self.modelled_time = modelled_time
         self.time_scale = time_scale
         self.text = text
@@ -116,6 +122,9 @@ class InProcessEngine:
 
     def models(self) -> list[str]:
         return list(self._models)
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        return [model_card(m, "qosgate", self.max_model_len, self._created) for m in self._models]
 
     async def probe(self) -> Health:
         return Health(up=self.ready, models=tuple(self._models))
@@ -193,11 +202,17 @@ class InProcessEngine:
 
     async def run(self, call: Call) -> None:
         job = call.job
+        # a request that sets no cap runs to where its context ends (vLLM's default cap); a
+        # simulated model ends its answer by itself after ``eos_after`` tokens
+        room = self.max_model_len - job.prompt_tokens if self.max_model_len is not None else None
+        cap = job.max_tokens if job.max_tokens is not None else room
+        max_tokens = max(1, cap if cap is not None else self.eos_after)
         if not self.text:
             spec = SeqSpec(
                 seq_id=job.rid,
                 prompt_tokens=max(1, job.prompt_tokens),
-                max_tokens=job.max_tokens,
+                max_tokens=max_tokens,
+                target_output_tokens=self.eos_after if job.max_tokens is None else None,
                 engine_priority=call.level(),
             )
             await self.generate(call, spec)
@@ -211,7 +226,7 @@ class InProcessEngine:
         spec = SeqSpec(
             seq_id=job.rid,
             prompt_tokens=max(1, job.prompt_tokens),
-            max_tokens=job.max_tokens,
+            max_tokens=max_tokens,
             prompt=req.prompt,
             messages=req.messages,
             sampling=req.sampling,

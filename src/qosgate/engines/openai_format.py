@@ -9,6 +9,8 @@ token costs one small encode and one concatenation.
 from __future__ import annotations
 
 import time
+import uuid
+from typing import Any
 
 import msgspec
 
@@ -120,12 +122,77 @@ class Formatter:
         return b"data: " + _enc({**self._head(), "choices": [choice]}) + b"\n\n"
 
 
-def models_list(names: list[str], owned_by: str = "qosgate") -> dict[str, object]:
-    now = int(time.time())
+ModelCard = dict[str, Any]
+
+
+def model_card(
+    name: str, owned_by: str, max_model_len: int | None = None, created: int | None = None
+) -> ModelCard:
+    """One ``/v1/models`` entry with vLLM 0.32's members, in its order (``ModelCard`` in
+    vllm/entrypoints/openai/protocol.py): ``root`` is the served model, ``parent`` null for a
+    base model, ``max_model_len`` the context an engine accepts."""
+    now = int(time.time()) if created is None else created
     return {
-        "object": "list",
-        "data": [{"id": n, "object": "model", "created": now, "owned_by": owned_by} for n in names],
+        "id": name,
+        "object": "model",
+        "created": now,
+        "owned_by": owned_by,
+        "root": name,
+        "parent": None,
+        "max_model_len": max_model_len,
+        "permission": [{
+            "id": f"modelperm-{uuid.uuid4().hex}",
+            "object": "model_permission",
+            "created": now,
+            "allow_create_engine": False,
+            "allow_sampling": True,
+            "allow_logprobs": True,
+            "allow_search_indices": False,
+            "allow_view": True,
+            "allow_fine_tuning": False,
+            "organization": "*",
+            "group": None,
+            "is_blocking": False,
+        }],
     }
+
+
+def models_list(cards: list[ModelCard]) -> dict[str, object]:
+    return {"object": "list", "data": cards}
+
+
+def context_of(card: ModelCard) -> int | None:
+    """The context length an entry reports (vLLM: ``max_model_len``; SGLang and llama.cpp's
+    server name it otherwise), None if it says none."""
+    for key in ("max_model_len", "context_length", "n_ctx"):
+        v = card.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    meta = card.get("meta")
+    if isinstance(meta, dict):
+        v = meta.get("n_ctx_train")
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def merge_cards(per_replica: list[list[ModelCard]]) -> list[ModelCard]:
+    """The fleet's ``/v1/models``: each model once, as its first replica lists it, with the
+    smallest context any replica reports (a request must fit wherever it runs)."""
+    merged: dict[str, ModelCard] = {}
+    for cards in per_replica:
+        for card in cards:
+            mid = card.get("id")
+            if not isinstance(mid, str):
+                continue
+            have = merged.get(mid)
+            if have is None:
+                merged[mid] = dict(card)
+                continue
+            a, b = context_of(have), context_of(card)
+            if b is not None and (a is None or b < a):
+                have["max_model_len"] = b
+    return list(merged.values())
 
 
 def error_body(message: str, type_: str, code: str | int | None) -> dict[str, object]:

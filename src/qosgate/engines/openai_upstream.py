@@ -41,6 +41,7 @@ from qosgate.core.signals import LoadSignals
 from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
 from qosgate.engines.embeddings import apportion, deliver, pooled
 from qosgate.engines.engine_metrics import parse_engine_metrics
+from qosgate.engines.openai_format import model_card
 from qosgate.engines.splice import Polarity, engine_priority, set_priority
 
 log = logging.getLogger("qosgate.upstream")
@@ -706,6 +707,8 @@ class OpenAIUpstream:
         self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
         self._metrics_head = self._pool.head("GET", "/metrics", json_body=False)
         self._healthy = False
+        self._cards: list[dict[str, Any]] = []
+        self._created = int(time.time())
 
     # ------------------------------------------------------------------ life
     @property
@@ -717,6 +720,13 @@ class OpenAIUpstream:
 
     def models(self) -> list[str]:
         return list(self._models)
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """The engine's own ``/v1/models`` entries (its last answer); a configured model it
+        does not list gets a bare entry."""
+        listed = {m["id"]: m for m in self._cards}
+        return [listed.get(mid) or model_card(mid, "upstream", None, self._created)
+                for mid in self._models]
 
     async def start(self) -> None:
         return None  # nothing to open: the driver probes every replica at start-up
@@ -736,11 +746,16 @@ class OpenAIUpstream:
             ok = conn.status == 200
             self._pool.release(conn)
             conn = None
-            if ok and not self.cfg.models:
+            if ok:
                 listed = _models_decoder.decode(data)
-                ids = [m["id"] for m in listed.get("data", []) if "id" in m]
-                if ids:
-                    self._models = ids
+                cards = [m for m in listed.get("data", [])
+                         if isinstance(m, dict) and isinstance(m.get("id"), str)]
+                if self.cfg.models:  # configured: those, as the engine lists them if it does
+                    cards = [m for m in cards if m["id"] in self.cfg.models]
+                elif cards:
+                    self._models = [m["id"] for m in cards]
+                if cards:
+                    self._cards = cards
         except (TimeoutError, OSError, ValueError, KeyError, TypeError, AttributeError):
             ok = False
         finally:

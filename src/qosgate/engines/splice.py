@@ -107,13 +107,6 @@ def set_priority(body: bytes, value: int | None, present: bool) -> bytes:
     return set_member(body, "priority", value, present)
 
 
-def set_max_tokens(body: bytes, value: int, present: bool) -> bytes:
-    """``body`` with its top-level ``max_tokens`` set to ``value``: the cap the gateway admitted
-    the request with, so that an engine cannot apply its own default (vLLM's: the rest of the
-    context) to a request whose client sent none."""
-    return set_member(body, "max_tokens", value, present)
-
-
 def _remove_member(body: bytes, start: int, end: int) -> bytes:
     """Remove the member at [start, end) and one adjacent comma."""
     j = end

@@ -49,6 +49,7 @@ import itertools
 import logging
 import os
 import signal
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs
@@ -84,7 +85,7 @@ from qosgate.engines.faults import (
     parse_fault,
 )
 from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.openai_format import error_body, models_list
+from qosgate.engines.openai_format import error_body, model_card, models_list
 from qosgate.engines.simmodel import Policy, SimEngine, load_profile
 from qosgate.engines.step import SeqSpec
 
@@ -111,6 +112,7 @@ class _Body(msgspec.Struct):
     messages: msgspec.Raw = msgspec.Raw(b"")
     prompt: msgspec.Raw = msgspec.Raw(b"")
     stream_options: _StreamOptions | None = None
+    ignore_eos: bool = False  # vLLM's extra sampling parameter: generate to the cap
 
 
 _decode = msgspec.json.Decoder(_Body).decode
@@ -139,7 +141,8 @@ class _Call:
         pass
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
-        reason = "length" if output_tokens >= self.job.max_tokens else "stop"
+        cap = self.job.max_tokens
+        reason = "length" if cap is not None and output_tokens >= cap else "stop"
         self.finished[reason] += 1
         self.success[reason] += 1
 
@@ -226,7 +229,8 @@ class StandIn:
         time_scale: float = 1.0,
         served_model_name: str | None = None,
         max_num_seqs: int | None = None,
-        default_max_tokens: int = 256,
+        default_max_tokens: int | None = None,
+        eos_after: int = 256,
         record: str | None = None,
         max_model_len: int = 32768,
         faults: Sequence[Fault] = (),
@@ -255,8 +259,14 @@ class StandIn:
         self.initial_faults = list(faults)  # switched on once serving (``--fault``)
         self.listener: Listener | None = None  # set by ``main``: what ``refuse`` stops
         self._fault_timer: asyncio.TimerHandle | None = None
+        # vLLM's ``--generation-config`` ``max_new_tokens``: the cap of a request that sets none
+        # (without it vLLM's cap is the rest of the context)
         self.default_max_tokens = default_max_tokens
+        # the filler model's own answer length (its EOS) when the request sets no cap: with a
+        # cap, the output runs to it, as a workload's length is given (as if ``ignore_eos``)
+        self.eos_after = eos_after
         self.max_model_len = max_model_len
+        self.created = int(time.time())
         self.record_path = record
         self.recorded: list[dict[str, str]] = []
         self.finished: dict[str, int] = {"stop": 0, "length": 0, "abort": 0}
@@ -287,7 +297,8 @@ class StandIn:
         elif method == "POST" and path == "/v1/embeddings":
             await self._embeddings(receive, send)
         elif path == "/v1/models":
-            await send_json(send, 200, models_list([self.model], owned_by="vllm"))
+            card = model_card(self.model, "vllm", self.max_model_len, self.created)
+            await send_json(send, 200, models_list([card]))
         elif path in ("/health", "/ping"):
             await send_bytes(send, 200, b"", [])
         elif path == "/metrics":
@@ -379,7 +390,14 @@ class StandIn:
         prompt_tokens = max(1, len(raw) // 4)
         field = "max_completion_tokens" if b.max_completion_tokens is not None else "max_tokens"
         asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
-        max_tokens = self.default_max_tokens if asked is None else asked
+        if asked is not None:
+            max_tokens = asked
+        elif self.default_max_tokens is not None:
+            max_tokens = self.default_max_tokens
+        elif route == "completions":  # vLLM's, as OpenAI's legacy completions API: 16
+            max_tokens = 16
+        else:  # vLLM's chat default: what the context leaves
+            max_tokens = max(1, self.max_model_len - prompt_tokens)
         if max_tokens < 1:  # vLLM's words (sampling_params.py)
             msg = (
                 f"{field} must be at least 1, got {max_tokens}. "
@@ -408,8 +426,12 @@ class StandIn:
         )
         stall = self.faults.take_mid_stream() if self.faults.armed else None
         sink = _Sink(send, stall, bool(b.stream))
+        # no cap asked: the model stops by itself (finish_reason "stop") if that comes first
+        asked = asked if asked is not None or route == "chat" else max_tokens
         spec = SeqSpec(
-            seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens, engine_priority=priority
+            seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+            target_output_tokens=None if asked is not None or b.ignore_eos else self.eos_after,
+            engine_priority=priority,
         )
         call = _Call(job, sink, self.finished, self.success)
         gen = asyncio.ensure_future(self.engine.generate(call, spec))
@@ -563,7 +585,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multiply every modelled step duration (0.1 = ten times faster)")
     p.add_argument("--served-model-name", default=None, help="model id (default: the profile's)")
     p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--default-max-tokens", type=int, default=256)
+    p.add_argument("--default-max-tokens", type=int, default=None,
+                   help="as vLLM's generation-config max_new_tokens: the cap of a request that "
+                   "sets none (default: the rest of the context, as vLLM's)")
+    p.add_argument("--eos-after", type=int, default=256,
+                   help="the filler model's answer length when a request sets no cap (its EOS)")
     p.add_argument("--max-model-len", type=int, default=32768,
                    help="as vLLM's: a larger max_tokens is a 400 (default: Qwen2.5-7B's 32768)")
     p.add_argument("--record", default=None, help="append every request body here (JSON lines)")
@@ -606,6 +632,7 @@ def main(argv: list[str] | None = None) -> None:
         served_model_name=args.served_model_name,
         max_num_seqs=args.max_num_seqs,
         default_max_tokens=args.default_max_tokens,
+        eos_after=args.eos_after,
         record=args.record,
         max_model_len=args.max_model_len,
         faults=faults,

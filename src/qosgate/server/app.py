@@ -15,9 +15,11 @@ import contextlib
 import gc
 import itertools
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable
+from typing import Any
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -45,8 +47,8 @@ from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.engines.base import Engine, Job, Route
 from qosgate.engines.embeddings import BadEmbeddings, parse_embeddings
-from qosgate.engines.openai_format import models_list
-from qosgate.engines.splice import set_max_tokens
+from qosgate.engines.openai_format import context_of, merge_cards, models_list
+from qosgate.engines.splice import set_member
 from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.shared_state import (
@@ -149,7 +151,8 @@ class Gateway:
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
         self.max_body = settings.server.max_body_bytes
-        self.default_max_tokens = settings.server.default_max_tokens
+        self._contexts: dict[str, int | None] = {}
+        self._contexts_until = -math.inf
         self.metrics.cap_tenants(settings.server.metrics_max_tenants)
         # class names as clients may write them (x-qos-class: Realtime)
         self._class_names = {c.name.lower(): c.name for c in cfg.classes}
@@ -181,6 +184,19 @@ class Gateway:
             for m in e.models():
                 seen.setdefault(m, None)
         return list(seen)
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """``/v1/models``: the engines' own entries, each model once (``merge_cards``)."""
+        return merge_cards([e.model_cards() for e in self.engines.values()])
+
+    def _context(self, model: str) -> int | None:
+        """The context length of ``model`` as its engines report it (the smallest), cached for
+        a second: the engines' entries change only when a probe reads them again."""
+        now = self.clock()
+        if now >= self._contexts_until:
+            self._contexts = {c["id"]: context_of(c) for c in self.model_cards()}
+            self._contexts_until = now + 1.0
+        return self._contexts.get(model)
 
     def replicas_up(self) -> dict[str, bool]:
         return {name: e.ready for name, e in self.engines.items()}
@@ -301,7 +317,7 @@ class Gateway:
                 await send_bytes(send, 401, error_json(exc.message, "invalid_request_error",
                                                        exc.code))
                 return
-        await send_json(send, 200, models_list(self.models()))
+        await send_json(send, 200, models_list(self.model_cards()))
 
     async def _ready(self, send: Send) -> None:
         up = any(e.ready for e in self.engines.values())
@@ -402,11 +418,9 @@ class Gateway:
             await self._refuse(send, "invalid_priority", tenant,
                                message="x-qos-priority must be an integer.")
             return
-        # the output cap: max_completion_tokens (OpenAI's newer name) wins for the in-process
-        # engines; admission charges the larger of the two, as an engine may read either
-        caps = [v for v in (b.max_completion_tokens, b.max_tokens) if v is not None]
-        max_tokens = caps[0] if caps else self.default_max_tokens
-        admitted = max(caps) if caps else max_tokens
+        # the output cap as the engine reads it: max_completion_tokens (OpenAI's newer name)
+        # first; none stays none (the engine's own default: vLLM's is the rest of the context)
+        asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
         prompt_tokens = estimate_prompt_tokens(b)
         rid = self._id_prefix + str(next(self._ids))
         try:
@@ -421,20 +435,25 @@ class Gateway:
                 ),
                 now,
                 prompt_tokens,
-                admitted,
+                asked,
                 model,
+                context=self._context(model),
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message)
             return
         limits = self.cfg.admission
+        most = limits.max_output_tokens
+        if req.ceiling is not None and req.ceiling < most:
+            most = req.ceiling
         for name, v in (("max_completion_tokens", b.max_completion_tokens),
                         ("max_tokens", b.max_tokens)):
-            if v is not None and not 1 <= v <= limits.max_output_tokens:
+            if v is not None and not 1 <= v <= most:
+                whose = ("" if most == limits.max_output_tokens else
+                         f" (the output ceiling of class {req.service_class} or its tenant)")
                 await self._refuse(
                     send, "invalid_max_tokens", tenant, req.service_class, param=name,
-                    message=f"{name} is {v}; it must be between 1 and "
-                    f"{limits.max_output_tokens}.",
+                    message=f"{name} is {v}; it must be between 1 and {most}{whose}.",
                 )
                 return
         if prompt_tokens > limits.max_prompt_tokens:
@@ -445,10 +464,16 @@ class Gateway:
                 f"/ 4), over the limit of {limits.max_prompt_tokens} tokens.",
             )
             return
-        if b.max_tokens is None:
-            # the engine must stop where admission counted: without a cap of its own it applies
-            # its own default (vLLM: the rest of the context)
-            body = set_max_tokens(body, admitted, b.has_max_tokens)
+        inserted: Headers = []
+        if asked is None and req.ceiling is not None:
+            # a configured ceiling is the only cap the gateway adds, and the response says so;
+            # into the member the client named (null), else max_tokens, never beside the other
+            if b.has_max_completion_tokens:
+                body = set_member(body, "max_completion_tokens", req.ceiling, True)
+            else:
+                body = set_member(body, "max_tokens", req.ceiling, b.has_max_tokens)
+            asked = req.ceiling
+            inserted = [(b"x-qosgate-inserted-max-tokens", str(req.ceiling).encode())]
         qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
         if qos_headers is None:
             return
@@ -458,13 +483,13 @@ class Gateway:
             body=body,
             stream=bool(b.stream),
             model=model,
-            max_tokens=max_tokens,
+            max_tokens=asked,
             prompt_tokens=prompt_tokens,
             include_usage=bool(b.stream_options and b.stream_options.include_usage),
             has_priority=b.priority is not msgspec.UNSET,
             first_byte_timeout_s=self._first_byte_s[req.class_level],
         )
-        sink = AsgiSink(send, qos_headers)
+        sink = AsgiSink(send, qos_headers + inserted if inserted else qos_headers)
         t = self.driver.ticket(req, job, sink)
         self.driver.submit(t)
         if not t.finished.done():

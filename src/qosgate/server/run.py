@@ -81,6 +81,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
         modelled_time=True,
         time_scale=es.time_scale,
         pausable=es.pausable,
+        eos_after=es.eos_after,
     )
     return engines
 

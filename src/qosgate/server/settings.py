@@ -51,15 +51,21 @@ class ServerSettings(_Strict):
         default=(), description="keys that see every tenant in /v1/qos/status"
     )
     max_body_bytes: int = Field(default=32 << 20, ge=1024)
-    default_max_tokens: int = Field(
-        default=256,
-        ge=1,
-        description="output length assumed (and, in-process, generated) when a request sets none",
-    )
     shutdown_timeout_s: float = Field(
         default=30.0, ge=0, description="SIGTERM: how long running requests may still finish"
     )
     log_level: LogLevel = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gone(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "default_max_tokens" in data:
+            raise ValueError(
+                "server.default_max_tokens is gone: the gateway sends what the client asked "
+                "(no max_tokens stays none). For a cap, set a class's max_output_tokens or a "
+                "tenant's limits.max_output_tokens: the response then says so"
+            )
+        return data
     # /metrics
     metrics_auth: bool = Field(
         default=False, description="/metrics answers only a request with an admin key"
@@ -116,6 +122,10 @@ class EngineSettings(_Strict):
     kind: Literal["llamacpp", "sim"] = "llamacpp"
     profile: str = Field(default="default", description="sim: performance profile")
     time_scale: float = Field(default=1.0, gt=0, description="sim: multiply modelled step times")
+    eos_after: int = Field(
+        default=256, ge=1, description="sim: the simulated model's answer length when a request "
+        "sets no max_tokens (where it would stop by itself)"
+    )
     capacity: int | None = Field(
         default=None, ge=1,
         description="window; default llamacpp 4, sim min(max_num_seqs, 64)",
@@ -224,12 +234,6 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
     files and profiles they name. Empty if all is well."""
     problems: list[str] = []
     srv = settings.server
-    if srv.default_max_tokens > cfg.admission.max_output_tokens:
-        problems.append(
-            f"server.default_max_tokens ({srv.default_max_tokens}) is over "
-            f"admission.max_output_tokens ({cfg.admission.max_output_tokens}): every request "
-            "without max_tokens would be refused"
-        )
     if srv.metrics_auth and not srv.admin_keys:
         problems.append("server.metrics_auth needs server.admin_keys: nobody could read /metrics")
     names = [u.name or f"upstream-{i}" for i, u in enumerate(settings.upstreams)]

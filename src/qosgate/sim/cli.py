@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from qosgate.config import Fleet
+from qosgate.extras import PLOTS, missing
 from qosgate.sim.driver import SIM_POLICIES
 from qosgate.sim.report import document, dumps, ledger_ok, print_report, write_files
 from qosgate.sim.scenarios import (
@@ -78,7 +79,10 @@ def simulate_command(
     out: Annotated[
         Path | None, typer.Option(help="Directory for the JSON, CSV and PNG files.")
     ] = None,
-    plots: Annotated[bool, typer.Option(help="Write PNG plots (with --out).")] = True,
+    plots: Annotated[bool | None, typer.Option(
+        "--plots/--no-plots", show_default=False,
+        help="Write PNG plots with --out (default: if qosgate[plots] is installed)."),
+    ] = None,
     json_only: Annotated[
         bool, typer.Option("--json-only", help="Print only the JSON document on stdout.")
     ] = False,
@@ -210,6 +214,14 @@ def simulate_command(
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
 
+    if out is not None and plots is not False and missing(*PLOTS.modules):
+        if plots:  # asked for: say so before the runs, not after
+            err.print(f"--plots needs matplotlib: `{PLOTS.pip}` (or --no-plots)", style="red",
+                      markup=False, soft_wrap=True)
+            raise typer.Exit(2)
+        plots = False
+        if not (quiet or json_only):
+            err.print(f"no plots: `{PLOTS.pip}` writes them", markup=False, soft_wrap=True)
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
     total_runs = n_loads * len(sc.gateways.counts) * len(sc.policies)
     show = not (quiet or json_only)
@@ -260,7 +272,7 @@ def simulate_command(
         )
     if out is not None:
         paths = write_files(res, out, doc)
-        if plots:
+        if plots is not False:
             from qosgate.sim.plots import write_plots
 
             paths += write_plots(res, out)

@@ -1,0 +1,59 @@
+"""What ``qosgate serve`` prints once it accepts connections: where it listens, each replica and
+its window, and whether it runs open.
+
+The windows are read from the scheduler as built, before anything is served: an adaptive window
+(``core/limits.py``) starts small and moves with the engine's load between its floor and the
+replica's capacity, so the banner gives both the start and the cap; a fixed one is the capacity.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from qosgate import __version__
+from qosgate.config import QosConfig
+from qosgate.core.limits import EngineLimit
+from qosgate.server.app import Gateway
+from qosgate.server.settings import GatewaySettings
+
+
+def window_text(limit: Any, capacity: int) -> str:
+    """``limit`` as built (its starting value): adaptive, or the fixed capacity."""
+    if isinstance(limit, EngineLimit):
+        return f"window adaptive: starts at {limit.limit}, at most {limit.max_limit}"
+    return f"window {capacity}"
+
+
+def windows(gw: Gateway) -> dict[str, str]:
+    """Each replica's window as it starts; call before serving (an adaptive one then moves)."""
+    return {name: window_text(gw.scheduler.replicas[name].limit, e.capacity)
+            for name, e in gw.engines.items()}
+
+
+def engine_description(e: Any, profile: str) -> str:
+    inner: Any = getattr(e, "engine", None)
+    path = getattr(inner, "model_path", None)
+    if path is not None:
+        how = "pauses at a token boundary" if e.pausable else "no pausing"
+        return (f"llama.cpp in-process, model {path} ({', '.join(e.models())}), "
+                f"{inner.max_num_seqs} KV slots, {how}")
+    return f"built-in simulated engine ({profile}, a stand-in: no real model)"
+
+
+def banner(gw: Gateway, cfg: QosConfig, settings: GatewaySettings, api: str,
+           metrics: str | None, starts: dict[str, str]) -> list[str]:
+    """The lines (rich markup) for a gateway serving on ``api`` (and ``metrics``), with the
+    replicas' windows as they started (``windows``)."""
+    lines = [f"qosgate {__version__} serving on {api}  (policy {gw.scheduler.policy.name})"]
+    if metrics is not None:
+        lines.append(f"  /metrics on {metrics}/metrics only"
+                     + (" (admin key)" if settings.server.metrics_auth else ""))
+    for name, e in gw.engines.items():
+        where = getattr(e, "base", None) or engine_description(e, settings.engine.profile)
+        lines.append(f"  replica {name}: {where}, {starts[name]}")
+    if gw.open:
+        lines.append("  [yellow]no tenants configured: running OPEN as one default tenant "
+                     f"({cfg.default_tenant!r}); any key is accepted[/yellow]")
+    else:
+        lines.append(f"  tenants: {', '.join(t.name for t in cfg.tenants)}")
+    return lines

@@ -59,7 +59,7 @@ from qosgate.runtime.shared_state import (
 )
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
-from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
+from qosgate.server.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
 from qosgate.server.settings import GatewaySettings
 from qosgate.server.status import status_view
 
@@ -407,7 +407,7 @@ class Gateway:
         caps = [v for v in (b.max_completion_tokens, b.max_tokens) if v is not None]
         max_tokens = caps[0] if caps else self.default_max_tokens
         admitted = max(caps) if caps else max_tokens
-        prompt_tokens = estimate_prompt_tokens(b)
+        prompt_tokens = estimate_prompt_tokens(b, self.cfg.admission)
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(
@@ -441,8 +441,8 @@ class Gateway:
             await self._refuse(
                 send, "prompt_too_long", tenant, req.service_class,
                 param="messages" if route == "chat" else "prompt",
-                message=f"The prompt is about {prompt_tokens} tokens (estimated as characters "
-                f"/ 4), over the limit of {limits.max_prompt_tokens} tokens.",
+                message=f"The prompt is about {prompt_tokens} tokens ({estimate_how(b, limits)}"
+                f"), over the limit of {limits.max_prompt_tokens} tokens.",
             )
             return
         if b.max_tokens is None:

@@ -11,6 +11,7 @@ never its length as text. ``server/parse.py`` finds the parts while it checks th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,7 +148,9 @@ def _its(k: int) -> str:
     return "its" if k == 1 else "their"
 
 
-def media_cost(parts: list[MediaPart], images: ImageTokens, audio: AudioTokens) -> MediaCost:
+def media_cost(
+    parts: Sequence[MediaPart], images: ImageTokens, audio: AudioTokens
+) -> MediaCost:
     """The tokens of ``parts`` by the configured rules."""
     cost = MediaCost()
     for p in parts:

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import re
 from array import array
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, ClassVar
 
@@ -321,7 +322,7 @@ class Body:
         self.prompt: Raw = w.prompt
         self.prompt_chars = len(w.messages) or len(w.prompt)
         # image and audio parts: counted by their own rule, not as characters
-        self.media: list[MediaPart] = media or []
+        self.media: Sequence[MediaPart] = media or ()
         if media:
             self.prompt_chars -= sum(p.chars for p in media)
 

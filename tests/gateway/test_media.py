@@ -165,22 +165,22 @@ def test_url_unknown_and_broken_images_count_the_configured_cost() -> None:
     broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 90_000}}
     odd = {"type": "image_url", "image_url": 42}  # the engine will refuse it; 1000 here
     for part in (url, bmp_part, broken, odd):
-        b = parse_body(chat(part, text=""), "chat")
+        b = parse_body(chat(part, text=""), "chat", adm)
         payload = part["image_url"]["url"] if isinstance(part["image_url"], dict) else ""
-        assert estimate_prompt_tokens(b, adm) == text_tokens(b, payload) + 1000, part
+        assert estimate_prompt_tokens(b) == text_tokens(b, payload) + 1000, part
 
 
 def test_audio_counts_its_duration() -> None:
     adm = Admission(audio=AudioTokens(tokens_per_second=10))
     clip = {"type": "input_audio",
             "input_audio": {"data": base64.b64encode(wav(12.0)).decode(), "format": "wav"}}
-    b = parse_body(chat(clip, text=""), "chat")
+    b = parse_body(chat(clip, text=""), "chat", adm)
     payload = clip["input_audio"]["data"]
-    assert estimate_prompt_tokens(b, adm) == text_tokens(b, payload) + 120
-    assert "12.0 s at 10 tokens/s" in estimate_how(b, adm)
+    assert estimate_prompt_tokens(b) == text_tokens(b, payload) + 120
+    assert "12.0 s at 10 tokens/s" in estimate_how(b)
     unknown = {"type": "input_audio", "input_audio": {"data": "T2dnUw==", "format": "ogg"}}
-    b = parse_body(chat(unknown, text=""), "chat")
-    assert estimate_prompt_tokens(b, adm) == text_tokens(b, "T2dnUw==") + 300  # 30 s
+    b = parse_body(chat(unknown, text=""), "chat", adm)
+    assert estimate_prompt_tokens(b) == text_tokens(b, "T2dnUw==") + 300  # 30 s
 
 
 def test_text_only_bodies_are_estimated_as_before() -> None:
@@ -191,7 +191,7 @@ def test_text_only_bodies_are_estimated_as_before() -> None:
         b'{"messages":[{"role":"user","content":"a [ {b} [[ ["}], "stop": ["x"]}',
     ):
         b = parse_body(body, "chat")
-        assert not b.media
+        assert b.media is None
         assert estimate_prompt_tokens(b) == len(b.messages) // 4
         assert estimate_how(b) == "estimated as characters / 4"
 
@@ -199,7 +199,7 @@ def test_text_only_bodies_are_estimated_as_before() -> None:
 def test_parts_that_are_not_objects_are_left_to_the_engine() -> None:
     body = b'{"messages":[{"role":"user","content":["just a string", 3]}]}'
     b = parse_body(body, "chat")  # accepted as before; the engine will judge the parts
-    assert not b.media and estimate_prompt_tokens(b) == len(b.messages) // 4
+    assert b.media is None and estimate_prompt_tokens(b) == len(b.messages) // 4
     bad = b'{"messages":[{"role":5,"content":[{"type":"text","text":"x"}]}]}'
     with pytest.raises(BadBody) as exc:
         parse_body(bad, "chat")

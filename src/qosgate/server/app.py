@@ -410,7 +410,7 @@ class Gateway:
             return
         tenant, body = got
         try:
-            b = parse_body(body, route)
+            b = parse_body(body, route, self.cfg.admission)
         except BadBody as exc:
             await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
             return
@@ -447,7 +447,7 @@ class Gateway:
         caps = [v for v in (b.max_completion_tokens, b.max_tokens) if v is not None]
         max_tokens = caps[0] if caps else self.default_max_tokens
         admitted = max(caps) if caps else max_tokens
-        prompt_tokens = estimate_prompt_tokens(b, self.cfg.admission)
+        prompt_tokens = estimate_prompt_tokens(b)
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(
@@ -482,7 +482,7 @@ class Gateway:
             await self._refuse(
                 send, "prompt_too_long", tenant, req.service_class,
                 param="messages" if route == "chat" else "prompt",
-                message=f"The prompt is about {prompt_tokens} tokens ({estimate_how(b, limits)}"
+                message=f"The prompt is about {prompt_tokens} tokens ({estimate_how(b)}"
                 f"), over the limit of {limits.max_prompt_tokens} tokens.",
             )
             return

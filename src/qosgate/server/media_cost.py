@@ -114,8 +114,11 @@ def _base64_payload(url: str) -> B64 | None:
 
 @dataclass(slots=True)
 class MediaCost:
-    """What a request's media parts count, and how that was found (for the client)."""
+    """What a request's media parts count by ``images`` and ``audio``, and how that was found
+    (for the client)."""
 
+    images: ImageTokens
+    audio: AudioTokens
     tokens: int = 0
     sized: int = 0  # images whose size was read
     unsized: int = 0  # images counted at the configured cost
@@ -123,7 +126,8 @@ class MediaCost:
     clips: int = 0
     untimed: int = 0
 
-    def describe(self, images: ImageTokens, audio: AudioTokens) -> str:
+    def describe(self) -> str:
+        images, audio = self.images, self.audio
         parts = ["text estimated as characters / 4"]
         if self.sized:
             parts.append(f"{_n(self.sized, 'image')} counted from {_its(self.sized)} size by "
@@ -152,7 +156,7 @@ def media_cost(
     parts: Sequence[MediaPart], images: ImageTokens, audio: AudioTokens
 ) -> MediaCost:
     """The tokens of ``parts`` by the configured rules."""
-    cost = MediaCost()
+    cost = MediaCost(images, audio)
     for p in parts:
         text = _payload_text(p)
         if p.kind == "input_audio":

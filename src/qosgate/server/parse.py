@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import re
 from array import array
-from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any, ClassVar
 
@@ -48,7 +47,7 @@ from msgspec import UNSET, Raw, UnsetType
 
 from qosgate.config import Admission
 from qosgate.engines.base import Route
-from qosgate.server.media_cost import MediaPart, media_cost
+from qosgate.server.media_cost import MediaCost, MediaPart, media_cost
 
 CHARS_PER_TOKEN = 4
 MAX_JSON_DEPTH = 256
@@ -230,6 +229,7 @@ class _AudioUrl(_MediaRef):
 
 
 _REFS: dict[type[_MediaRef], _MediaRef] = {t: t() for t in (_ImageUrl, _InputAudio, _AudioUrl)}
+_DEFAULT_ADMISSION = Admission()
 # the current decode's media members (one decode at a time, as ``_seen``)
 _media: list[MediaPart] = []
 
@@ -303,7 +303,9 @@ class Body:
         "prompt", "prompt_chars", "qos_class", "stream", "stream_options", "task_type",
     )
 
-    def __init__(self, w: _Wire, media: list[MediaPart] | None = None) -> None:
+    def __init__(
+        self, w: _Wire, media: list[MediaPart] | None = None, admission: Admission | None = None
+    ) -> None:
         self.model: str | None = _v(w.model)
         self.stream: bool | None = _v(w.stream)
         self.max_tokens: int | None = _v(w.max_tokens)
@@ -322,14 +324,17 @@ class Body:
         self.prompt: Raw = w.prompt
         self.prompt_chars = len(w.messages) or len(w.prompt)
         # image and audio parts: counted by their own rule, not as characters
-        self.media: Sequence[MediaPart] = media or ()
+        self.media: MediaCost | None = None
         if media:
+            adm = admission or _DEFAULT_ADMISSION
+            self.media = media_cost(media, adm.images, adm.audio)
             self.prompt_chars -= sum(p.chars for p in media)
 
 
-def parse_body(body: bytes, route: Route | None = None) -> Body:
+def parse_body(body: bytes, route: Route | None = None, admission: Admission | None = None) -> Body:
     """The gateway's members of an OpenAI request body; ``BadBody`` for anything it must refuse
-    (see the module doc). ``route`` adds that route's required member (``messages``/``prompt``)."""
+    (see the module doc). ``route`` adds that route's required member (``messages``/``prompt``);
+    image and audio parts count by the rules of ``admission`` (the defaults without one)."""
     if not body.isascii():
         try:
             body.decode("utf-8")
@@ -357,28 +362,20 @@ def parse_body(body: bytes, route: Route | None = None) -> Body:
         media = _check_messages(w.messages)
     elif route == "completions":
         _check_prompt(w.prompt)
-    return Body(w, media)
+    return Body(w, media, admission)
 
 
-_DEFAULT_ADMISSION = Admission()
+def estimate_prompt_tokens(b: Body) -> int:
+    """The prompt's tokens: its text as characters / 4, its image and audio parts as counted
+    when the body was read."""
+    if b.media is None:
+        return max(1, b.prompt_chars // CHARS_PER_TOKEN)
+    return max(1, b.prompt_chars // CHARS_PER_TOKEN + b.media.tokens)
 
 
-def estimate_prompt_tokens(b: Body, admission: Admission | None = None) -> int:
-    """The prompt's tokens: its text as characters / 4, its image and audio parts by the
-    rules of ``admission`` (``images``, ``audio``; the defaults without one)."""
-    tokens = b.prompt_chars // CHARS_PER_TOKEN
-    if b.media:
-        adm = admission or _DEFAULT_ADMISSION
-        tokens += media_cost(b.media, adm.images, adm.audio).tokens
-    return max(1, tokens)
-
-
-def estimate_how(b: Body, admission: Admission | None = None) -> str:
+def estimate_how(b: Body) -> str:
     """How ``estimate_prompt_tokens`` counted, in words for the client."""
-    if not b.media:
-        return "estimated as characters / 4"
-    adm = admission or _DEFAULT_ADMISSION
-    return media_cost(b.media, adm.images, adm.audio).describe(adm.images, adm.audio)
+    return "estimated as characters / 4" if b.media is None else b.media.describe()
 
 
 # ---------------------------------------------------------------------- member checks

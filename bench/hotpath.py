@@ -3,7 +3,8 @@
     .venv/bin/python bench/hotpath.py            # needs orjson and httpx for the comparisons
 
 Parser: time to get the scheduler's fields (model, stream, max_tokens, priority, QoS fields and a
-prompt-size estimate) out of a chat body, for a short (~0.6 KB) and a long (~64 KB) conversation:
+prompt-size estimate) out of a chat body, for a short (~0.6 KB) and a long (~64 KB) conversation
+and a question with a 600 KB PNG (0.8 MB of base64, whose size the gateway reads from its header):
 ``json.loads``, ``orjson.loads``, ``msgspec`` full decode, and the gateway's ``msgspec`` partial
 decode into a typed struct with the messages kept as a raw span. Plus the priority splice.
 
@@ -15,12 +16,16 @@ gateway's own client (an ``asyncio.Protocol`` around httptools), aiohttp and htt
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import multiprocessing
 import os
+import random
 import socket
+import struct
 import time
 import timeit
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +43,31 @@ def _body(turns: int) -> bytes:
     return json.dumps({
         "model": "Qwen/Qwen2.5-7B-Instruct", "messages": msgs, "max_tokens": 256,
         "stream": True, "temperature": 0.7, "priority": 1, "task_type": "chat",
+    }).encode()
+
+
+def _png(width: int, height: int) -> bytes:
+    """An RGB PNG of seeded noise (incompressible: about 3 bytes a pixel)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    rng = random.Random(0)
+    raw = b"".join(b"\x00" + rng.randbytes(width * 3) for _ in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw, 1))
+            + chunk(b"IEND", b""))
+
+
+def _image_body() -> bytes:
+    url = "data:image/png;base64," + base64.b64encode(_png(512, 400)).decode()
+    return json.dumps({
+        "model": "m", "max_tokens": 256, "stream": True, "priority": 1,
+        "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": url}},
+        ]}],
     }).encode()
 
 
@@ -74,7 +104,8 @@ def bench_parsers() -> list[tuple[str, str, float]]:
 
     full = msgspec.json.Decoder()
     rows = []
-    for label, body in (("0.6 KB", _body(0) + b""), ("64 KB", _body(75))):
+    for label, body in (("0.6 KB", _body(0) + b""), ("64 KB", _body(75)),
+                        ("0.8 MB", _image_body())):
         if label == "0.6 KB":
             body = json.dumps({
                 "model": "m", "max_tokens": 256, "stream": True, "priority": 1,

@@ -117,12 +117,54 @@ class Aging(_Strict):
     )
 
 
+class ImageTokens(_Strict):
+    """How many prompt tokens an image counts for admission and fair shares, from its size as
+    its header gives it (docs/gateway.md, "Images and audio"). ``patches`` is Qwen2-VL /
+    Qwen2.5-VL's count in vLLM: the image is resized to multiples of ``patch_px`` (14 px
+    patches merged 2x2) with its pixels kept between ``min_tokens`` and ``max_tokens`` such
+    squares, one token each. ``tiles`` is OpenAI's: ``base_tokens`` plus ``tile_tokens`` per
+    ``tile_px`` tile once scaled to fit 2048 px and then to 768 px on its short side
+    (``detail: low``: ``base_tokens`` alone). ``fixed`` is ``tokens_per_image`` whatever the
+    size (LLaVA-1.5: 576)."""
+
+    rule: Literal["patches", "tiles", "fixed"] = "patches"
+    patch_px: int = Field(default=28, ge=1)
+    min_tokens: int = Field(default=4, ge=1)
+    max_tokens: int = Field(default=16_384, ge=1)
+    tile_px: int = Field(default=512, ge=1)
+    tile_tokens: int = Field(default=170, ge=0)
+    base_tokens: int = Field(default=85, ge=0)
+    tokens_per_image: int = Field(default=576, ge=0)
+    unknown_tokens: int | None = Field(
+        default=None, ge=0, description="an image whose size the gateway does not read (an "
+        "http(s) URL, which the engine fetches, or a format it does not know); None = what a "
+        "1024x1024 image counts by the rule")
+
+    @model_validator(mode="after")
+    def _bounds_ok(self) -> ImageTokens:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError("images.min_tokens must not be over images.max_tokens")
+        return self
+
+
+class AudioTokens(_Strict):
+    """How many prompt tokens an audio clip counts, from its duration (WAV and MP3 headers):
+    Whisper-style encoders as Qwen2-Audio's give 25 tokens a second."""
+
+    tokens_per_second: float = Field(default=25.0, gt=0)
+    unknown_tokens: int | None = Field(
+        default=None, ge=0, description="a clip whose length the gateway does not read (a URL "
+        "or another format); None = 30 seconds' worth")
+
+
 class Admission(_Strict):
     max_queue_total: int = Field(default=100_000, ge=1)
     max_prompt_tokens: int = Field(default=131_072, ge=1)
     max_output_tokens: int = Field(default=32_768, ge=1)
     min_retry_after_s: float = Field(default=1.0, ge=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
+    images: ImageTokens = ImageTokens()
+    audio: AudioTokens = AudioTokens()
 
 
 class Retries(_Strict):

@@ -22,12 +22,14 @@ _MEMO_SIZE = 8192
 
 class QosInputError(ValueError):
     """The request's QoS inputs cannot be used. ``code`` is stable; the gateway maps it to a status
-    (``invalid_api_key`` → 401, the rest → 400)."""
+    (``invalid_api_key`` → 401, the rest → 400). ``param`` is the body member at fault (the
+    gateway names the header instead when the value came from one)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.param = param
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,7 +92,8 @@ class Classifier:
 
     def _classify(self, inputs: QosInputs) -> Classification:
         if inputs.latency_budget_ms is not None and not inputs.latency_budget_ms > 0:
-            raise QosInputError("invalid_latency_budget", "latency_budget_ms must be > 0.")
+            raise QosInputError("invalid_latency_budget", "latency_budget_ms must be > 0.",
+                                "latency_budget_ms")
         tenant = self.tenant_for(inputs.api_key)
         tenant_name = tenant.name if tenant else self.cfg.default_tenant
         requested = self._requested_level(inputs, tenant)
@@ -122,6 +125,7 @@ class Classifier:
                     "unknown_class",
                     f"Unknown QoS class {inputs.qos_class!r}; "
                     f"expected one of {[c.name for c in self._classes]}.",
+                    "qos_class",
                 )
             return level
         if inputs.priority is not None:
@@ -133,6 +137,7 @@ class Classifier:
                     "unknown_task_type",
                     f"Unknown task_type {inputs.task_type!r}; "
                     f"expected one of {sorted(self.cfg.task_types)}.",
+                    "task_type",
                 )
             return self._level_of[name]
         if inputs.latency_budget_ms is not None:

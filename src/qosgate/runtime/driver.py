@@ -29,6 +29,7 @@ from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.engines.base import Engine, Health, Job, SendFn, Sink, Withdrawn
 from qosgate.runtime.batches import BatchRunner
+from qosgate.runtime.replica_log import ReplicaLog
 
 log = logging.getLogger("qosgate.runtime")
 
@@ -149,6 +150,7 @@ class Driver:
         self.probe_interval_s = probe_interval_s
         self._probing: asyncio.Task[None] | None = None
         self._up: dict[str, bool] = {}
+        self.replica_log = ReplicaLog(log)  # up/down lines, paced per replica
         self.tickets: dict[str, Ticket] = {}
         self.accepting = True
         self._timer: asyncio.TimerHandle | None = None
@@ -202,12 +204,9 @@ class Driver:
                     raise h
                 log.error("probe of replica %s failed", name, exc_info=h)
                 h = Health(up=False)
-            was = self._up.get(name)
-            if was is not None and was != h.up:
-                log.log(logging.INFO if h.up else logging.WARNING,
-                        "replica %s is %s", name, "up" if h.up else "down")
             self._up[name] = h.up
             now = self.clock()
+            self.replica_log.probed(name, h.up, now)
             signals = None if h.signals is None else dataclasses.replace(h.signals, at=now)
             self.apply(
                 self.scheduler.observe(name, now, up=h.up, models=h.models, signals=signals)

@@ -61,7 +61,7 @@ from qosgate.runtime.shared_state import (
 )
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
-from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
+from qosgate.server.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
 from qosgate.server.settings import GatewaySettings
 from qosgate.server.status import status_view
 
@@ -93,6 +93,38 @@ def _plain_key(value: bytes | None) -> str | None:
     if value is None:
         return None
     return value.strip().decode("latin-1") or None
+
+
+def _denied_message(exc: QosInputError, scope: Scope) -> str:
+    """A refused key's message; an ``Authorization`` header sent without the ``Bearer`` scheme
+    (or with no key after it) says so, rather than that no key was sent."""
+    if exc.code == "invalid_api_key" and _bearer(scope) is None:
+        auth = header(scope, b"authorization")
+        if auth is not None and auth.strip():
+            return ("The Authorization header must be 'Bearer <key>' (the API key after the "
+                    "word Bearer and a space).")
+    return exc.message
+
+
+def _input_param(exc: QosInputError, class_header: bytes | None) -> str | None:
+    """The ``param`` of a refused QoS input: the header when the class came from it."""
+    if exc.param == "qos_class" and class_header is not None:
+        return "x-qos-class"
+    return exc.param
+
+
+# the routes and their methods: another method on one of these paths is a 405, not a 404
+_POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
+_GET_PATHS = frozenset(("/v1/models", "/healthz", "/health", "/readyz", "/v1/qos/status"))
+
+
+async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:
+    await send_bytes(
+        send, 405,
+        error_json(f"Method {method} is not allowed on {path}; use {allow.decode()}.",
+                   "invalid_request_error", "method_not_allowed"),
+        [(b"content-type", b"application/json"), (b"allow", allow)],
+    )
 
 
 def _local_port(scope: Scope) -> int | None:
@@ -270,6 +302,12 @@ class Gateway:
                 if path == "/v1/qos/status":
                     await self._status(scope, send)
                     return
+            if path in _POST_PATHS:
+                await _not_allowed(send, method, path, b"POST")
+                return
+            if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
+                await _not_allowed(send, method, path, b"GET, HEAD")
+                return
             await send_bytes(
                 send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",
                                       "not_found")
@@ -304,6 +342,8 @@ class Gateway:
             await self._metrics(scope, send)
         elif method in ("GET", "HEAD") and path in ("/healthz", "/health"):
             await send_json(send, 200, {"status": "ok"})
+        elif path in ("/metrics", "/healthz", "/health"):
+            await _not_allowed(send, method, path, b"GET, HEAD")
         else:
             await send_bytes(send, 404, error_json(
                 f"No route {method} {path} on the metrics port.", "invalid_request_error",
@@ -314,8 +354,8 @@ class Gateway:
             try:
                 self.scheduler.classifier.tenant_for(_bearer(scope))
             except QosInputError as exc:
-                await send_bytes(send, 401, error_json(exc.message, "invalid_request_error",
-                                                       exc.code))
+                await send_bytes(send, 401, error_json(_denied_message(exc, scope),
+                                                       "invalid_request_error", exc.code))
                 return
         await send_json(send, 200, models_list(self.model_cards()))
 
@@ -334,8 +374,8 @@ class Gateway:
             try:
                 t = self.scheduler.classifier.tenant_for(key)
             except QosInputError as exc:
-                await send_bytes(send, 401, error_json(exc.message, "invalid_request_error",
-                                                       exc.code))
+                await send_bytes(send, 401, error_json(_denied_message(exc, scope),
+                                                       "invalid_request_error", exc.code))
                 return
             tenant = t.name if t is not None else None
         view = status_view(self.scheduler, self.clock(), tenant)
@@ -386,7 +426,7 @@ class Gateway:
             return
         tenant, body = got
         try:
-            b = parse_body(body, route)
+            b = parse_body(body, route, self.cfg.admission)
         except BadBody as exc:
             await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
             return
@@ -415,7 +455,7 @@ class Gateway:
             qos_class, priority = self._qos_hints(
                 b.qos_class, b.priority if isinstance(b.priority, int) else None, hc, hp)
         except ValueError:
-            await self._refuse(send, "invalid_priority", tenant,
+            await self._refuse(send, "invalid_priority", tenant, param="x-qos-priority",
                                message="x-qos-priority must be an integer.")
             return
         # the output cap as the engine reads it: max_completion_tokens (OpenAI's newer name)
@@ -440,7 +480,8 @@ class Gateway:
                 context=self._context(model),
             )
         except QosInputError as exc:
-            await self._refuse(send, exc.code, tenant, message=exc.message)
+            await self._refuse(send, exc.code, tenant, message=exc.message,
+                               param=_input_param(exc, hc))
             return
         limits = self.cfg.admission
         most = limits.max_output_tokens
@@ -460,8 +501,8 @@ class Gateway:
             await self._refuse(
                 send, "prompt_too_long", tenant, req.service_class,
                 param="messages" if route == "chat" else "prompt",
-                message=f"The prompt is about {prompt_tokens} tokens (estimated as characters "
-                f"/ 4), over the limit of {limits.max_prompt_tokens} tokens.",
+                message=f"The prompt is about {prompt_tokens} tokens ({estimate_how(b)}"
+                f"), over the limit of {limits.max_prompt_tokens} tokens.",
             )
             return
         inserted: Headers = []
@@ -560,7 +601,8 @@ class Gateway:
             self.metrics.ended(_NO_CLASS, tenant, "cancelled", "client_disconnected")
             return None
         if denied is not None:
-            await self._refuse(send, denied.code, tenant, message=denied.message)
+            await self._refuse(send, denied.code, tenant,
+                               message=_denied_message(denied, scope))
             return None
         return tenant, body
 
@@ -593,12 +635,12 @@ class Gateway:
                 + (", ".join(models) or "none") + ".",
             )
             return
+        hc = header(scope, b"x-qos-class")
         try:
             qos_class, priority = self._qos_hints(
-                b.qos_class, b.priority, header(scope, b"x-qos-class"),
-                header(scope, b"x-qos-priority"))
+                b.qos_class, b.priority, hc, header(scope, b"x-qos-priority"))
         except ValueError:
-            await self._refuse(send, "invalid_priority", tenant,
+            await self._refuse(send, "invalid_priority", tenant, param="x-qos-priority",
                                message="x-qos-priority must be an integer.")
             return
         rid = self._id_prefix + str(next(self._ids))
@@ -610,7 +652,8 @@ class Gateway:
                 now, b.tokens, 1, model,
             )
         except QosInputError as exc:
-            await self._refuse(send, exc.code, tenant, message=exc.message)
+            await self._refuse(send, exc.code, tenant, message=exc.message,
+                               param=_input_param(exc, hc))
             return
         if b.tokens > self.cfg.admission.max_prompt_tokens:
             await self._refuse(

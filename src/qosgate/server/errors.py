@@ -20,9 +20,18 @@ _REASONS: dict[str, tuple[int, str, str]] = {
         "invalid_request_error",
         "max_tokens must be at least 1 and at most the configured limit.",
     ),
-    "rate_limit_requests": (429, "rate_limit_error", "Request rate limit reached for this key."),
-    "rate_limit_tokens": (429, "rate_limit_error", "Token rate limit reached for this key."),
-    "concurrency_limit": (429, "rate_limit_error", "Too many concurrent requests for this key."),
+    "rate_limit_requests": (
+        429, "rate_limit_error",
+        "The tenant's request rate limit is reached (shared by all its API keys).",
+    ),
+    "rate_limit_tokens": (
+        429, "rate_limit_error",
+        "The tenant's token rate limit is reached (shared by all its API keys).",
+    ),
+    "concurrency_limit": (
+        429, "rate_limit_error",
+        "The tenant's concurrent request limit is reached (shared by all its API keys).",
+    ),
     "shared_state_unavailable": (
         503,
         "overloaded_error",
@@ -123,22 +132,26 @@ def limit_message(
         return None, None
     lim = tenant.limits
     bucket = "a token bucket: up to a minute's worth at once, refilled continuously"
+    # the limits are the tenant's, whichever of its keys the request came with
+    whose = f"Tenant {tenant.name!r} reached its"
+    shared = "shared by all its API keys"
     if reason == "rate_limit_requests" and lim.requests_per_minute:
         return (
-            f"Request rate limit reached for this key: {lim.requests_per_minute:g} requests "
-            f"per minute ({bucket}).",
+            f"{whose} request rate limit (limits.requests_per_minute): "
+            f"{lim.requests_per_minute:g} requests per minute, {shared} ({bucket}).",
             None,
         )
     if reason == "rate_limit_tokens" and lim.tokens_per_minute:
         return (
-            f"Token rate limit reached for this key: {lim.tokens_per_minute:g} tokens per minute "
-            f"({bucket}); this request counts {req.prompt_tokens} prompt tokens (estimated) plus "
-            "its expected output.",
+            f"{whose} token rate limit (limits.tokens_per_minute): {lim.tokens_per_minute:g} "
+            f"tokens per minute, {shared} ({bucket}); this request counts {req.prompt_tokens} "
+            "prompt tokens (estimated) plus its expected output.",
             None,
         )
     if reason == "concurrency_limit" and lim.max_concurrent:
         return (
-            f"Too many concurrent requests for this key: at most {lim.max_concurrent} at once.",
+            f"{whose} concurrency limit (limits.max_concurrent): at most "
+            f"{lim.max_concurrent} requests at once, {shared}.",
             None,
         )
     return None, None

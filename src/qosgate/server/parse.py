@@ -7,7 +7,11 @@ and every member the gateway does not act on is skipped. The body bytes themselv
 unchanged (``engines/splice.py`` sets ``priority`` and, when the client sent none, the admitted
 ``max_tokens``). The prompt-token estimate is the length of the raw messages (or prompt) divided
 by 4 (the usual ~4 characters per token for English; JSON punctuation and escapes make it a slight
-over-estimate, which only errs on the side of caution for admission).
+over-estimate, which only errs on the side of caution for admission). Image and audio parts are
+not text: they count what the engine makes of them (``server/media_cost.py``). They are found
+while the messages are checked: a content part is decoded into a struct whose only fields are the
+media members, and ``dec_hook`` sees those (a text part costs what its raw span cost; a body of
+string contents costs nothing more).
 
 Refused with 400 before anything else happens (``BadBody``; ``code`` is the metrics reason, and
 ``param`` names the member at fault):
@@ -41,7 +45,9 @@ from typing import Any, ClassVar
 import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
+from qosgate.config import Admission
 from qosgate.engines.base import Route
+from qosgate.server.media_cost import MediaCost, MediaPart, media_cost
 
 CHARS_PER_TOKEN = 4
 MAX_JSON_DEPTH = 256
@@ -200,9 +206,58 @@ def _hook(tp: type[_Member], obj: Any) -> _Member:
 
 
 # ---------------------------------------------------------------------- the body
+class _MediaRef:
+    """A content part's image or audio member, seen by ``_media_hook`` while decoding."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+
+class _ImageUrl(_MediaRef):
+    __slots__ = ()
+    kind = "image_url"
+
+
+class _InputAudio(_MediaRef):
+    __slots__ = ()
+    kind = "input_audio"
+
+
+class _AudioUrl(_MediaRef):
+    __slots__ = ()
+    kind = "audio_url"
+
+
+_REFS: dict[type[_MediaRef], _MediaRef] = {t: t() for t in (_ImageUrl, _InputAudio, _AudioUrl)}
+_DEFAULT_ADMISSION = Admission()
+# the current decode's media members (one decode at a time, as ``_seen``)
+_media: list[MediaPart] = []
+
+
+def _media_hook(tp: type[_MediaRef], obj: Any) -> _MediaRef:
+    # only the _MediaRef fields of _Part are custom types: msgspec calls this for nothing else
+    _media.append(MediaPart(tp.kind, obj))
+    return _REFS[tp]
+
+
+class _Part(msgspec.Struct, gc=False):
+    """A content part as the gateway reads it: its media members, if any (the rest skipped)."""
+
+    image_url: _ImageUrl | UnsetType = UNSET
+    input_audio: _InputAudio | UnsetType = UNSET
+    audio_url: _AudioUrl | UnsetType = UNSET
+
+
 class ChatMessage(msgspec.Struct):
     """What the gateway requires of a message: a string ``role``; ``content``, if there, a
     string, a list (of content parts: the engine reads those) or null."""
+
+    role: str
+    content: str | list[_Part] | None = None
+
+
+class _AnyPartsMessage(msgspec.Struct):
+    """As ``ChatMessage``, with content parts of any JSON type (the engine judges those)."""
 
     role: str
     content: str | list[Raw] | None = None
@@ -224,7 +279,8 @@ class _Wire(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(_Wire, dec_hook=_hook)
-_messages = msgspec.json.Decoder(list[ChatMessage])
+_messages = msgspec.json.Decoder(list[ChatMessage], dec_hook=_media_hook)
+_any_parts = msgspec.json.Decoder(list[_AnyPartsMessage])
 _raw_list = msgspec.json.Decoder(list[Raw])
 
 # every top-level member the gateway reads or rewrites
@@ -243,11 +299,13 @@ class Body:
 
     __slots__ = (
         "has_max_completion_tokens", "has_max_tokens", "latency_budget_ms",
-        "max_completion_tokens", "max_tokens", "messages", "model", "priority", "prompt",
-        "prompt_chars", "qos_class", "stream", "stream_options", "task_type",
+        "max_completion_tokens", "max_tokens", "media", "messages", "model", "priority",
+        "prompt", "prompt_chars", "qos_class", "stream", "stream_options", "task_type",
     )
 
-    def __init__(self, w: _Wire) -> None:
+    def __init__(
+        self, w: _Wire, media: list[MediaPart] | None = None, admission: Admission | None = None
+    ) -> None:
         self.model: str | None = _v(w.model)
         self.stream: bool | None = _v(w.stream)
         self.max_tokens: int | None = _v(w.max_tokens)
@@ -265,11 +323,18 @@ class Body:
         self.messages: Raw = w.messages
         self.prompt: Raw = w.prompt
         self.prompt_chars = len(w.messages) or len(w.prompt)
+        # image and audio parts: counted by their own rule, not as characters
+        self.media: MediaCost | None = None
+        if media:
+            adm = admission or _DEFAULT_ADMISSION
+            self.media = media_cost(media, adm.images, adm.audio)
+            self.prompt_chars -= sum(p.chars for p in media)
 
 
-def parse_body(body: bytes, route: Route | None = None) -> Body:
+def parse_body(body: bytes, route: Route | None = None, admission: Admission | None = None) -> Body:
     """The gateway's members of an OpenAI request body; ``BadBody`` for anything it must refuse
-    (see the module doc). ``route`` adds that route's required member (``messages``/``prompt``)."""
+    (see the module doc). ``route`` adds that route's required member (``messages``/``prompt``);
+    image and audio parts count by the rules of ``admission`` (the defaults without one)."""
     if not body.isascii():
         try:
             body.decode("utf-8")
@@ -292,33 +357,57 @@ def parse_body(body: bytes, route: Route | None = None) -> Body:
         dup = next(k for i, k in enumerate(_seen) if k in _seen[:i])
         raise BadBody("duplicate_key", _dup_message(dup), dup)
     check_keys(body, route)
+    media = None
     if route == "chat" or (route is None and len(w.messages)):
-        _check_messages(w.messages)
+        media = _check_messages(w.messages)
     elif route == "completions":
         _check_prompt(w.prompt)
-    return Body(w)
+    return Body(w, media, admission)
 
 
 def estimate_prompt_tokens(b: Body) -> int:
-    return max(1, b.prompt_chars // CHARS_PER_TOKEN)
+    """The prompt's tokens: its text as characters / 4, its image and audio parts as counted
+    when the body was read."""
+    if b.media is None:
+        return max(1, b.prompt_chars // CHARS_PER_TOKEN)
+    return max(1, b.prompt_chars // CHARS_PER_TOKEN + b.media.tokens)
+
+
+def estimate_how(b: Body) -> str:
+    """How ``estimate_prompt_tokens`` counted, in words for the client."""
+    return "estimated as characters / 4" if b.media is None else b.media.describe()
 
 
 # ---------------------------------------------------------------------- member checks
-def _check_messages(span: Raw) -> None:
-    """``messages`` must be a non-empty list of messages (``ChatMessage``), checked natively."""
+def _check_messages(span: Raw) -> list[MediaPart] | None:
+    """``messages`` must be a non-empty list of messages (``ChatMessage``), checked natively.
+    Returns their image and audio parts. A part that is not an object is left to the engine
+    (checked again without parts: the same acceptance and messages as without the media
+    reading; such a body's media are not looked for)."""
     if not len(span) or bytes(span) == b"null":
         raise BadBody("invalid_body", "'messages' is required: a non-empty list of messages.",
                       "messages")
     try:
-        msgs = _messages.decode(span)
+        _media.clear()
+        msgs: list[Any] = _messages.decode(span)
+        found = list(_media) if _media else None
+    except msgspec.ValidationError:
+        found = None
+        msgs = _lenient_messages(span)
+    if not msgs:
+        raise BadBody("invalid_body", "'messages' must be a non-empty list.", "messages")
+    return found
+
+
+def _lenient_messages(span: Raw) -> list[Any]:
+    try:
+        return _any_parts.decode(span)
     except msgspec.ValidationError as exc:
         text = str(exc)
         text = (text.replace("- at `$", "- at `$.messages") if " - at `$" in text
                 else text + " - at `$.messages`")
         msg, param = _validation(text)
         raise BadBody("invalid_body", f"Invalid request body: {msg}", param) from None
-    if not msgs:
-        raise BadBody("invalid_body", "'messages' must be a non-empty list.", "messages")
 
 
 _PROMPT_MSG = (

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from qosgate.asgi import AsgiSink, Message
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler
-from qosgate.engines.splice import set_max_tokens, set_member, set_priority
+from qosgate.engines.splice import set_member, set_priority
 from qosgate.engines.textreq import BadTextRequest, parse_text_request
 from qosgate.server.errors import outcome_error
 from qosgate.server.metrics import GatewayMetrics
@@ -125,13 +125,15 @@ def test_invalid_utf8_anywhere_is_refused() -> None:
 
 
 # ---------------------------------------------------------------------- splice
-def test_max_tokens_is_inserted_or_set() -> None:
-    assert set_max_tokens(b'{"a":1}', 7, False) == b'{"max_tokens":7,"a":1}'
-    assert set_max_tokens(b"{}", 7, False) == b'{"max_tokens":7}'
-    assert set_max_tokens(b'{"max_tokens": null, "a":1}', 7, True) == b'{"max_tokens":7, "a":1}'
+def test_a_ceiling_is_inserted_or_set() -> None:
+    def cap(body: bytes, present: bool) -> bytes:
+        return set_member(body, "max_tokens", 7, present)
+
+    assert cap(b'{"a":1}', False) == b'{"max_tokens":7,"a":1}'
+    assert cap(b"{}", False) == b'{"max_tokens":7}'
+    assert cap(b'{"max_tokens": null, "a":1}', True) == b'{"max_tokens":7, "a":1}'
     nested = b'{"tools":{"max_tokens":1},"max_tokens":null}'
-    assert json.loads(set_max_tokens(nested, 7, True)) == {"tools": {"max_tokens": 1},
-                                                           "max_tokens": 7}
+    assert json.loads(cap(nested, True)) == {"tools": {"max_tokens": 1}, "max_tokens": 7}
 
 
 def test_an_escaped_duplicate_cannot_survive_the_splice() -> None:

@@ -25,17 +25,22 @@ NOTHING = frozenset((b"", b"null", b"false", b"0", b"[]"))
 class Param:
     name: str
     status: Status
-    note: str  # honoured: what it does; refused: what it would need; ignored: why
-    also_nothing: frozenset[bytes] = frozenset()  # refused: more values that ask for nothing
+    note: str  # honoured: what it does; refused: why (ends the 400's message); ignored: why
+    nothing: frozenset[bytes] = NOTHING  # refused: the values that ask for nothing
 
     def asks_nothing(self, raw: bytes) -> bool:
         """Whether the raw JSON value ``raw`` leaves the member's feature off."""
-        v = b"".join(raw.split())
-        return v in NOTHING or v in self.also_nothing
+        return b"".join(raw.split()) in self.nothing
 
 
-def _p(name: str, status: Status, note: str, *nothing: bytes) -> Param:
-    return Param(name, status, note, frozenset(nothing))
+def _p(
+    name: str, status: Status, note: str, *also: bytes, base: frozenset[bytes] = NOTHING
+) -> Param:
+    return Param(name, status, note, base | frozenset(also))
+
+
+# a completions ``logprobs`` of 0 still asks for the chosen tokens' log probabilities
+_ABSENT = frozenset((b"", b"null", b"false"))
 
 
 PARAMS: tuple[Param, ...] = (
@@ -59,36 +64,42 @@ PARAMS: tuple[Param, ...] = (
     _p("presence_penalty", "honoured", "in [-2, 2], on the generated tokens"),
     _p("frequency_penalty", "honoured", "in [-2, 2], on the generated tokens"),
     _p("repetition_penalty", "honoured", "> 0, on the prompt and the generated tokens"),
-    _p("tools", "refused", "tool calling"),
-    _p("tool_choice", "refused", "tool calling", b'"none"'),
-    _p("functions", "refused", "function calling"),
-    _p("function_call", "refused", "function calling", b'"none"'),
-    _p("logprobs", "refused", "log probabilities"),
-    _p("top_logprobs", "refused", "log probabilities"),
-    _p("prompt_logprobs", "refused", "log probabilities"),
-    _p("echo", "refused", "returning the prompt with the completion"),
-    _p("suffix", "refused", "fill-in-the-middle", b'""'),
-    _p("best_of", "refused", "generating several completions", b"1"),
-    _p("audio", "refused", "audio output"),
-    _p("modalities", "refused", "output other than text", b'["text"]'),
-    _p("prediction", "refused", "predicted outputs"),
-    _p("min_tokens", "refused", "a minimum output length"),
-    _p("ignore_eos", "refused", "generating past the end of sequence"),
-    _p("stop_token_ids", "refused", "stop tokens by id"),
-    _p("include_stop_str_in_output", "refused", "returning the stop string"),
-    _p("bad_words", "refused", "banned words"),
-    _p("allowed_token_ids", "refused", "an allowed-token list"),
-    _p("structured_outputs", "refused", "vLLM's structured outputs; use response_format"),
-    _p("guided_json", "refused", "vLLM's guided decoding; use response_format"),
-    _p("guided_regex", "refused", "vLLM's guided decoding"),
-    _p("guided_choice", "refused", "vLLM's guided decoding"),
-    _p("guided_grammar", "refused", "vLLM's guided decoding"),
+    _p("tools", "refused", "no tool calling"),
+    _p("tool_choice", "refused", "no tool calling", b'"none"'),
+    _p("functions", "refused", "no function calling"),
+    _p("function_call", "refused", "no function calling", b'"none"'),
+    _p("logprobs", "refused", "no log probabilities", base=_ABSENT),
+    _p("top_logprobs", "refused", "no log probabilities"),
+    _p("prompt_logprobs", "refused", "no log probabilities"),
+    _p("echo", "refused", "the prompt is not returned with the completion"),
+    _p("suffix", "refused", "no fill-in-the-middle", b'""'),
+    _p("best_of", "refused", "one completion is generated", b"1"),
+    _p("audio", "refused", "text output only"),
+    _p("modalities", "refused", "text output only", b'["text"]'),
+    _p("prediction", "refused", "no predicted outputs"),
+    _p("min_tokens", "refused", "no minimum output length"),
+    _p("ignore_eos", "refused", "the end of sequence always ends the answer"),
+    _p("stop_token_ids", "refused", "no stop tokens by id"),
+    _p("include_stop_str_in_output", "refused", "the stop string is never returned"),
+    _p("bad_words", "refused", "no banned words"),
+    _p("allowed_token_ids", "refused", "no allowed-token list"),
+    _p("structured_outputs", "refused", "use response_format"),
+    _p("guided_json", "refused", "use response_format"),
+    _p("guided_regex", "refused", "use response_format"),
+    _p("guided_choice", "refused", "use response_format"),
+    _p("guided_grammar", "refused", "use response_format"),
+    _p("web_search_options", "refused", "no web search", b"{}"),
+    _p("verbosity", "refused", "no control of the answer's length but max_tokens",
+       b'"medium"'),
     _p("model", "ignored", "the gateway routes on it"),
     _p("priority", "ignored", "read by the gateway's scheduler"),
     _p("qos_class", "ignored", "read by the gateway's scheduler"),
     _p("task_type", "ignored", "read by the gateway's scheduler"),
     _p("latency_budget_ms", "ignored", "read by the gateway's scheduler"),
     _p("user", "ignored", "an end-user id; nothing to do with the answer"),
+    _p("safety_identifier", "ignored", "an end-user id; nothing to do with the answer"),
+    _p("prompt_cache_key", "ignored", "a cache hint; the answer does not depend on it"),
+    _p("prompt_cache_retention", "ignored", "a cache hint; the answer does not depend on it"),
     _p("metadata", "ignored", "nothing is stored"),
     _p("store", "ignored", "nothing is stored"),
     _p("service_tier", "ignored", "the gateway's QoS classes play that part"),

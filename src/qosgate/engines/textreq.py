@@ -139,7 +139,7 @@ def parse_text_request(body: bytes, route: Route) -> TextRequest:
     for refused in REFUSED:
         if not refused.asks_nothing(bytes(getattr(b, refused.name))):
             raise BadTextRequest(
-                f"'{refused.name}' is not supported by this engine (no {refused.note}); "
+                f"'{refused.name}' is not supported by this engine ({refused.note}); "
                 "leave it out.",
                 refused.name,
             )

@@ -52,12 +52,13 @@ _PRUNE_PAUSED = 4096
 
 
 class _Channel:
-    __slots__ = ("error", "finish", "tokens", "waiter")
+    __slots__ = ("error", "error_param", "finish", "tokens", "waiter")
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
         self.finish: FinishEvent | None = None
         self.error: str | None = None
+        self.error_param: str | None = None  # the member at fault, if the engine named one
         self.waiter: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
@@ -292,7 +293,7 @@ class InProcessEngine:
                 if ch.error is not None:
                     finished = True
                     self._chans.pop(rid, None)
-                    await self._refuse(call, ch.error)
+                    await self._refuse(call, ch.error, ch.error_param)
                     return
                 toks = ch.tokens
                 if toks:
@@ -357,6 +358,7 @@ class InProcessEngine:
             ch = self._chans.get(spec.seq_id)
             if ch is not None:
                 ch.error = str(exc) or type(exc).__name__
+                ch.error_param = getattr(exc, "param", None)
                 ch.wake()
 
     def _kick(self) -> None:

@@ -15,8 +15,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
+from qosgate.engines.jsongrammar import ANY_OBJECT, schema_grammar
 from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
 from qosgate.engines.step import FinishEvent, Sampling, SeqSpec, StepResult
+from qosgate.engines.textreq import BadTextRequest
 
 try:
     MODEL = default_model_path()
@@ -39,7 +41,7 @@ N = 32
 def chat(
     seq_id: str,
     content: str,
-    max_tokens: int = N,
+    max_tokens: int | None = N,
     sampling: Sampling = GREEDY,
     engine_priority: int = 0,
 ) -> SeqSpec:
@@ -462,3 +464,117 @@ def test_multibyte_utf8_split_across_tokens_is_emitted_whole(
     events = [engine._on_token(seq, t)[0] for t in tokens]
     assert "".join(e.text for e in events) == text
     assert all("\ufffd" not in e.text for e in events)
+
+
+def test_incomplete_utf8_at_the_end_is_dropped(make: Callable[..., LlamaCppEngine]) -> None:
+    """A cap that ends inside a character: its bytes are dropped, not replaced by U+FFFD."""
+    engine = make()
+    tokens = engine.tokenize("naïve café 🙂 日本語 ✓", add_special=False)
+    cut = next(i for i in range(len(tokens)) if not _complete(engine, tokens[: i + 1]))
+    engine.add(SeqSpec("u", 0, cut + 1, prompt="x", sampling=GREEDY))
+    seq = engine._seqs["u"]
+    events = [engine._on_token(seq, t) for t in tokens[: cut + 1]]
+    assert events[-1][1] == "length"
+    raw = b"".join(engine.token_piece(t) for t in tokens[: cut + 1])
+    assert "".join(e.text for e, _ in events) == raw.decode("utf-8", errors="ignore")
+
+
+def _complete(engine: LlamaCppEngine, tokens: list[int]) -> bool:
+    try:
+        b"".join(engine.token_piece(t) for t in tokens).decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# -- per-request sampling: the check before admission, the sampler chain ------------------------
+
+
+def test_without_max_tokens_a_sequence_runs_to_the_end_of_the_context(
+    make: Callable[..., LlamaCppEngine],
+) -> None:
+    engine = make(n_ctx_per_seq=64)
+    banana = engine.tokenize(" banana", add_special=False)[0]
+    spec = chat("c", "hi", max_tokens=None, sampling=Sampling(
+        temperature=0.0, logit_bias=((banana, 100.0),)))  # never the end of sequence
+    n_prompt = len(engine.prompt_token_ids(spec))
+    engine.add(spec)
+    run = drive(engine)["c"]
+    assert run.finish is not None and run.finish.reason == "length"
+    assert n_prompt + run.finish.completion_tokens == 64
+    assert set(run.ids) == {banana}
+
+
+def test_check_refuses_with_vllm_messages(make: Callable[..., LlamaCppEngine]) -> None:
+    engine = make(n_ctx_per_seq=64)
+    n_prompt = len(engine.prompt_token_ids(chat("x", "hi")))
+    engine.check(chat("x", "hi", max_tokens=64 - n_prompt))  # exactly fits
+    with pytest.raises(BadTextRequest) as err:
+        engine.check(chat("x", "hi", max_tokens=65 - n_prompt), "max_completion_tokens")
+    assert err.value.param == "max_completion_tokens"
+    assert str(err.value) == (
+        f"This model's maximum context length is 64 tokens. However, you requested 65 tokens "
+        f"({n_prompt} in the messages, {65 - n_prompt} in the completion). Please reduce the "
+        "length of the messages or completion."
+    )
+    with pytest.raises(BadTextRequest) as err:
+        engine.check(SeqSpec("p", 0, None, prompt="word " * 80))
+    assert err.value.param == "prompt" and "in the messages, Please reduce" in str(err.value)
+    n_vocab = engine._lib.llama_vocab_n_tokens(engine._vocab)
+    with pytest.raises(BadTextRequest) as err:
+        engine.check(chat("x", "hi", 4, Sampling(logit_bias=((n_vocab, 1.0), (5, 1.0)))))
+    assert err.value.param == "logit_bias" and f"[{n_vocab}]" in str(err.value)
+    with pytest.raises(BadTextRequest) as err:
+        engine.check(chat("x", "hi", 4, Sampling(grammar='root ::= "a" (')))
+    assert err.value.param == "response_format"
+    with pytest.raises(BadTextRequest):  # add refuses it the same way, and holds nothing
+        engine.add(chat("g", "hi", 4, Sampling(grammar='root ::= "a" (')))
+    assert not engine._seqs
+
+
+def test_sampling_is_per_sequence_in_a_shared_batch(make: Callable[..., LlamaCppEngine]) -> None:
+    """A neighbour's bias, penalties and grammar do not touch the others in its batch."""
+    base = alone(make)
+    engine = make()
+    banana = engine.tokenize(" banana", add_special=False)[0]
+    engine.add(chat("t", TARGET, sampling=GREEDY))
+    engine.add(chat("b", OTHERS[0], sampling=Sampling(temperature=0.0,
+                                                      logit_bias=((banana, 100.0),))))
+    engine.add(chat("p", OTHERS[1], sampling=Sampling(
+        temperature=0.0, frequency_penalty=2.0, presence_penalty=1.0, repetition_penalty=1.5)))
+    engine.add(chat("j", OTHERS[2], max_tokens=64, sampling=Sampling(
+        temperature=0.0, grammar=schema_grammar(ANY_OBJECT))))
+    runs = drive(engine)
+    assert runs["t"].ids == base.ids, divergence(base.ids, runs["t"].ids)
+    assert set(runs["b"].ids) == {banana}
+    assert runs["j"].text.startswith("{")
+
+
+def test_grammar_and_penalties_survive_eviction(make: Callable[..., LlamaCppEngine]) -> None:
+    """The sampler chain (grammar state, penalty history, RNG) lives with the sequence, so a
+    constrained generation evicted mid-way and recomputed ends exactly as it does alone."""
+    sampling = Sampling(temperature=0.8, seed=11, frequency_penalty=0.5,
+                        grammar=schema_grammar(ANY_OBJECT))
+
+    def spec() -> SeqSpec:
+        return chat("t", "Describe a cat as JSON.", max_tokens=48, sampling=sampling)
+
+    solo = make(max_num_seqs=1)
+    solo.add(spec())
+    base = drive(solo)["t"]
+    engine = make(max_num_seqs=1, evict_paused=True)
+    engine.add(spec())
+    evicted: list[str] = []
+
+    def hook(engine: LlamaCppEngine, _: int, runs: dict[str, Run], r: StepResult) -> None:
+        evicted.extend(e.seq_id for e in r.evicted)
+        if len(runs.get("t", Run()).ids) == 8 and "o" not in engine._seqs and not evicted:
+            engine.pause("t")
+            engine.add(chat("o", OTHERS[0], max_tokens=4, sampling=GREEDY))
+        elif evicted and engine._seqs.get("t") and engine._seqs["t"].paused:
+            engine.resume("t")
+
+    run = drive(engine, hook)["t"]
+    assert evicted == ["t"]
+    assert run.ids == base.ids, divergence(base.ids, run.ids)
+    assert run.text.startswith("{")

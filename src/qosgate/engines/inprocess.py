@@ -38,7 +38,12 @@ from qosgate.engines.base import Call, Health, Route, Unservable
 from qosgate.engines.embeddings import deliver
 from qosgate.engines.openai_format import Formatter, model_card
 from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
-from qosgate.engines.textreq import BadTextRequest, error_body, parse_text_request
+from qosgate.engines.textreq import (
+    BadTextRequest,
+    TextRequest,
+    error_body,
+    parse_text_request,
+)
 
 # a step that ends this little behind schedule (timer granularity) still starts on schedule
 _CATCH_UP_S = 0.002
@@ -47,12 +52,13 @@ _PRUNE_PAUSED = 4096
 
 
 class _Channel:
-    __slots__ = ("error", "finish", "tokens", "waiter")
+    __slots__ = ("error", "error_param", "finish", "tokens", "waiter")
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
         self.finish: FinishEvent | None = None
         self.error: str | None = None
+        self.error_param: str | None = None  # the member at fault, if the engine named one
         self.waiter: asyncio.Future[None] | None = None
 
     def wake(self) -> None:
@@ -112,13 +118,33 @@ class InProcessEngine:
         return self._task is not None and not self._task.done()
 
     def check_body(self, body: bytes, route: Route) -> Unservable | None:
+        """A text engine refuses here what it cannot serve: the request's own values
+        (``textreq.py``) and what needs the model (``check``: the prompt against the context,
+        token ids, the grammar)."""
         if not self.text:
             return None
         try:
-            parse_text_request(body, route)
+            req = parse_text_request(body, route)
+            check = getattr(self.engine, "check", None)
+            if callable(check):
+                check(self._text_spec("check", req, 0), req.max_tokens_param)
         except BadTextRequest as exc:
             return Unservable(str(exc), exc.param)
         return None
+
+    @staticmethod
+    def _text_spec(rid: str, req: TextRequest, priority: int) -> SeqSpec:
+        """The sequence a text request runs as; its cap is the body's own (None: the engine
+        runs to the end of its context)."""
+        return SeqSpec(
+            seq_id=rid,
+            prompt_tokens=1,
+            max_tokens=req.max_tokens,
+            prompt=req.prompt,
+            messages=req.messages,
+            sampling=req.sampling,
+            engine_priority=priority,
+        )
 
     def models(self) -> list[str]:
         return list(self._models)
@@ -223,15 +249,8 @@ class InProcessEngine:
             await self._unpaused(job.rid)  # a queued request's client must not see anything
             await self._refuse(call, str(exc), exc.param)
             return
-        spec = SeqSpec(
-            seq_id=job.rid,
-            prompt_tokens=max(1, job.prompt_tokens),
-            max_tokens=max_tokens,
-            prompt=req.prompt,
-            messages=req.messages,
-            sampling=req.sampling,
-            engine_priority=call.level(),
-        )
+        spec = self._text_spec(job.rid, req, call.level())
+        spec.prompt_tokens = max(1, job.prompt_tokens)
         await self.generate(call, spec)
 
     # ------------------------------------------------------------------ serving one sequence
@@ -289,18 +308,20 @@ class InProcessEngine:
                 if ch.error is not None:
                     finished = True
                     self._chans.pop(rid, None)
-                    await self._refuse(call, ch.error)
+                    await self._refuse(call, ch.error, ch.error_param)
                     return
                 toks = ch.tokens
                 if toks:
                     ch.tokens = []
                     if job.stream:
+                        # a token with no text of its own (the start of a character or of a
+                        # possible stop string, held back) sends no chunk, as llama.cpp's server
+                        out = b"".join([fmt.token(t) for t in toks if t])
                         if not sink.started:  # raises Withdrawn if pulled back meanwhile
                             await sink.start(200, SSE_HEADERS)
-                            out = fmt.opening() + b"".join([fmt.token(t) for t in toks])
-                        else:
-                            out = b"".join([fmt.token(t) for t in toks])
-                        await sink.send(out)
+                            out = fmt.opening() + out
+                        if out:
+                            await sink.send(out)
                         sent += len(toks)
                         call.progress(sent)
                     else:
@@ -352,6 +373,7 @@ class InProcessEngine:
             ch = self._chans.get(spec.seq_id)
             if ch is not None:
                 ch.error = str(exc) or type(exc).__name__
+                ch.error_param = getattr(exc, "param", None)
                 ch.wake()
 
     def _kick(self) -> None:

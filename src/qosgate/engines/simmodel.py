@@ -139,12 +139,13 @@ def token_word(seq_id: str, index: int) -> tuple[int, str]:
 class _Seq:
     __slots__ = ("computed", "gen", "id", "limit", "max_tokens", "order", "prio", "prompt", "state")
 
-    def __init__(self, spec: SeqSpec, order: int) -> None:
+    def __init__(self, spec: SeqSpec, order: int, room: int) -> None:
         self.id = spec.seq_id
         self.prompt = spec.prompt_tokens
-        self.max_tokens = spec.max_tokens
+        # no cap of the client's own: the rest of the KV cache (vLLM: the rest of the context)
+        self.max_tokens = room if spec.max_tokens is None else spec.max_tokens
         target = spec.target_output_tokens
-        self.limit = max(1, spec.max_tokens if target is None else min(target, spec.max_tokens))
+        self.limit = max(1, self.max_tokens if target is None else min(target, self.max_tokens))
         self.prio = spec.engine_priority
         self.order = order
         self.computed = 0  # tokens whose KV is in the cache (== KV slots held)
@@ -225,9 +226,9 @@ class SimEngine:
     def add(self, spec: SeqSpec) -> None:
         if spec.seq_id in self._seqs:
             raise ValueError(f"duplicate seq_id {spec.seq_id!r}")
-        if spec.prompt_tokens < 1 or spec.max_tokens < 1:
+        if spec.prompt_tokens < 1 or (spec.max_tokens is not None and spec.max_tokens < 1):
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
-        s = _Seq(spec, self._order)
+        s = _Seq(spec, self._order, self.profile.kv_capacity_tokens - spec.prompt_tokens)
         if s.prompt + s.limit > self.profile.kv_capacity_tokens:
             raise ValueError(f"{spec.seq_id!r}: prompt + output cannot fit the KV cache")
         self._order += 1

@@ -17,12 +17,24 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 @dataclass(slots=True)
 class Sampling:
-    """Sampling parameters as the OpenAI API names them."""
+    """Sampling parameters as the OpenAI API (and vLLM's extensions) name them.
+
+    The defaults ask for nothing: ``top_k`` 0 and ``min_p`` 0 are off, penalties 0 (1 for
+    ``repetition_penalty``) change no logit. ``logit_bias`` is (token id, bias) pairs; ``grammar``
+    is a GBNF grammar that every sampled token must keep satisfiable (JSON mode and schemas).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_k: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None
 
 
 @dataclass(slots=True)
@@ -32,12 +44,14 @@ class SeqSpec:
     ``prompt_tokens`` is always set (a count); ``prompt``/``messages`` carry text for engines that
     run a real model; ``target_output_tokens`` is the length a simulated engine will generate (drawn
     by a workload or a trace), real engines stop on EOS/stop strings/max_tokens instead.
-    ``engine_priority`` follows vLLM polarity: a smaller value runs first.
+    ``engine_priority`` follows vLLM polarity: a smaller value runs first. ``max_tokens`` None
+    means no cap of the client's own: the sequence may run to the end of the engine's context
+    (vLLM's default).
     """
 
     seq_id: str
     prompt_tokens: int
-    max_tokens: int
+    max_tokens: int | None
     prompt: str | None = None
     messages: list[dict[str, str]] | None = None
     target_output_tokens: int | None = None

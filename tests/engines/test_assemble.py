@@ -31,17 +31,17 @@ def _case(name: str) -> tuple[Route, bytes, bytes, bytes]:
             (DATA / f"{name}.json").read_bytes())
 
 
-def _same(got: Any, want: Any, path: str = "$") -> None:
+def same_json(got: Any, want: Any, path: str = "$") -> None:
     """Equal, member order included; floats equal to 1e-4 (see the module's docstring)."""
     if isinstance(want, dict):
         assert isinstance(got, dict), path
         assert list(got) == list(want), f"{path}: members {list(got)} != {list(want)}"
         for k in want:
-            _same(got[k], want[k], f"{path}.{k}")
+            same_json(got[k], want[k], f"{path}.{k}")
     elif isinstance(want, list):
         assert isinstance(got, list) and len(got) == len(want), path
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            _same(g, w, f"{path}[{i}]")
+            same_json(g, w, f"{path}[{i}]")
     elif isinstance(want, float):
         assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4), (
             f"{path}: {got} != {want}")
@@ -66,7 +66,7 @@ def test_the_assembled_answer_is_vllms_whole_answer(name: str) -> None:
     assert status == 200
     want = json.loads(whole)
     got = _unpinned(json.loads(body), want)
-    _same(got, want)
+    same_json(got, want)
     # byte for byte: what json.dumps writes of it is what the assembler wrote
     if not any(c.get("logprobs") for c in want["choices"]):  # no float noise in the way
         ids = body.replace(json.loads(body)["id"].encode(), want["id"].encode())

@@ -138,6 +138,9 @@ class _Call:
     def progress(self, tokens: int) -> None:
         pass
 
+    def first_token(self) -> None:
+        pass
+
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         reason = "length" if output_tokens >= self.job.max_tokens else "stop"
         self.finished[reason] += 1

@@ -62,6 +62,10 @@ class DeliverySink:
         if not self.client.started:
             if not d.scheduler.first_byte(t.req.id, d.clock()):
                 raise Withdrawn(t.req.id)
+            if t.first_token_at is not None:
+                # a whole answer: its TTFT (and so TPOT) is the engine's first token, not
+                # the delivery of the answer (the first byte the core was just told of)
+                t.req.first_token_at = t.first_token_at
             d.rearm()  # a first byte may have made a timer due (a window that grew)
         await self.client.start(status, headers)
 
@@ -69,7 +73,8 @@ class DeliverySink:
 class Ticket:
     """One client request as the driver tracks it; it is also the engine's ``Call``."""
 
-    __slots__ = ("_driver", "answer", "client", "finished", "job", "req", "sink", "task")
+    __slots__ = ("_driver", "answer", "client", "finished", "first_token_at", "job", "req", "sink",
+                 "task")
 
     def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
         self._driver = driver
@@ -79,6 +84,7 @@ class Ticket:
         self.sink = DeliverySink(self, sink)
         self.task: asyncio.Task[None] | None = None
         self.answer: tuple[int, bytes] | None = None  # an engine's refusal, for the client
+        self.first_token_at: float | None = None  # the engine's, for a whole answer
         # resolved once the request reached its terminal state (req.state / req.reason)
         self.finished: asyncio.Future[None] = driver.loop().create_future()
 
@@ -91,6 +97,10 @@ class Ticket:
 
     def progress(self, tokens: int) -> None:
         self._driver.scheduler.progress(self.req.id, tokens)
+
+    def first_token(self) -> None:
+        d = self._driver
+        self.first_token_at = d.clock()
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         d = self._driver
@@ -113,6 +123,7 @@ class Ticket:
     ) -> None:
         d = self._driver
         self.task = None  # a retry starts a call of its own
+        self.first_token_at = None
         d.apply(
             d.scheduler.attempt_failed(
                 self.req.id, d.clock(), reason, retryable=retryable, unreachable=unreachable,

@@ -3,8 +3,10 @@
 One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is forwarded byte for
 byte except the top-level ``priority``, which is set to the request's band in the engine's own
 polarity (``priority_polarity``), or removed for engines that do not schedule by priority:
-
-see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited).
+see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
+did not ask for a stream has the engine asked for one all the same (``stream`` and
+``stream_options.include_usage`` set), and gets the whole answer assembled from it
+(``engines/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
 
 Pulling a request back or a client leaving cancels the call, which closes its connection: vLLM and
 SGLang abort a request whose client disconnected.

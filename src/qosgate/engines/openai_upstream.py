@@ -935,11 +935,11 @@ class OpenAIUpstream:
         The first-byte bound is met by the engine's first byte, and the idle bound holds
         between its chunks; the engine's first token is the request's TTFT (``first_token``).
         The client's bytes leave only at the end: the answer assembled from the events
-        (``engines/assemble.py``); an error event is handled as an error status (a 5xx is an
-        attempt the core may retry, a 4xx the client's answer). Only then is
-        the core told of a first byte, so until then a failed call is an attempt the core may
-        retry elsewhere, and the request can be pulled back: nothing reached its client. An
-        engine that answered whole anyway (no event stream) is passed on as it is."""
+        (``engines/assemble.py``). Only then is the core told of a first byte, so until then a
+        failed call is an attempt the core may retry elsewhere, and the request can be pulled
+        back: nothing reached its client. An error event is handled as that error status (a
+        5xx is an attempt the core may retry, a 4xx the client's answer). An engine that
+        answered whole anyway (no event stream) is passed on as it is."""
         sse = conn.content_type is not None and b"event-stream" in conn.content_type
         collect = StreamAssembler(call.job.route, body) if sse else None
         parts: list[bytes] = []

@@ -123,7 +123,6 @@ class Ticket:
     ) -> None:
         d = self._driver
         self.task = None  # a retry starts a call of its own
-        self.first_token_at = None
         d.apply(
             d.scheduler.attempt_failed(
                 self.req.id, d.clock(), reason, retryable=retryable, unreachable=unreachable,
@@ -289,6 +288,7 @@ class Driver:
         # an engine that can start a call at once (its request written during this dispatch,
         # not a loop turn later) says so with ``start_call``
         start = getattr(eng, "start_call", None)
+        t.first_token_at = None  # a new attempt (a retry, or after a pull-back)
         task = self.loop().create_task(start(t) if start is not None else eng.run(t))
         t.task = task
         task.add_done_callback(functools.partial(self._call_ended, t))

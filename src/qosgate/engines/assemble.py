@@ -181,6 +181,11 @@ class StreamAssembler:
             c.end(choice)
 
     # ------------------------------------------------------------------ the answer
+    def result_of(self, sse: bytes) -> tuple[int, bytes]:
+        """``feed(sse)`` then ``result()``: a complete stream in one piece."""
+        self.feed(sse)
+        return self.result()
+
     def result(self) -> tuple[int, bytes]:
         """The status and the JSON body the client gets."""
         if self._rest:
@@ -293,6 +298,4 @@ def _error_answer(err: dict[str, Any]) -> tuple[int, bytes]:
 
 def assemble(route: Route, sse: bytes, request: bytes = b"") -> tuple[int, bytes]:
     """The whole answer (status, JSON body) made of a complete stream's bytes."""
-    a = StreamAssembler(route, request)
-    a.feed(sse)
-    return a.result()
+    return StreamAssembler(route, request).result_of(sse)

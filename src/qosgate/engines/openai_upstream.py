@@ -580,6 +580,51 @@ def _usage(data: bytes) -> tuple[int, int | None] | None:
     return int(m.group(1)), int(p.group(1)) if p else None
 
 
+class _Gather:
+    """Collects a whole answer's stream from the connection's own callbacks, as ``_Relay``
+    relays one: the call's task is woken once, at the end, not for every socket read. Each read
+    stamps the idle bound; the first is the engine's first token (``Call.first_token``)."""
+
+    __slots__ = ("call", "conn", "dog", "end", "parts")
+
+    def __init__(self, call: Call, dog: _Watchdog, conn: _Conn) -> None:
+        self.call = call
+        self.dog = dog
+        self.conn = conn
+        self.parts: list[bytes] = []
+        self.end: asyncio.Future[None] = conn.loop.create_future()
+
+    async def wait(self) -> list[bytes]:
+        """The body's parts once it is complete; raises the connection's error."""
+        conn = self.conn
+        conn.listener = self.push
+        try:
+            self.push()  # anything already there
+            await self.end
+        finally:
+            if conn.listener == self.push:
+                conn.listener = None
+        if conn.error is not None:
+            raise conn.error
+        if not conn.complete:
+            raise UpstreamError("the upstream closed the connection")
+        return self.parts
+
+    def push(self) -> None:
+        conn = self.conn
+        data = conn.take()
+        if data:
+            dog = self.dog
+            if not dog.delivered:
+                self.call.first_token()
+                dog.delivered = True
+            dog.last = dog.loop.time()
+            self.parts.append(data)
+        ended = (conn.complete and not conn.parts) or conn.error is not None or conn.closed
+        if ended and not self.end.done():
+            self.end.set_result(None)
+
+
 class _Suspend:
     """``await _SUSPEND`` suspends once, a bare yield as ``asyncio.sleep(0)`` makes, with one
     generator frame instead of its two."""
@@ -940,30 +985,14 @@ class OpenAIUpstream:
         back: nothing reached its client. An error event is handled as that error status (a
         5xx is an attempt the core may retry, a 4xx the client's answer). An engine that
         answered whole anyway (no event stream) is passed on as it is."""
-        sse = conn.content_type is not None and b"event-stream" in conn.content_type
-        collect = StreamAssembler(call.job.route, body) if sse else None
-        parts: list[bytes] = []
-        tokens = 0
-        usage: tuple[int, int | None] | None = None
-        while True:
-            data = await conn.read_some()
-            if not data:
-                break
-            if not dog.delivered:
-                call.first_token()
-                dog.delivered = True
-            dog.last = dog.loop.time()
-            tokens += max(0, _token_events(data))
-            if b'"completion_tokens"' in data:
-                usage = _usage(data) or usage
-            if collect is not None:
-                collect.feed(data)
-            else:
-                parts.append(data)
-        if collect is not None:
-            status, answer = collect.result()
+        parts = await _Gather(call, dog, conn).wait()
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if conn.content_type is not None and b"event-stream" in conn.content_type:
+            status, answer = StreamAssembler(call.job.route, body).result_of(data)
         else:
-            status, answer = conn.status, b"".join(parts)
+            status, answer = conn.status, data
+        tokens = max(0, _token_events(data))
+        usage = _usage(data) if b'"completion_tokens"' in data else None
         if status >= 400:
             # an error event in the stream (or no answer in it): judged as the same error
             # status before the stream would be, as vLLM answers a whole request that fails

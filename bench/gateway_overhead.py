@@ -1,16 +1,19 @@
 """Gateway overhead: latency added over going straight to the engine, CPU per request, max req/s.
 
-    .venv/bin/python bench/gateway_overhead.py [--quick] [--no-pin]
+    .venv/bin/python bench/gateway_overhead.py [--quick] [--no-pin] [--kinds stream,whole]
 
 Starts the vLLM stand-in (simulated 7B model on an H100, real-time step durations) and a gateway
 in front of it (window 1024 so that it never queues: this measures the proxy path, not
-scheduling), then drives both with the same client, streaming chat requests in closed loops of 1,
-64 and 256 concurrent clients. Reported per level: TTFT (to the first streamed body bytes) and
-end-to-end p50/p99, direct and through the gateway, and the difference. Each client pauses a
-random 0-50 ms between requests, so that arrivals do not fall into lockstep with the engine's
-steps (in lockstep, one step's phase would swamp the sub-millisecond differences measured).
-Then max requests/s: 256 concurrent clients, short streamed requests (4 tokens) with the stand-in
-sped up x100, direct vs through the gateway.
+scheduling), then drives both with the same client, chat requests in closed loops of 1, 64 and
+256 concurrent clients, of both kinds in one run: streamed (``"stream": true``) and whole (no
+``stream``: the gateway asks the engine for a stream anyway and assembles the answer, so its cost
+per request differs). Reported per kind and level: TTFT (to the first body bytes; for a whole
+answer, its end) and end-to-end p50/p99, direct and through the gateway, and the difference.
+Each client pauses a random 0-50 ms between requests, so that arrivals do not fall into lockstep
+with the engine's steps (in lockstep, one step's phase would swamp the sub-millisecond
+differences measured).
+Then max requests/s: 256 concurrent clients, short requests (4 tokens) of each kind with the
+stand-in sped up x100, direct vs through the gateway.
 
 Fairness and noise:
 
@@ -169,11 +172,13 @@ class Run:
             self.cpu[k] = self.cpu.get(k, 0.0) + v
 
 
-def request_bytes(port: int, max_tokens: int) -> bytes:
+def request_bytes(port: int, max_tokens: int, stream: bool) -> bytes:
+    """A chat request; ``stream`` False: no ``stream`` member, as the ``openai`` client sends."""
     body = (
         b'{"model":"' + MODEL.encode() + b'","messages":[{"role":"user","content":"'
         + b"Tell me something interesting about queues."
-        + b'"}],"stream":true,"max_tokens":' + str(max_tokens).encode() + b"}"
+        + b'"}],' + (b'"stream":true,' if stream else b"") + b'"max_tokens":'
+        + str(max_tokens).encode() + b"}"
     )
     return (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -182,8 +187,9 @@ def request_bytes(port: int, max_tokens: int) -> bytes:
     ).encode() + body
 
 
-async def drive(port: int, conc: int, total: int, max_tokens: int, think: float, seed: int) -> Run:
-    request = request_bytes(port, max_tokens)
+async def drive(port: int, conc: int, total: int, max_tokens: int, think: float, seed: int,
+                stream: bool) -> Run:
+    request = request_bytes(port, max_tokens, stream)
     loop = asyncio.get_running_loop()
     run = Run()
     left = total
@@ -225,26 +231,27 @@ async def drive(port: int, conc: int, total: int, max_tokens: int, think: float,
 
 
 def measured(port: int, conc: int, total: int, max_tokens: int, think: float, seed: int,
-             procs: dict[str, int]) -> Run:
+             stream: bool, procs: dict[str, int]) -> Run:
     before = {k: cpu_seconds(pid) for k, pid in procs.items()}
     c0 = time.process_time()
-    run = uvloop.run(drive(port, conc, total, max_tokens, think, seed))
+    run = uvloop.run(drive(port, conc, total, max_tokens, think, seed, stream))
     run.cpu = {k: cpu_seconds(pid) - before[k] for k, pid in procs.items()}
     run.cpu["client"] = time.process_time() - c0
     return run
 
 
 def compare(direct: int, gateway: int, conc: int, total: int, max_tokens: int, think: float,
-            procs: dict[str, int]) -> tuple[Run, Run]:
+            stream: bool, procs: dict[str, int]) -> tuple[Run, Run]:
     """Direct and gateway runs of ``total`` requests each, alternating in ROUNDS rounds."""
     for port in (direct, gateway):  # warm up: connections, caches, the engine's batch
-        uvloop.run(drive(port, conc, max(conc, 16), max_tokens, think, 0))
+        uvloop.run(drive(port, conc, max(conc, 16), max_tokens, think, 0, stream))
     d, g = Run(), Run()
     per = max(1, total // ROUNDS)
     for r in range(ROUNDS):
         order = [(direct, d), (gateway, g)] if r % 2 == 0 else [(gateway, g), (direct, d)]
         for port, acc in order:
-            acc.add(measured(port, conc, per, max_tokens, think, 1000 * r + conc, procs))
+            acc.add(measured(port, conc, per, max_tokens, think, 1000 * r + conc, stream,
+                             procs))
     return d, g
 
 
@@ -263,7 +270,12 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--no-pin", action="store_true",
                     help="do not pin: client, stand-in and gateway share every core")
+    ap.add_argument("--kinds", default="stream,whole",
+                    help="which requests: stream (streamed), whole (not streamed), or both")
     args = ap.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"stream", "whole"}:
+        ap.error("--kinds takes stream, whole or stream,whole")
     ncpu = len(os.sched_getaffinity(0))
     pin = not args.no_pin and ncpu >= 2
     # pinned: the client and the engine stand-in share one CPU, the gateway has another -- as in
@@ -297,30 +309,33 @@ def main() -> None:
     where = (f"client+stand-in pinned to CPU {min(cpu_load)}, gateway to CPU {min(cpu_gw)}"
              if cpu_load and cpu_gw else f"client, stand-in and gateway share {ncpu} CPUs")
     load0 = os.getloadavg()[0]
-    print(f"gateway overhead: {where}; streaming chat, {args.max_tokens} output tokens, "
-          f"stand-in at real speed; load average {load0:.2f} at start", flush=True)
+    print(f"gateway overhead: {where}; chat ({', '.join(kinds)}), {args.max_tokens} output "
+          f"tokens, stand-in at real speed; load average {load0:.2f} at start", flush=True)
     rows = []
     standin, gateway, sp, gp = launch("1.0")
     try:
         procs = {"gateway": gateway.pid, "standin": standin.pid}
-        for conc, total in levels:
-            d, g = compare(sp, gp, conc, total, args.max_tokens, THINK_S, procs)
-            rows.append((conc, len(g.e2e), d, g))
+        for kind in kinds:
+            for conc, total in levels:
+                d, g = compare(sp, gp, conc, total, args.max_tokens, THINK_S, kind == "stream",
+                               procs)
+                rows.append((kind, conc, len(g.e2e), d, g))
         stop(gateway)
         stop(standin)
         standin, gateway, sp, gp = launch("0.01")
         procs = {"gateway": gateway.pid, "standin": standin.pid}
-        d_tp, g_tp = compare(sp, gp, 256, int(9000 * scale), 4, 0.0, procs)
+        tput = {kind: compare(sp, gp, 256, int(9000 * scale), 4, 0.0, kind == "stream", procs)
+                for kind in kinds}
     finally:
         stop(gateway)
         stop(standin)
 
     print()
-    print("latency (ms)       |        TTFT p50          |        TTFT p99          "
+    print("latency (ms)              |        TTFT p50          |        TTFT p99          "
           "|        E2E p50           |        E2E p99")
-    print("clients  requests  |  direct  gateway   added |  direct  gateway   added "
+    print("kind    clients  requests  |  direct  gateway   added |  direct  gateway   added "
           "|  direct  gateway   added |  direct  gateway   added")
-    for conc, total, d, g in rows:
+    for kind, conc, total, d, g in rows:
         cells = []
         for series in ("ttft", "e2e"):
             for q in (50, 99):
@@ -328,18 +343,20 @@ def main() -> None:
                 b = pct(getattr(g, series), q)
                 cells.append(f"{ms(a)} {ms(b)} {ms(b - a)}")
         errs = f"  (errors: {d.errors}/{g.errors})" if d.errors or g.errors else ""
-        print(f"{conc:7d} {total:9d}  |" + " |".join(cells) + errs)
+        print(f"{kind:<6} {conc:7d} {total:9d}  |" + " |".join(cells) + errs)
     print()
-    print("CPU per request (us)  | gateway | stand-in: direct  via gw | client: direct  via gw")
-    for label, d, g in [*((f"{c:4d} clients", d, g) for c, _, d, g in rows),
-                        ("max req/s run", d_tp, g_tp)]:
-        print(f"{label:<21} | {us_per(g, 'gateway')} |          {us_per(d, 'standin')}"
+    print("CPU per request (us)         | gateway | stand-in: direct  via gw "
+          "| client: direct  via gw")
+    for label, d, g in [*((f"{k:<6} {c:4d} clients", d, g) for k, c, _, d, g in rows),
+                        *((f"{k:<6} max req/s run", d, g) for k, (d, g) in tput.items())]:
+        print(f"{label:<28} | {us_per(g, 'gateway')} |          {us_per(d, 'standin')}"
               f" {us_per(g, 'standin')} |        {us_per(d, 'client')} {us_per(g, 'client')}")
     print()
-    print("max throughput (256 clients, 4-token streams, stand-in x100 speed)")
-    print(f"  direct : {d_tp.rps:8.0f} req/s")
-    print(f"  gateway: {g_tp.rps:8.0f} req/s  ({g_tp.rps / d_tp.rps:.0%} of direct)"
-          + (f"  errors {g_tp.errors}" if g_tp.errors else ""))
+    print("max throughput (256 clients, 4-token requests, stand-in x100 speed)")
+    for kind, (d_tp, g_tp) in tput.items():
+        print(f"  {kind:<6} direct : {d_tp.rps:8.0f} req/s")
+        print(f"  {kind:<6} gateway: {g_tp.rps:8.0f} req/s  ({g_tp.rps / d_tp.rps:.0%} of direct)"
+              + (f"  errors {g_tp.errors}" if g_tp.errors else ""))
     print(f"load average {os.getloadavg()[0]:.2f} at the end (2 CPUs; other jobs included)")
 
 

@@ -196,8 +196,12 @@ def test_qos_inputs_reach_the_engine_in_vllm_polarity(gateway: Server, standin: 
         assert json.loads(bodies[-1])["priority"] == prio, (kw, bodies[-1])
 
 
+STREAMED = b'"stream":true,"stream_options":{"include_usage":true}'
+
+
 def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server) -> None:
-    # odd spacing and key order; a priority inside a string must stay untouched
+    # odd spacing and key order; a priority inside a string must stay untouched; a client that
+    # wants its answer whole has the engine asked for a stream (inserted first), nothing else
     body = (
         b'{ "messages" : [ {"role":"user", "content":"keep \\"priority\\": 9 as is"} ],\n'
         b'  "max_tokens":2,   "model":"' + MODEL.encode() + b'", "priority" : 2 }'
@@ -206,14 +210,22 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
                         {"Authorization": "Bearer sk-acme", "Content-Type": "application/json"})
     assert code == 200, out
     seen("batch", "acme", *OK)
-    assert recorded(standin)[-1] == body.replace(b'"priority" : 2', b'"priority":2')
+    assert recorded(standin)[-1] == b"{" + STREAMED + b"," + body[1:].replace(
+        b'"priority" : 2', b'"priority":2')
 
     body2 = b'{"model":"' + MODEL.encode() + b'","prompt":"x y","max_tokens":1}'
     code, _, out = http("POST", gateway.url + "/v1/completions", body2,
                         {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
     assert code == 200, out
     seen("realtime", "acme", *OK)
-    assert recorded(standin)[-1] == b'{"priority":0,' + body2[1:]
+    assert recorded(standin)[-1] == b"{" + STREAMED + b',"priority":0,' + body2[1:]
+
+    body3 = b'{"model":"' + MODEL.encode() + b'","prompt":"x","max_tokens":1,"stream":true}'
+    code, _, out = http("POST", gateway.url + "/v1/completions", body3,
+                        {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
+    assert code == 200, out
+    seen("realtime", "acme", *OK)
+    assert recorded(standin)[-1] == b'{"priority":0,' + body3[1:]  # a stream: as the client's
 
 
 # ---------------------------------------------------------------------- errors

@@ -274,6 +274,66 @@ def test_a_hung_upstream_times_out_is_retried_elsewhere_and_ejected(tmp_path: Pa
                                         ("timed_out", "first_byte_timeout"): 1}
 
 
+def test_a_whole_answer_from_a_hung_upstream_is_retried_at_the_first_byte_bound(
+    tmp_path: Path,
+) -> None:
+    """A client that wants its answer whole is held to the first-byte bound too (the engine is
+    asked for a stream, its first byte is the attempt's): the hung replica's attempt ends at
+    the bound and the request is answered by the other one; with no healthy replica left it
+    ends 504 ``first_byte_timeout``. (Before, a whole answer had only the 900 s call bound: the
+    client's own 30 s timeout ran out first.)"""
+    hung = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "hang-first-byte")
+    good = start_standin(tmp_path, "--time-scale", "0.2")
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(hung, "hung"), upstream(good, "good")],
+                       first_byte_timeout_s=FBT)
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(hung, good, gw):
+        c = client(gw, timeout=30.0)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=4)
+        assert r.object == "chat.completion" and r.choices[0].finish_reason == "length"
+        assert r.usage is not None and r.usage.completion_tokens == 4
+        assert faults(hung)["hits"] == {"hang-first-byte": 1}
+        assert len(recorded_bodies(good)) == 1
+        text = scrape(gw)
+        rep = {"replica": "hung", "reason": "first_byte_timeout"}
+        assert metric(text, "qosgate_attempt_failures_total", rep) == 1
+        assert metric(text, "qosgate_retries_total", rep) == 1
+        assert metric(text, "qosgate_ttft_seconds_count") == 1  # TTFT: the engine's first token
+
+        switch(good, {"fault": "hang-first-byte"})
+        with pytest.raises(openai.APIStatusError) as exc:
+            c.completions.create(model=MODEL, prompt="hi", max_tokens=4)
+        assert exc.value.status_code == 504 and exc.value.code == "first_byte_timeout"
+        assert outcomes(scrape(gw)) == {("completed", "completed"): 1,
+                                        ("timed_out", "first_byte_timeout"): 1}
+
+
+def test_a_whole_answer_from_an_upstream_silent_mid_stream_is_retried_at_the_idle_bound(
+    tmp_path: Path,
+) -> None:
+    """The idle bound holds between the engine's chunks for a whole answer too; as nothing has
+    reached its client, the attempt is retried on the other replica, which answers. (Before, a
+    whole answer had only the 900 s call bound: the client's own 30 s timeout ran out first.)"""
+    s = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "hang-mid-stream:after=3")
+    good = start_standin(tmp_path, "--time-scale", "0.2")
+    cfg = write_config(tmp_path / "gw.yaml", [{**upstream(s, "s"), "idle_timeout_s": 1.0},
+                                              upstream(good, "good")])
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(s, good, gw):
+        c = client(gw, timeout=30.0)
+        r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=8)
+        assert r.choices[0].finish_reason == "length"
+        assert faults(s)["hits"] == {"hang-mid-stream": 1}
+        assert len(recorded_bodies(good)) == 1
+        text = scrape(gw)
+        rep = {"replica": "s", "reason": "idle_timeout"}
+        assert metric(text, "qosgate_attempt_failures_total", rep) == 1
+        assert metric(text, "qosgate_retries_total", rep) == 1
+        assert outcomes(text) == {("completed", "completed"): 1}
+
+
 def test_an_upstream_silent_mid_stream_ends_the_stream_at_the_idle_bound(tmp_path: Path) -> None:
     """After its first byte a request is never retried: an engine that stops mid-stream ends
     it ``timed_out``/``idle_timeout`` with an error event, within the upstream's idle bound."""

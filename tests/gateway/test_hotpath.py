@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler, State
-from qosgate.engines.splice import engine_priority, set_priority
+from qosgate.engines.splice import engine_priority, set_priority, set_streamed
 from qosgate.server.errors import outcome_error
 from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
 
@@ -101,6 +101,23 @@ def test_splice_equals_setting_the_member(obj: dict[str, object], value: int | N
     else:
         expect["priority"] = value
     assert out == expect
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    obj=st.dictionaries(st.sampled_from(["stream", "stream_options", "x", "tools", "content"]),
+                        _json_values),
+    indent=st.booleans(),
+)
+def test_set_streamed_equals_setting_both_members(obj: dict[str, object], indent: bool) -> None:
+    body = json.dumps(obj, indent=2 if indent else None).encode()
+    out = set_streamed(body)
+    assert json.loads(out) == {**obj, "stream": True, "stream_options": {"include_usage": True}}
+    if b'"stream' not in body:  # the fast path: inserted first, every other byte kept
+        i = body.index(b"{") + 1
+        sep = b"" if body[i:].lstrip().startswith(b"}") else b","
+        assert out == body[:i] + b'"stream":true,"stream_options":{"include_usage":true}' + (
+            sep) + body[i:]
 
 
 def test_polarity_follows_each_engine() -> None:

@@ -139,3 +139,16 @@ def test_models_are_the_engines_own(gw: Server, engine: tuple[Server, Path]) -> 
     assert card["root"] == MODEL and card["parent"] is None
     listed = client(gw).models.list()
     assert [m.id for m in listed.data] == [MODEL]
+
+
+def test_stream_options_without_a_stream_is_a_400(gw: Server) -> None:
+    """The engine is always asked for a stream; stream_options without stream: true is still
+    refused, as vLLM and OpenAI refuse it ({} asks for nothing and passes)."""
+    with pytest.raises(openai.BadRequestError) as e:
+        client(gw).chat.completions.create(  # type: ignore[call-overload]
+            model=MODEL, messages=HI, max_tokens=2, stream_options={"include_usage": True})
+    err = e.value.body
+    assert isinstance(err, dict) and err["param"] == "stream_options"
+    ok = client(gw).chat.completions.create(  # type: ignore[call-overload]
+        model=MODEL, messages=HI, max_tokens=2, extra_body={"stream_options": {}})
+    assert ok.choices[0].message.content

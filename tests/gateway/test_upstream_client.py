@@ -5,6 +5,7 @@ connection, errors, and what ``OpenAIUpstream.run`` hands the sink and the call.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 
@@ -222,9 +223,10 @@ class FakeSink:
 
 
 class FakeCall:
-    def __init__(self, stream: bool) -> None:
-        self.job = Job(rid="r1", route="chat", body=b'{"model":"m","stream":true}', stream=stream,
+    def __init__(self, stream: bool, body: bytes = b'{"model":"m","stream":true}') -> None:
+        self.job = Job(rid="r1", route="chat", body=body, stream=stream,
                        model="m", max_tokens=5, prompt_tokens=3)
+        self.first_tokens = 0
         self.sink = FakeSink()
         self.outcome: tuple[str, object] | None = None
 
@@ -236,6 +238,9 @@ class FakeCall:
 
     def progress(self, tokens: int) -> None:
         self.streamed = tokens
+
+    def first_token(self) -> None:
+        self.first_tokens += 1
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         self.outcome = ("done", (output_tokens, prompt_tokens))
@@ -302,6 +307,75 @@ def test_run_passes_an_engine_error_through() -> None:
             # handed to the core as a refusal (the request ends rejected), the body passed on
             assert not call.sink.started
             assert call.outcome == ("refused", (400, b'{"error":{"message":"nope"}}'))
+            await eng.close()
+
+    run(main())
+
+
+def test_a_whole_answer_is_asked_as_a_stream_and_assembled() -> None:
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        srv.requests.append(await _read_request(reader))
+        await _sse_response(writer)
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=False, body=b'{"model":"m"}')
+            await eng.run(call)
+            assert s.requests[0].endswith(
+                b'\r\n\r\n{"stream":true,"stream_options":{"include_usage":true},'
+                b'"priority":1,"model":"m"}')
+            sink = call.sink
+            assert sink.status == 200
+            assert sink.headers == [(b"content-type", b"application/json")]
+            assert len(sink.sends) == 1 and sink.sends[0][1] is False  # once, whole
+            answer = json.loads(sink.sends[0][0])
+            assert answer["object"] == "chat.completion"
+            assert answer["choices"][0]["message"]["content"] == "ab"
+            assert answer["usage"]["completion_tokens"] == 2
+            assert call.first_tokens == 1  # the engine's first token: the request's TTFT
+            assert call.outcome == ("done", (2, 7))
+            assert len(eng._pool.idle) == 1
+            await eng.close()
+
+    run(main())
+
+
+@pytest.mark.parametrize(("code", "outcome"), [
+    (500, ("attempt_failed", ("upstream_500", {}))),
+    (400, ("refused", (400, None))),
+])
+def test_an_error_event_in_a_whole_answers_stream_is_an_error_status(
+    code: int, outcome: tuple[str, object]
+) -> None:
+    """As vLLM would have answered the whole request with that status: a 5xx is a failed
+    attempt (retried elsewhere), a 4xx the client's answer; nothing is sent before that."""
+    err = {"error": {"message": "boom", "type": "X", "param": None, "code": code}}
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                     b"transfer-encoding: chunked\r\n\r\n" + _chunk(SSE[0])
+                     + _chunk(b"data: " + json.dumps(err).encode() + b"\n\n")
+                     + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = _engine(s.url)
+            call = FakeCall(stream=False, body=b'{"model":"m"}')
+            await eng.run(call)
+            assert not call.sink.started
+            assert call.outcome is not None and call.outcome[0] == outcome[0]
+            if outcome[0] == "refused":
+                status, body = call.outcome[1]  # type: ignore[misc]
+                assert status == 400 and json.loads(body) == err
+            else:
+                assert call.outcome == outcome
             await eng.close()
 
     run(main())

@@ -1,7 +1,8 @@
 """qosgate (``qosgate serve``, a real process) in front of real vLLM 0.32, through the official
 ``openai`` client: responses and usage passed through, ``priority`` forwarded in vLLM's polarity
 and honoured by vLLM's own queue, the ``none`` polarity in front of an ``fcfs`` vLLM, vLLM's
-errors, a client disconnect aborting inside vLLM, and vLLM's ``/metrics`` read as load signals.
+errors, a client disconnect aborting inside vLLM, vLLM's ``/metrics`` read as load signals, and a
+whole answer assembled from vLLM's stream equal to vLLM's own whole answer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import openai
 import pytest
 
+from tests.engines.test_assemble import same_json
 from tests.gateway.conftest import Server, http, metric_values, wait_until
 from tests.vllm.conftest import (
     GHOST,
@@ -294,3 +296,39 @@ def test_idle_vllm_metrics_read_as_load_signals(vllm_priority: Server) -> None:
     s = signals(vllm_priority)
     assert (s.running, s.waiting, s.preemptions_total) == (0, 0, 0)
     assert s.kv_usage is not None and 0.0 <= s.kv_usage < 0.01
+
+
+# ------------------------------------------------------------------ whole answers
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}],
+        "max_tokens": 8, "seed": 7, "logprobs": True, "top_logprobs": 2}
+COMPLETION = {"model": MODEL, "prompt": "Three primary colors are", "max_tokens": 6, "seed": 7,
+              "logprobs": 2}
+# vLLM refuses n > 1 with greedy sampling: n=2 is sampled, with a seed
+WHOLE = {
+    "chat-greedy": ("/v1/chat/completions", {**CHAT, "temperature": 0}),
+    "chat-n2": ("/v1/chat/completions", {**CHAT, "temperature": 0.7, "n": 2}),
+    "completions-greedy": ("/v1/completions", {**COMPLETION, "temperature": 0}),
+    "completions-n2": ("/v1/completions", {**COMPLETION, "temperature": 0.7, "n": 2}),
+}
+
+
+@pytest.mark.parametrize("case", list(WHOLE))
+def test_a_whole_answer_through_the_gateway_is_vllms_own(
+    gw_fcfs: Server, vllm_fcfs: Server, case: str
+) -> None:
+    """The gateway asks vLLM for a stream and assembles the whole answer: the same JSON as
+    vLLM's own whole answer, member for member and in its order, apart from ``id`` and
+    ``created`` (and the last digits of log-probabilities, which vLLM's arithmetic does not
+    reproduce bit for bit from one batch to the next)."""
+    path, body = WHOLE[case]
+    raw = json.dumps(body).encode()
+    code, _, direct = http("POST", vllm_fcfs.url + path, raw,
+                           {"Content-Type": "application/json"}, timeout=120)
+    assert code == 200, direct
+    code, gw_headers, via = http("POST", gw_fcfs.url + path, raw,
+                                 {"Content-Type": "application/json"}, timeout=120)
+    assert code == 200, via
+    assert gw_headers["content-type"] == "application/json"
+    want, got = json.loads(direct), json.loads(via)
+    assert len(want["choices"]) == body.get("n", 1) and want["choices"][0]["logprobs"]
+    same_json({**got, "id": want["id"], "created": want["created"]}, want)

@@ -99,6 +99,13 @@ class Call(Protocol):
         """``tokens`` output tokens have been sent to the client so far."""
         ...
 
+    def first_token(self) -> None:
+        """The engine's first token is in, for a client that gets its answer whole at the end:
+        the request's TTFT is this moment, once that answer is delivered (``sink.start`` is
+        still where the core learns of the first byte: until then the request may be retried
+        or pulled back, as nothing reached its client)."""
+        ...
+
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None: ...
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:

@@ -3,8 +3,10 @@
 One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is forwarded byte for
 byte except the top-level ``priority``, which is set to the request's band in the engine's own
 polarity (``priority_polarity``), or removed for engines that do not schedule by priority:
-
-see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited).
+see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
+did not ask for a stream has the engine asked for one all the same (``stream`` and
+``stream_options.include_usage`` set), and gets the whole answer assembled from it
+(``engines/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
 
 Pulling a request back or a client leaving cancels the call, which closes its connection: vLLM and
 SGLang abort a request whose client disconnected.
@@ -38,11 +40,12 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qosgate.core.signals import LoadSignals
+from qosgate.engines.assemble import StreamAssembler
 from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
 from qosgate.engines.embeddings import apportion, deliver, pooled
 from qosgate.engines.engine_metrics import parse_engine_metrics
 from qosgate.engines.openai_format import model_card
-from qosgate.engines.splice import Polarity, engine_priority, set_priority
+from qosgate.engines.splice import Polarity, engine_priority, set_priority, set_streamed
 
 log = logging.getLogger("qosgate.upstream")
 
@@ -542,22 +545,12 @@ class _Relay:
 
     def _count(self, data: bytes) -> None:
         self.dog.last = self.dog.loop.time()
-        events = data.count(b"data:")
-        if events:
-            # the events that carry no token: the role chunk (chat), a finish chunk of its own
-            # (empty delta or text), the usage chunk (no choices) and [DONE]; counted as
-            # tokens they over-charged every stream by up to four
-            events -= (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
-                       + data.count(b'"text":""') + data.count(b'"choices":[]')
-                       + data.count(b"data: [DONE]"))
-            if events > 0:
-                self.tokens += events
-                self.call.progress(self.tokens)
+        events = _token_events(data)
+        if events > 0:
+            self.tokens += events
+            self.call.progress(self.tokens)
         if b'"completion_tokens"' in data:
-            m = _COMPLETION_TOKENS.search(data)
-            p = _PROMPT_TOKENS.search(data)
-            if m:
-                self.usage = (int(m.group(1)), int(p.group(1)) if p else None)
+            self.usage = _usage(data) or self.usage
 
     def _end(self) -> None:
         conn = self.conn
@@ -565,6 +558,72 @@ class _Relay:
         self.outcome = "complete"
         conn.listener = None
         conn.pool.release(conn)
+
+
+def _token_events(data: bytes) -> int:
+    """The events in ``data`` that carry a token: every ``data:`` line but the role chunk
+    (chat), a finish chunk of its own (empty delta or text), the usage chunk (no choices) and
+    ``[DONE]``; counted as tokens they over-charged every stream by up to four."""
+    events = data.count(b"data:")
+    if not events:
+        return 0
+    return events - (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
+                     + data.count(b'"text":""') + data.count(b'"choices":[]')
+                     + data.count(b"data: [DONE]"))
+
+
+def _usage(data: bytes) -> tuple[int, int | None] | None:
+    """(completion, prompt) tokens of the usage in ``data``, if it has one."""
+    m = _COMPLETION_TOKENS.search(data)
+    if m is None:
+        return None
+    p = _PROMPT_TOKENS.search(data)
+    return int(m.group(1)), int(p.group(1)) if p else None
+
+
+class _Gather:
+    """Collects a whole answer's stream from the connection's own callbacks, as ``_Relay``
+    relays one: the call's task is woken once, at the end, not for every socket read. Each read
+    stamps the idle bound; the first is the engine's first token (``Call.first_token``)."""
+
+    __slots__ = ("call", "conn", "dog", "end", "parts")
+
+    def __init__(self, call: Call, dog: _Watchdog, conn: _Conn) -> None:
+        self.call = call
+        self.dog = dog
+        self.conn = conn
+        self.parts: list[bytes] = []
+        self.end: asyncio.Future[None] = conn.loop.create_future()
+
+    async def wait(self) -> list[bytes]:
+        """The body's parts once it is complete; raises the connection's error."""
+        conn = self.conn
+        conn.listener = self.push
+        try:
+            self.push()  # anything already there
+            await self.end
+        finally:
+            if conn.listener == self.push:
+                conn.listener = None
+        if conn.error is not None:
+            raise conn.error
+        if not conn.complete:
+            raise UpstreamError("the upstream closed the connection")
+        return self.parts
+
+    def push(self) -> None:
+        conn = self.conn
+        data = conn.take()
+        if data:
+            dog = self.dog
+            if not dog.delivered:
+                self.call.first_token()
+                dog.delivered = True
+            dog.last = dog.loop.time()
+            self.parts.append(data)
+        ended = (conn.complete and not conn.parts) or conn.error is not None or conn.closed
+        if ended and not self.end.done():
+            self.end.set_result(None)
 
 
 class _Suspend:
@@ -602,6 +661,18 @@ async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
 
 
 _models_decoder = msgspec.json.Decoder()
+
+
+def _error_status(call: Call, status: int, data: bytes, ctype: bytes | None,
+                  retry_after: bytes | None) -> None:
+    """An engine's error answer (status >= 400), before anything reached the client."""
+    if status in (429, 503):  # back-pressure: cool this replica, try another
+        call.attempt_failed(f"upstream_{status}", backpressure=True,
+                            retry_after=_retry_after_s(retry_after))
+    elif status >= 500:
+        call.attempt_failed(f"upstream_{status}")
+    else:  # the engine's judgement of the request itself: the client's answer
+        call.refused(status, _error_body(status, data, ctype))
 
 
 def _retry_after_s(value: bytes | None) -> float | None:
@@ -662,7 +733,9 @@ class _Watchdog:
         self.total_at = now + total_s
         self.idle_s = idle_s
         self.last = now
-        self.delivered = False  # the first byte reached the client
+        # the first byte is out: to the client (a stream), or, for a client that gets its
+        # answer whole, from the engine; the idle bound holds from then on
+        self.delivered = False
         self.fired: str | None = None
         self.handle = loop.call_at(min(self.first_at, self.total_at, now + idle_s), self._check)
 
@@ -793,9 +866,15 @@ class OpenAIUpstream:
 
     # ------------------------------------------------------------------ one call
     def body_for(self, call: Call) -> bytes:
+        """The body sent to the engine: the client's, with the engine-side ``priority``; for a
+        client that wants its answer whole, asking for a stream with its usage (assembled back
+        by ``_whole``). A streamed client's body asks for what it asked for: a usage chunk it
+        did not ask for would reach it, and vLLM then moves ``system_fingerprint`` from the
+        finish chunk to the usage chunk."""
         job: Job = call.job
         value = engine_priority(self.polarity, call.level(), call.levels())
-        return set_priority(job.body, value, job.has_priority)
+        body = set_priority(job.body, value, job.has_priority)
+        return body if job.stream else set_streamed(body)
 
     def pause(self, rid: str) -> None:  # pragma: no cover - not pausable: never asked
         raise NotImplementedError
@@ -910,6 +989,36 @@ class OpenAIUpstream:
             await deliver(c, model, vectors[at:at + n], share)
             at += n
 
+    async def _whole(self, call: Call, conn: _Conn, dog: _Watchdog, body: bytes) -> None:
+        """Read the engine's stream to its end and answer the client once, whole.
+
+        The first-byte bound is met by the engine's first byte, and the idle bound holds
+        between its chunks; the engine's first token is the request's TTFT (``first_token``).
+        The client's bytes leave only at the end: the answer assembled from the events
+        (``engines/assemble.py``). Only then is the core told of a first byte, so until then a
+        failed call is an attempt the core may retry elsewhere, and the request can be pulled
+        back: nothing reached its client. An error event is handled as that error status (a
+        5xx is an attempt the core may retry, a 4xx the client's answer). An engine that
+        answered whole anyway (no event stream) is passed on as it is."""
+        parts = await _Gather(call, dog, conn).wait()
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if conn.content_type is not None and b"event-stream" in conn.content_type:
+            status, answer = StreamAssembler(call.job.route, body).result_of(data)
+        else:
+            status, answer = conn.status, data
+        tokens = max(0, _token_events(data))
+        usage = _usage(data) if b'"completion_tokens"' in data else None
+        if status >= 400:
+            # an error event in the stream (or no answer in it): judged as the same error
+            # status before the stream would be, as vLLM answers a whole request that fails
+            _error_status(call, status, answer, b"application/json", None)
+            return
+        sink = call.sink
+        # the core's first byte: raises Withdrawn if the request was pulled back meanwhile
+        await sink.start(status, [(b"content-type", b"application/json")])
+        await sink.send(answer, False)
+        call.done(*(usage or (tokens, None)))
+
     async def _run(self, call: Call, body: bytes | None, sent: _Conn | None) -> None:
         job = call.job
         sink = call.sink
@@ -926,9 +1035,10 @@ class OpenAIUpstream:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        # a non-streamed answer reaches the client only whole: its first byte is its last
-        first_s = job.first_byte_timeout_s if job.stream else cfg.total_timeout_s
-        dog = _Watchdog(loop, task, first_s, cfg.idle_timeout_s, cfg.total_timeout_s)
+        # the engine is always asked for a stream (body_for), so the first-byte bound holds for
+        # a client that wants its answer whole too: it is measured to the engine's first byte
+        dog = _Watchdog(loop, task, job.first_byte_timeout_s, cfg.idle_timeout_s,
+                        cfg.total_timeout_s)
         relay: _Relay | None = None
         try:
             if body is None:
@@ -946,26 +1056,11 @@ class OpenAIUpstream:
             status = conn.status
             ctype = conn.content_type or b"application/json"
             if status >= 400:
-                data = await conn.read_all()
-                if status in (429, 503):  # back-pressure: cool this replica, try another
-                    call.attempt_failed(f"upstream_{status}", backpressure=True,
-                                        retry_after=_retry_after_s(conn.retry_after))
-                    return
-                if status >= 500:
-                    call.attempt_failed(f"upstream_{status}")
-                    return
-                # the engine's judgement of the request itself: the client's answer
-                call.refused(status, _error_body(status, data, ctype))
+                _error_status(call, status, await conn.read_all(), ctype, conn.retry_after)
                 return
             if not job.stream:
-                data = await conn.read_all()
-                await sink.start(status, [(b"content-type", ctype)])
-                dog.delivered = True
-                await sink.send(data, False)
-                m = _COMPLETION_TOKENS.search(data)
-                p = _PROMPT_TOKENS.search(data)
-                call.done(int(m.group(1)) if m else 0, int(p.group(1)) if p else None)
-                return
+                await self._whole(call, conn, dog, body)
+                return  # the connection goes back to the pool below
         except Withdrawn:
             return  # pulled back meanwhile: nothing may reach the client
         except asyncio.CancelledError:

@@ -146,6 +146,9 @@ class _Call:
     def progress(self, tokens: int) -> None:
         pass
 
+    def first_token(self) -> None:
+        pass
+
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         cap = self.job.max_tokens
         reason = "length" if cap is not None and output_tokens >= cap else "stop"

@@ -63,6 +63,10 @@ class DeliverySink:
         if not self.client.started:
             if not d.scheduler.first_byte(t.req.id, d.clock()):
                 raise Withdrawn(t.req.id)
+            if t.first_token_at is not None:
+                # a whole answer: its TTFT (and so TPOT) is the engine's first token, not
+                # the delivery of the answer (the first byte the core was just told of)
+                t.req.first_token_at = t.first_token_at
             d.rearm()  # a first byte may have made a timer due (a window that grew)
         await self.client.start(status, headers)
 
@@ -70,7 +74,8 @@ class DeliverySink:
 class Ticket:
     """One client request as the driver tracks it; it is also the engine's ``Call``."""
 
-    __slots__ = ("_driver", "answer", "client", "finished", "job", "req", "sink", "task")
+    __slots__ = ("_driver", "answer", "client", "finished", "first_token_at", "job", "req", "sink",
+                 "task")
 
     def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
         self._driver = driver
@@ -80,6 +85,7 @@ class Ticket:
         self.sink = DeliverySink(self, sink)
         self.task: asyncio.Task[None] | None = None
         self.answer: tuple[int, bytes] | None = None  # an engine's refusal, for the client
+        self.first_token_at: float | None = None  # the engine's, for a whole answer
         # resolved once the request reached its terminal state (req.state / req.reason)
         self.finished: asyncio.Future[None] = driver.loop().create_future()
 
@@ -92,6 +98,10 @@ class Ticket:
 
     def progress(self, tokens: int) -> None:
         self._driver.scheduler.progress(self.req.id, tokens)
+
+    def first_token(self) -> None:
+        d = self._driver
+        self.first_token_at = d.clock()
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
         d = self._driver
@@ -277,6 +287,7 @@ class Driver:
         # an engine that can start a call at once (its request written during this dispatch,
         # not a loop turn later) says so with ``start_call``
         start = getattr(eng, "start_call", None)
+        t.first_token_at = None  # a new attempt (a retry, or after a pull-back)
         task = self.loop().create_task(start(t) if start is not None else eng.run(t))
         t.task = task
         task.add_done_callback(functools.partial(self._call_ended, t))

@@ -430,6 +430,12 @@ class Gateway:
         except BadBody as exc:
             await self._refuse(send, exc.code, tenant, message=str(exc), param=exc.param)
             return
+        if b.stream_options is not None and not b.stream:
+            # the engine is asked for a stream whatever the client asked (its answer is then
+            # assembled), so what vLLM and OpenAI refuse must be refused here
+            await self._refuse(send, "invalid_body", tenant, param="stream_options",
+                               message="Stream options can only be defined when `stream=True`.")
+            return
         models = self.models()
         model = b.model if b.model is not None else (models[0] if models else "")
         if model not in models:

@@ -134,6 +134,8 @@ def _stream_options(obj: Any) -> Any:
         return None
     if not isinstance(obj, dict):
         raise TypeError(f"Expected `object | null`, got `{_typename(obj)}`")
+    if not obj:  # {} asks for nothing: accepted without a stream, as vLLM and OpenAI do
+        return None
     usage = obj.get("include_usage")
     if usage is not None and not isinstance(usage, bool):
         raise TypeError(f"include_usage: expected `bool | null`, got `{_typename(usage)}`")

@@ -442,10 +442,12 @@ class Scheduler:
             self._arm(req)
         return out
 
-    def first_byte(self, rid: str, now: float) -> bool:
+    def first_byte(self, rid: str, now: float, token_at: float | None = None) -> bool:
         """The first byte of ``rid``'s response is about to reach its client: from here on it is
         never retried, nor preempted by abort. False if it may not be sent (the request was
-        pulled back or ended meanwhile): the caller then sends nothing.
+        pulled back or ended meanwhile): the caller then sends nothing. ``token_at``: when the
+        engine's first token came, if earlier (a whole answer assembled from a stream reaches
+        its client only at the end; its TTFT and the engine's latency are the token's).
 
         On a pausable engine a request paused after its first byte still delivers the tokens
         of its last step, in order; that is no new first byte and is allowed. A first byte that
@@ -459,8 +461,9 @@ class Scheduler:
             return True
         if state is DISPATCHED:
             req.move(RUNNING)
+            first = now if token_at is None else token_at
             if req.first_token_at is None:
-                req.first_token_at = now
+                req.first_token_at = first
             if req.avoid is not None:  # a retry that got through: out of the retry budget
                 self._retrying -= 1
                 req.avoid = None
@@ -484,7 +487,7 @@ class Scheduler:
                     rep.breaker.on_result(now, True)
                     self._next_change = now  # recount the room at the next tick (now)
                 if type(rep.limit) is not FixedLimit:
-                    self._sampled(rep, now, now - (req.dispatched_at or now), False)
+                    self._sampled(rep, now, first - (req.dispatched_at or first), False)
             return True
         return state is QUEUED and req.replica is not None and req.first_token_at is not None
 

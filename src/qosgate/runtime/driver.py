@@ -61,12 +61,10 @@ class DeliverySink:
         t = self._ticket
         d = t._driver
         if not self.client.started:
-            if not d.scheduler.first_byte(t.req.id, d.clock()):
+            # a whole answer: its TTFT (and so TPOT) is the engine's first token, not the
+            # delivery of the answer (the first byte the core is told of here)
+            if not d.scheduler.first_byte(t.req.id, d.clock(), t.first_token_at):
                 raise Withdrawn(t.req.id)
-            if t.first_token_at is not None:
-                # a whole answer: its TTFT (and so TPOT) is the engine's first token, not
-                # the delivery of the answer (the first byte the core was just told of)
-                t.req.first_token_at = t.first_token_at
             d.rearm()  # a first byte may have made a timer due (a window that grew)
         await self.client.start(status, headers)
 

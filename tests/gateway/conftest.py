@@ -93,6 +93,16 @@ def start_gateway(tmp: Path, *args: str) -> Server:
     return Server(gateway_args(port, *args), port, "/readyz", tmp / f"gateway-{port}.log")
 
 
+def gateway_from(tmp: Path, name: str, config: str) -> Iterator[Server]:
+    """A gateway started from ``config`` (written to ``tmp/name``), stopped after the yield: the
+    body of a fixture."""
+    path = tmp / name
+    path.write_text(config)
+    gw = start_gateway(tmp, "--config", str(path))
+    yield gw
+    gw.stop()
+
+
 @pytest.fixture(scope="session")
 def tmp_session(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("gw")

@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, http, start_gateway
+from tests.gateway.conftest import MODEL, Server, gateway_from, http
 
 CONFIG = """
 tenants:
@@ -30,11 +30,7 @@ upstreams:
 
 @pytest.fixture(scope="module")
 def gateway(standin: Server, tmp_session: Path) -> Iterator[Server]:
-    cfg = tmp_session / "errors.yaml"
-    cfg.write_text(CONFIG.replace("{URL}", standin.url))
-    gw = start_gateway(tmp_session, "--config", str(cfg))
-    yield gw
-    gw.stop()
+    yield from gateway_from(tmp_session, "errors.yaml", CONFIG.replace("{URL}", standin.url))
 
 
 def client(gw: Server, key: str = "sk-acme") -> OpenAI:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, http, metric_values, start_gateway, wait_until
+from tests.gateway.conftest import MODEL, Server, gateway_from, http, metric_values, wait_until
 from tests.gateway.media_files import png
 
 CONFIG = """
@@ -31,11 +31,7 @@ upstreams:
 
 @pytest.fixture(scope="module")
 def gateway(standin: Server, tmp_session: Path) -> Iterator[Server]:
-    cfg = tmp_session / "media.yaml"
-    cfg.write_text(CONFIG.replace("{URL}", standin.url))
-    gw = start_gateway(tmp_session, "--config", str(cfg))
-    yield gw
-    gw.stop()
+    yield from gateway_from(tmp_session, "media.yaml", CONFIG.replace("{URL}", standin.url))
 
 
 def prompt_tokens_charged(gw: Server) -> float:

@@ -16,15 +16,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, Server, http, start_gateway, start_standin
+from tests.gateway.conftest import MODEL, Server, gateway_from, http, start_standin
 
 HI = [{"role": "user", "content": "Hi"}]
-
-
-def write(tmp: Path, name: str, text: str) -> Path:
-    p = tmp / name
-    p.write_text(text)
-    return p
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +39,7 @@ def sent_bodies(rec: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def gw(engine: tuple[Server, Path], tmp_session: Path) -> Iterator[Server]:
     """The default classes; batch has an output ceiling of 40, the tenant 'tight' one of 20."""
-    cfg = write(tmp_session, "output-cap.yaml", f"""
+    yield from gateway_from(tmp_session, "output-cap.yaml", f"""
 classes:
   - {{name: realtime, level: 0, strict: true, ttft_budget_ms: 500, queue_timeout_s: 5,
       max_queue: 100}}
@@ -59,9 +53,6 @@ tenants:
   - {{name: tight, api_keys: [sk-tight], limits: {{max_output_tokens: 20}}}}
 upstreams: [{{url: {engine[0].url}, name: standin, capacity: 4}}]
 """)
-    g = start_gateway(tmp_session, "--config", str(cfg))
-    yield g
-    g.stop()
 
 
 def client(gw: Server, key: str = "sk-acme", cls: str | None = None) -> openai.OpenAI:

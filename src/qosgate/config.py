@@ -208,6 +208,12 @@ class Window(_Strict):
     latency_target_s: float | None = Field(default=None, gt=0)
     stale_s: float = Field(default=5.0, gt=0, description="signals older than this are ignored "
                            "by the window and count as saturated for routing")
+    overtake: bool = Field(
+        default=True, description="on a replica whose engine runs its queue in the order sent "
+        "(vLLM or SGLang priority scheduling, in-process engines), a request that arrives while "
+        "the window is full may go past it, once for each request of this gateway waiting "
+        "there unstarted that it would run before: it waits in the engine's queue ahead of them "
+        "rather than in qosgate's behind them")
 
 
 class Fleet(_Strict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import msgspec
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler, State
+from qosgate.core.engine_order import order_value
 from qosgate.engines.splice import engine_priority, set_priority, set_streamed
 from qosgate.server.errors import outcome_error
 from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
@@ -121,10 +123,20 @@ def test_set_streamed_equals_setting_both_members(obj: dict[str, object], indent
 
 
 def test_polarity_follows_each_engine() -> None:
-    # vLLM: smaller value runs first; SGLang (default): larger runs first
-    assert [engine_priority("vllm", lvl, 4) for lvl in range(4)] == [0, 1, 2, 3]
-    assert [engine_priority("sglang", lvl, 4) for lvl in range(4)] == [3, 2, 1, 0]
-    assert engine_priority("none", 0, 4) is None
+    # qosgate's order, smaller first: band, then the rank inside it
+    orders = [order_value(b, r) for b in range(4) for r in (0, 7, 10**9, math.inf)]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    # vLLM: smaller value runs first (as sent); SGLang (default): larger runs first
+    assert [engine_priority("vllm", o, 4) for o in orders] == orders
+    sglang = [engine_priority("sglang", o, 4) for o in orders]
+    assert sglang == sorted(sglang, reverse=True) and min(v for v in sglang if v is not None) >= 0
+    assert all(v is not None and v < 2**53 for v in sglang)  # exact as a JSON double, too
+    assert engine_priority("none", orders[5], 4) is None
+    # the band alone, for whatever reads it as a small class number
+    assert [engine_priority("vllm", order_value(b, 99), 4, "class") for b in range(4)] == [0, 1,
+                                                                                         2, 3]
+    assert [engine_priority("sglang", order_value(b, 99), 4, "class") for b in range(4)] == [
+        3, 2, 1, 0]
 
 
 def test_outcome_statuses_and_retry_after() -> None:

@@ -6,6 +6,12 @@ Serving Large Language Models" (OSDI'24): when a key becomes backlogged its coun
 smallest counter among the backlogged keys (or, with none backlogged, to the counter of the key that
 left last), so idle time earns no credit and two backlogged keys never drift apart by more than
 about one request's cost (the paper's bound is 2x the largest single request cost).
+
+Service is charged when a request is dispatched, but an engine may still hold it in its own queue.
+So a key that becomes backlogged is lifted no higher than just below the tag of the oldest request
+still *held* (dispatched, not started): were those requests still queued here, the newcomer would
+be picked before them, and the engine, which orders by these tags (``engine_order``), then starts
+it before them too. The extra credit is bounded by what waits unstarted in the engines.
 """
 
 from __future__ import annotations
@@ -27,8 +33,8 @@ class FairShare(Generic[K]):
     could hide a key under others, so it files a fresh row and retires the old one (version).
     """
 
-    __slots__ = ("_active", "_heap", "_last_left", "_order", "_rank", "_version", "_weight",
-                 "counter", "lifted")
+    __slots__ = ("_active", "_heap", "_held", "_held_heap", "_held_n", "_last_left", "_order",
+                 "_rank", "_version", "_weight", "counter", "lifted")
 
     def __init__(self, rank: Callable[[K], int] | None = None) -> None:
         # who goes first on equal counters: ``rank`` (lower first), else the first activated
@@ -44,6 +50,11 @@ class FairShare(Generic[K]):
         # what the lifts added to each counter: not service, so not for other instances to
         # merge (each lifts on its own; summed across instances, lifts starved a tenant)
         self.lifted: dict[K, float] = {}
+        # tags of requests picked and not started yet: token -> the number of its live row in a
+        # lazy min-heap of (tag, number, token)
+        self._held: dict[object, int] = {}
+        self._held_heap: list[tuple[float, int, object]] = []
+        self._held_n = 0
 
     def set_weight(self, key: K, weight: float) -> None:
         self._weight[key] = weight
@@ -53,6 +64,10 @@ class FairShare(Generic[K]):
         ``lift``: it was never idle (emptied only for a moment), and keeps its counter."""
         c = self.counter.get(key, 0.0)
         floor = (self._min_active() if self._active else self._last_left) if lift else c
+        if lift and self._held:
+            oldest = self._min_held()
+            if oldest is not None and oldest - 1.0 < floor:
+                floor = oldest - 1.0  # just before it: a tie would go to the one held
         if c < floor:
             self.lifted[key] = self.lifted.get(key, 0.0) + (floor - c)
             c = floor
@@ -92,6 +107,30 @@ class FairShare(Generic[K]):
                 heapq.heapreplace(heap, (counter[key], order, v, key))  # charged since filed
             else:
                 return key
+        return None
+
+    def hold(self, token: object, tag: float) -> None:
+        """A request picked at counter ``tag`` was dispatched and has not started yet."""
+        self._held_n += 1
+        self._held[token] = n = self._held_n
+        heap = self._held_heap
+        heapq.heappush(heap, (tag, n, token))
+        if len(heap) > 2 * len(self._held) + 64:
+            live = [row for row in heap if self._held.get(row[2]) == row[1]]
+            heapq.heapify(live)
+            self._held_heap = live
+
+    def release(self, token: object) -> None:
+        """It started (or left without starting): its tag no longer bounds a lift."""
+        self._held.pop(token, None)
+
+    def _min_held(self) -> float | None:
+        heap, held = self._held_heap, self._held
+        while heap:
+            tag, n, token = heap[0]
+            if held.get(token) == n:
+                return tag
+            heapq.heappop(heap)
         return None
 
     def _min_active(self) -> float:

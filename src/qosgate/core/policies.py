@@ -14,6 +14,18 @@ less urgent bands. Between weighted classes it stays in its own class's node, wh
 deadline puts it first: the shares (5:3:2) already keep every class moving, and a promoted request
 served in the node of the class above took that class's turn while its own class paid, so under
 sustained overload the class below took the turns of the class above (batch served more than api).
+
+Each policy also says how a dispatched request is ordered inside an engine's own waiting queue
+(``Policy.order``, an ``engine_order`` value: band, then rank): the order the policy itself would
+pick it in among what waits there.
+
+- ``fifo``: one band, by arrival (classes mean nothing to it, so the engine is not told them).
+- ``priority``: the level it is served at, then arrival.
+- ``wfq``: its class, then deadline.
+- ``qos``: the strict band it is served from, else its class; then the tenant's fair-share
+  counter it was picked at. Class first, as in the strict bands: the weighted shares between
+  classes are kept by what qosgate releases, and inside an engine the few requests that wait go
+  most urgent class first.
 """
 
 from __future__ import annotations
@@ -21,8 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 from qosgate.config import QosConfig
-from qosgate.core.queues import FairSplit, KeyedQueue, Node, StrictBands
+from qosgate.core.engine_order import order_value
+from qosgate.core.queues import FairSplit, KeyedQueue, Node, StrictBands, release
 from qosgate.core.request import Request
+
+_MS = 1000.0  # time ranks in milliseconds: finer than any engine's step
 
 
 def _arrival(req: Request) -> float:
@@ -47,10 +62,11 @@ class Policy:
     ``push``/``pop``/``remove`` are the root's own bound methods (no wrapper call on the hot path).
     """
 
-    __slots__ = ("class_aware", "name", "pop", "preemptive", "push", "remove", "restore",
-                 "root")
+    __slots__ = ("class_aware", "name", "order", "pop", "preemptive", "push", "remove", "restore",
+                 "root", "started")
 
-    def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool) -> None:
+    def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool,
+                 order: Callable[[Request], int]) -> None:
         self.name = name
         self.root = root
         self.push: Callable[[Request], None] = root.push
@@ -62,6 +78,10 @@ class Policy:
         # whether a more urgent request is always served first, so pulling a less urgent one
         # back actually makes room for it (strict bands); under wfq it would not
         self.preemptive = preemptive
+        # the engine-side order of a request just popped (see the module's docstring)
+        self.order = order
+        # a dispatched request started in its engine (or left it unstarted)
+        self.started: Callable[[Request], None] = release
 
     def __len__(self) -> int:
         return self.root.n
@@ -94,13 +114,16 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
         return req.tenant
 
     def by_tenant() -> Node:
-        return FairSplit(tenant_key, tenant_weight, lambda: KeyedQueue(_deadline, seq))
+        return FairSplit(tenant_key, tenant_weight, lambda: KeyedQueue(_deadline, seq),
+                         tags=True)
 
     if name == "fifo":
-        return Policy(name, KeyedQueue(_arrival, seq), class_aware=False, preemptive=False)
+        return Policy(name, KeyedQueue(_arrival, seq), class_aware=False, preemptive=False,
+                      order=lambda req: order_value(0, req.arrival * _MS))
     if name == "priority":
         bands: list[Node] = [KeyedQueue(_arrival, seq) for _ in range(levels)]
-        return Policy(name, StrictBands(bands, _level), class_aware=True, preemptive=True)
+        return Policy(name, StrictBands(bands, _level), class_aware=True, preemptive=True,
+                      order=lambda req: order_value(req.level, req.arrival * _MS))
     if name == "wfq":
         return Policy(
             name,
@@ -108,6 +131,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
                       rank=class_rank),
             class_aware=True,
             preemptive=False,
+            order=lambda req: order_value(req.class_level, req.deadline * _MS),
         )
     if name == "qos":
         strict = [c.level for c in cfg.classes if c.strict]
@@ -117,9 +141,16 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
         def band_of(req: Request) -> int:
             return band_index.get(req.level, shared)
 
+        strict_levels = frozenset(strict)
+
+        def qos_order(req: Request) -> int:
+            band = req.level if req.level in strict_levels else req.class_level
+            return order_value(band, req.tag)
+
         qos_bands: list[Node] = [by_tenant() for _ in strict]
         qos_bands.append(FairSplit(_class_level, class_weight, by_tenant, rank=class_rank))
-        return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True)
+        return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True,
+                      order=qos_order)
     raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
 
 

@@ -128,9 +128,15 @@ class FairSplit:
     who goes first without shifting the shares between classes. ``rank`` breaks ties between
     equal counters (a class's level: a class returning from idle is lifted to the others'
     counter, and on that tie the more urgent class goes first).
+
+    With ``tags`` (the split whose order is a request's rank in its engine band: tenants inside a
+    class), a popped request carries the counter it was picked at (``req.tag``), and that tag is
+    *held* in the counters until the request starts (``release``), so a key returning from idle
+    is not lifted past work the engines have not started (see ``fairshare``).
     """
 
-    __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_weight_of", "n", "share")
+    __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_tags", "_weight_of", "n",
+                 "share")
 
     def __init__(
         self,
@@ -139,8 +145,10 @@ class FairSplit:
         make_child: Callable[[], Node],
         charge_of: Callable[[Request], Hashable] | None = None,
         rank: Callable[[Hashable], int] | None = None,
+        tags: bool = False,
     ) -> None:
         self.n = 0
+        self._tags = tags
         self._children: dict[Hashable, Node] = {}
         self._key_of = key_of
         self._charge_of = charge_of or key_of
@@ -167,9 +175,14 @@ class FairSplit:
         req = child.pop()
         assert req is not None, "a backlogged key always has a live request"
         self.n -= 1
+        share = self.share
+        if self._tags:
+            req.tag = tag = share.counter[key]
+            share.hold(req, tag)
+            req.tagged_by = share
         if child.n == 0:
-            self.share.deactivate(key)
-        self.share.charge(self._charge_of(req), req.cost)
+            share.deactivate(key)
+        share.charge(self._charge_of(req), req.cost)
         return req
 
     def remove(self, req: Request) -> None:
@@ -191,8 +204,18 @@ class FairSplit:
         # had (a class held on every fill would lose its share to the classes it waits beside)
         key = self._key_of(req)
         self.share.charge(self._charge_of(req), -req.cost)
+        if self._tags:
+            release(req)  # it was not dispatched: nothing of it waits in an engine
         child = self._children[key]
         child.restore(req)
         if child.n == 1:
             self.share.activate(key, lift=False)
         self.n += 1
+
+
+def release(req: Request) -> None:
+    """``req`` started in its engine, or left it unstarted: its tag no longer holds lifts back."""
+    share = req.tagged_by
+    if share is not None:
+        share.release(req)
+        req.tagged_by = None

@@ -169,9 +169,9 @@ class Replica:
 
     __slots__ = ("breaker", "budget_closed_below", "cooled_until", "engine_share", "failing",
                  "guard", "inflight", "itl_s", "itl_seen", "limit", "loan_streams", "loans",
-                 "models", "name", "other_prefill_tokens", "others_held", "others_inflight",
-                 "pausable", "pending", "preemptible", "prefill_tokens", "signals",
-                 "strict_streams", "up")
+                 "models", "name", "ordered", "other_prefill_tokens", "others_held",
+                 "others_inflight", "pausable", "pending", "preemptible", "prefill_tokens",
+                 "signals", "strict_streams", "up")
 
     def __init__(
         self,
@@ -183,8 +183,10 @@ class Replica:
         breaker: Breaker | None = None,
         up: bool = True,
         guard: TpotGuard | None = None,
+        ordered: bool = False,
     ) -> None:
         self.name = name
+        self.ordered = ordered  # its engine runs its waiting queue in ``Request.order``
         self.limit = limit
         self.models: frozenset[str] = frozenset(models)  # empty: serves any model
         self.pausable = pausable

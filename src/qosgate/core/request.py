@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
+from typing import Protocol
 
 
 class State(StrEnum):
@@ -71,6 +72,10 @@ _LEGAL: dict[State, frozenset[State]] = {
 }
 
 
+class Releasable(Protocol):
+    def release(self, token: object) -> None: ...
+
+
 class IllegalTransition(RuntimeError):
     pass
 
@@ -111,6 +116,7 @@ class Request:
         "level",
         "max_tokens",
         "model",
+        "order",
         "output_tokens",
         "preemptions",
         "promotions",
@@ -123,6 +129,8 @@ class Request:
         "service_class",
         "state",
         "streamed",
+        "tag",
+        "tagged_by",
         "tenant",
     )
 
@@ -178,6 +186,13 @@ class Request:
         # in flight in a slot lent from a reserve: LENT_PREEMPTIBLE while it can still give it
         # back, LENT_STREAMING once it streams (it returns the slot when it ends)
         self.lent = NOT_LENT
+        # the fair-share counter it was last picked at (its rank inside its engine band under
+        # ``qos``), and the counters that hold that tag until it starts
+        self.tag = 0.0
+        self.tagged_by: Releasable | None = None
+        # the order the engine is asked to run it in (``engine_order``; smaller first), kept
+        # through retries and aging (never later than when first dispatched); None until then
+        self.order: int | None = None
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in _LEGAL.get(self.state, frozenset()):

@@ -63,6 +63,9 @@ class ReplicaSpec:
     # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: the
     # config's mode, but fixed for a pausable engine
     window: str | None = None
+    # the engine runs its waiting queue in the order it is sent (``Request.order``): a request
+    # may then overtake this gateway's unstarted work there (``fleet.window.overtake``)
+    ordered: bool = False
 
 
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
@@ -207,6 +210,9 @@ class Scheduler:
         self.attempt_failures: Counter[tuple[str, str, str]] = Counter()
         self.retries: Counter[tuple[str, str, str]] = Counter()
         self.preemptions: Counter[str] = Counter()
+        # dispatches past a full window, to overtake unstarted work in an ordered engine
+        self.overtakes: Counter[str] = Counter()
+        self._overtake = cfg.fleet.window.overtake
         self._preemptible: dict[str, Request] = {}
         self._timers: list[tuple[float, int, Request, int]] = []
         self._aging = cfg.aging.enabled and self.policy.class_aware
@@ -316,6 +322,7 @@ class Scheduler:
             breaker=breaker,
             up=spec.up,
             guard=None if guard_mode is None else build_guard(guard_mode),
+            ordered=spec.ordered,
         )
         self._refresh(-math.inf)
 
@@ -438,6 +445,8 @@ class Scheduler:
         elif self.classes[req.level].can_preempt and self.policy.preemptive:
             self._preempt_for(req, now, out)
             self._fill(now, out)
+        if self._overtake and not self.free_slots and self.policy.root.n:
+            self._overtake_unstarted(now, out)
         if req.state is QUEUED:  # a request dispatched at once needs no timer
             self._arm(req)
         return out
@@ -461,6 +470,7 @@ class Scheduler:
             return True
         if state is DISPATCHED:
             req.move(RUNNING)
+            self.policy.started(req)
             first = now if token_at is None else token_at
             if req.first_token_at is None:
                 req.first_token_at = first
@@ -1188,7 +1198,8 @@ class Scheduler:
             return only if only.free > 0 else None
         return self.router.pick(req, usable, now)
 
-    def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision]) -> None:
+    def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision],
+                  over: bool = False) -> None:
         del self.queued[req.class_level][req.id]
         self.queued_total -= 1
         self._untenant(req)
@@ -1198,12 +1209,16 @@ class Scheduler:
         req.move(DISPATCHED)
         req.replica = rep.name
         req.dispatched_at = now
+        order = self.policy.order(req)
+        if req.order is None or order < req.order:  # a retry or an aged request keeps its place
+            req.order = order
         rep.inflight[req.id] = req
         if not self._strict[req.class_level]:
             rep.others_inflight += 1
         if resume and req.first_token_at is not None:
             # a stream paused after its first byte goes on: no new first byte will come
             req.move(RUNNING)
+            self.policy.started(req)
             if self._strict[req.class_level]:
                 rep.strict_streams += 1
         else:
@@ -1213,7 +1228,10 @@ class Scheduler:
             rep.pending += 1
             self._served[req.class_level].add(now)
             self._served_cost[req.class_level].add(now, req.cost)
-        self.free_slots -= 1  # rep is usable: the router only sees usable replicas
+        if over:
+            self.overtakes[rep.name] += 1
+        else:
+            self.free_slots -= 1  # rep is usable: the router only sees usable replicas
         if self._may_borrow[req.class_level]:
             frac = self._reserve_above[req.level]
             if frac and not rep.pausable:
@@ -1224,6 +1242,41 @@ class Scheduler:
             self._preemptible[req.id] = req
             rep.preemptible += 1
         out.append(Dispatch(req, rep.name, resume))
+
+    def _overtake_unstarted(self, now: float, out: list[Decision]) -> None:
+        """Every window is full and a request arrived: the request qosgate would pick next may
+        go past a full window to an engine that runs its queue in the order sent, when that
+        engine holds requests of ours that have not started and that it would run before them.
+        It then waits in the engine's queue ahead of them, and takes the next slot that engine
+        frees, instead of waiting here for a slot of ours and then, in the engine, for the one
+        after (the engine has given the first to the work it already held). Past the window by
+        at most the number of unstarted requests it overtakes, so the engine's queue grows by
+        no more than what it already held; what it runs (KV, batch) is the engine's to bound."""
+        reps = [r for r in self._usable if r.ordered and r.pending]
+        if not reps:
+            return
+        policy = self.policy
+        req = policy.pop()
+        if req is None:
+            return
+        best: Replica | None = None
+        if req.replica is None:  # (a paused request resumes only where its state is)
+            order = policy.order(req)
+            if req.order is not None and req.order < order:
+                order = req.order
+            most = 0
+            for rep in reps:
+                if not self.may_take(rep, req, now):
+                    continue
+                later = sum(1 for r in rep.inflight.values()
+                            if r.state is DISPATCHED and r.order is not None and r.order > order)
+                room = later - max(0, len(rep.inflight) - rep.window)
+                if room > most:
+                    best, most = rep, room
+        if best is None:
+            policy.restore(req)
+            return
+        self._dispatch(req, best, now, out, over=True)
 
     def _preempt_for(self, req: Request, now: float, out: list[Decision]) -> None:
         """Make room for ``req`` by pulling back the least urgent, most recently dispatched
@@ -1276,6 +1329,7 @@ class Scheduler:
         if not self._strict[req.class_level]:
             rep.others_inflight -= 1
         if req.state is DISPATCHED:
+            self.policy.started(req)  # it leaves unstarted
             rep.prefill_tokens -= req.prompt_tokens
             if not self._strict[req.class_level]:
                 rep.other_prefill_tokens -= req.prompt_tokens

@@ -87,8 +87,9 @@ class Call(Protocol):
     @property
     def sink(self) -> Sink: ...
 
-    def level(self) -> int:
-        """The request's queue band now (0 = most urgent), for the engine-side priority."""
+    def order(self) -> int:
+        """qosgate's order for the engine's own waiting queue (``core.engine_order``: band,
+        then rank in it; smaller first), for the engine-side priority."""
         ...
 
     def levels(self) -> int:
@@ -148,6 +149,9 @@ class Engine(Protocol):
     name: str
     capacity: int
     pausable: bool
+    # whether it runs its waiting queue in the order sent (``Call.order``): an engine-side
+    # priority it honours
+    ordered: bool
 
     @property
     def ready(self) -> bool: ...

@@ -98,6 +98,7 @@ class InProcessEngine:
         # False: the core never pauses here; it pulls a request back only before its first token
         # (by cancelling the call), as it would in front of an external engine
         self.pausable = pausable
+        self.ordered = engine.ordered
         self._chans: dict[str, _Channel] = {}
         self._paused: set[str] = set()
         self._stepping = False
@@ -239,7 +240,7 @@ class InProcessEngine:
                 prompt_tokens=max(1, job.prompt_tokens),
                 max_tokens=max_tokens,
                 target_output_tokens=self.eos_after if job.max_tokens is None else None,
-                engine_priority=call.level(),
+                engine_priority=call.order(),
             )
             await self.generate(call, spec)
             return
@@ -249,7 +250,7 @@ class InProcessEngine:
             await self._unpaused(job.rid)  # a queued request's client must not see anything
             await self._refuse(call, str(exc), exc.param)
             return
-        spec = self._text_spec(job.rid, req, call.level())
+        spec = self._text_spec(job.rid, req, call.order())
         spec.prompt_tokens = max(1, job.prompt_tokens)
         await self.generate(call, spec)
 

@@ -159,6 +159,7 @@ class LlamaCppEngine:
             raise FileNotFoundError(f"model file not found: {path}")
 
         self.max_num_seqs = max_num_seqs
+        self.ordered = True  # its waiting queue: smallest engine_priority first
         self.n_ctx_per_seq = n_ctx_per_seq
         self.n_batch = n_batch
         self.evict_paused = evict_paused

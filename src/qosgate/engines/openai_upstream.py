@@ -1,9 +1,10 @@
 """An OpenAI-compatible engine over HTTP (vLLM, SGLang, llama.cpp server, TGI): one replica.
 
 One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is forwarded byte for
-byte except the top-level ``priority``, which is set to the request's band in the engine's own
-polarity (``priority_polarity``), or removed for engines that do not schedule by priority:
-see ``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
+byte except the top-level ``priority``, which is set to qosgate's order for the request (its band,
+then its rank in the band: ``core/engine_order.py``) in the engine's own polarity
+(``priority_polarity``), or removed for engines that do not schedule by priority: see
+``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
 did not ask for a stream has the engine asked for one all the same (``stream`` and
 ``stream_options.include_usage`` set), and gets the whole answer assembled from it
 (``engines/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
@@ -45,7 +46,13 @@ from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
 from qosgate.engines.embeddings import apportion, deliver, pooled
 from qosgate.engines.engine_metrics import parse_engine_metrics
 from qosgate.engines.openai_format import model_card
-from qosgate.engines.splice import Polarity, engine_priority, set_priority, set_streamed
+from qosgate.engines.splice import (
+    Polarity,
+    PriorityOrder,
+    engine_priority,
+    set_priority,
+    set_streamed,
+)
 
 log = logging.getLogger("qosgate.upstream")
 
@@ -70,6 +77,13 @@ class UpstreamSettings(BaseModel):
         default="none",
         description="vllm: smaller runs first (needs --scheduling-policy priority); "
         "sglang: larger runs first (needs --enable-priority-scheduling); none: strip it",
+    )
+    priority_order: PriorityOrder = Field(
+        default="full",
+        description="full: the priority carries qosgate's whole order (band, then the rank "
+        "in it: tenant fair share, deadline or arrival), so what waits in the engine's queue "
+        "waits in qosgate's order; class: the band alone (0, 1, 2, ...), for an engine or a "
+        "router in between that reads the priority as a small class number",
     )
     api_key: str | None = None
     models: tuple[str, ...] = Field(
@@ -773,6 +787,9 @@ class OpenAIUpstream:
         self.name = cfg.name or f"upstream-{index}"
         self.capacity = cfg.capacity
         self.polarity: Polarity = cfg.priority_polarity
+        self.priority_order: PriorityOrder = cfg.priority_order
+        # its queue runs in the order sent only where a polarity is sent, and only in full
+        self.ordered = self.polarity != "none" and self.priority_order == "full"
         self.base = cfg.url
         self._models: list[str] = list(cfg.models)
         self._pool = _Pool(cfg.url, cfg.connect_timeout_s, cfg.api_key)
@@ -872,7 +889,7 @@ class OpenAIUpstream:
         did not ask for would reach it, and vLLM then moves ``system_fingerprint`` from the
         finish chunk to the usage chunk."""
         job: Job = call.job
-        value = engine_priority(self.polarity, call.level(), call.levels())
+        value = engine_priority(self.polarity, call.order(), call.levels(), self.priority_order)
         body = set_priority(job.body, value, job.has_priority)
         return body if job.stream else set_streamed(body)
 

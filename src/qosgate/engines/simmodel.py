@@ -206,6 +206,7 @@ class SimEngine:
             raise ValueError(f"unknown policy {policy!r}")
         self.profile = profile if isinstance(profile, EngineProfile) else load_profile(profile)
         self.policy: Policy = policy
+        self.ordered = policy == "priority"
         self.max_num_seqs = self.profile.max_num_seqs
         self._seqs: dict[str, _Seq] = {}
         self._running: dict[str, _Seq] = {}  # insertion order == admission order

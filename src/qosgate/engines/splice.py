@@ -12,11 +12,17 @@ Polarity, verified against the engines' sources:
   vLLM 0.32 by ``tests/vllm``), older vLLM refused it with 400. Either way a vLLM started with
   ``fcfs`` does nothing with it, so it is given ``none``. NB: one of the seed articles claims a
   *larger* vLLM priority runs first; vLLM's docs and code say the opposite, and this mapping
-  follows the code (and a real vLLM 0.32 honours it, ``tests/vllm``): band 0 (realtime) is sent
-  as priority 0, band 3 (offline) as 3.
+  follows the code (and a real vLLM 0.32 honours it, ``tests/vllm``): qosgate's order value
+  (``core/engine_order.py``: band * 2**40 + the rank inside the band) is sent as it is, so
+  realtime's band 0 runs before band 3 (offline), and inside a band the request qosgate would
+  pick first runs first. vLLM accepts any integer (a Python int; ties go by arrival).
 - ``sglang``: a **larger** value runs first by default. SGLang ``--enable-priority-scheduling``;
   the server arg ``schedule_low_priority_values_first`` defaults to False, i.e. larger values are
-  scheduled first (sglang/srt/server_args.py). Band b of n is sent as ``n - 1 - b``.
+  scheduled first (sglang/srt/server_args.py). Order value v of n bands is sent as
+  ``n * 2**40 - 1 - v``: the same order, turned round.
+
+``priority_order: class`` sends the band alone (vLLM: ``b``; SGLang: ``n - 1 - b``) for anything
+that reads the value as a small class number.
 - ``none``: the member is removed, so a client's QoS ``priority`` never reaches an engine that
   would refuse it, ignore it, or read it the other way round.
 """
@@ -28,18 +34,24 @@ from typing import Literal
 
 import msgspec
 
+from qosgate.core.engine_order import band_of, top
+
 Polarity = Literal["vllm", "sglang", "none"]
+PriorityOrder = Literal["full", "class"]
 
 _encode = msgspec.json.Encoder().encode
 
 
-def engine_priority(polarity: Polarity, level: int, levels: int) -> int | None:
-    """The engine-side priority for queue band ``level`` (0 = most urgent) of ``levels``."""
-    if polarity == "vllm":
-        return level
-    if polarity == "sglang":
-        return levels - 1 - level
-    return None
+def engine_priority(polarity: Polarity, order: int, levels: int,
+                    detail: PriorityOrder = "full") -> int | None:
+    """The engine-side priority for qosgate's order value ``order`` (``core.engine_order``;
+    smaller first) with ``levels`` bands."""
+    if polarity == "none":
+        return None
+    if detail == "class":
+        band = band_of(order)
+        return band if polarity == "vllm" else levels - 1 - band
+    return order if polarity == "vllm" else top(levels) - 1 - order
 
 
 # a member's value as the splice replaces it in place: an integer, as vLLM/SGLang take it, or null

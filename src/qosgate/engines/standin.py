@@ -137,7 +137,7 @@ class _Call:
         self.finished = finished
         self.success = success
 
-    def level(self) -> int:
+    def order(self) -> int:
         return 0
 
     def levels(self) -> int:

@@ -97,6 +97,8 @@ class StepEngine(Protocol):
     """What the drivers need from an engine that generates in-process (sim model, llama.cpp)."""
 
     max_num_seqs: int
+    # whether its waiting queue runs smallest ``engine_priority`` first (else arrival order)
+    ordered: bool
 
     def add(self, spec: SeqSpec) -> None:
         """Queue a sequence; it joins the batch at the next step boundary."""

@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
+from qosgate.core.engine_order import order_value
 from qosgate.engines.base import Engine, Health, Job, SendFn, Sink, Withdrawn
 from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.replica_log import ReplicaLog
@@ -88,8 +89,9 @@ class Ticket:
         self.finished: asyncio.Future[None] = driver.loop().create_future()
 
     # ---- engines.base.Call
-    def level(self) -> int:
-        return self.req.level
+    def order(self) -> int:
+        req = self.req
+        return req.order if req.order is not None else order_value(req.level, 0.0)
 
     def levels(self) -> int:
         return len(self._driver.scheduler.classes)

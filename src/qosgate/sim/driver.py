@@ -108,8 +108,8 @@ EngineQueue = Literal["auto", "fcfs", "priority"]
 
 def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
     """``engine_queue="auto"``: the engine's own queue is FCFS under ``fifo`` (no priorities
-    anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward the
-    request's level as the engine priority (as the gateway does); ``engine-priority`` always uses
+    anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward
+    qosgate's order as the engine priority (as the gateway does, ``core.engine_order``); ``engine-priority`` always uses
     the engine's priority queue."""
     if name == "engine-priority":
         return PolicySetup(name, "fifo", "priority", True)
@@ -428,7 +428,8 @@ class _Run:
                 else:  # the window the config asks for, as the gateway's
                     sched.add_replica(
                         ReplicaSpec(
-                            plan.name, plan.window, pausable=plan.pausable, window=plan.window_mode
+                            plan.name, plan.window, pausable=plan.pausable,
+                            window=plan.window_mode, ordered=ps.engine_queue == "priority",
                         )
                     )
             self.gws.append(sched)
@@ -610,7 +611,10 @@ class _Run:
             a.prompt,
             a.max_tokens,
             target_output_tokens=a.output,
-            engine_priority=d.req.level,
+            # engine-priority: the client's own priority (its class's level), as a client
+            # talking to vLLM directly would send it; else qosgate's order (``engine_order``)
+            engine_priority=d.req.level if self.passthrough or d.req.order is None
+            else d.req.order,
         )
         try:
             rep.engine.add(spec)

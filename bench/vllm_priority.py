@@ -36,28 +36,19 @@ import argparse
 import json
 import math
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
+from openai import OpenAI
+from vllm_common import MODEL, build_env, drain, pct, start_vllm
 
-from openai import OpenAI  # noqa: E402
+from tests.gateway.conftest import Server, start_gateway
 
-from qosgate.engines.engine_metrics import parse_engine_metrics  # noqa: E402
-from tests.gateway.conftest import Server, free_port, start_gateway  # noqa: E402
-
-PY = sys.executable
-SCRIPT = ROOT / "scripts" / "vllm_env.py"
-MODEL = "smollm2-135m-instruct"
 MAX_NUM_SEQS = 2
 OFFLINE_TOKENS = 32
 REALTIME_TOKENS = 8
@@ -91,28 +82,6 @@ class Scenario:
     offline_done: int = 0
     offline_tokens: int = 0
     seconds: float = 0.0
-
-
-def start_vllm(tmp: Path, policy: str) -> Server:
-    port = free_port()
-    args = [PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--scratch", str(tmp / f"scratch-{policy}")]
-    return Server(args, port, "/v1/models", tmp / f"vllm-{policy}.log", ready_timeout=900,
-                  stop_timeout=30)
-
-
-def engine_busy(engine: Server) -> tuple[int, int]:
-    with urllib.request.urlopen(engine.url + "/metrics", timeout=5) as r:
-        s = parse_engine_metrics(r.read().decode(), time.monotonic(), engine="vllm")
-    return s.running or 0, s.waiting or 0
-
-
-def drain(engine: Server, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while engine_busy(engine) != (0, 0):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{engine.url} still busy: {engine_busy(engine)}")
-        time.sleep(0.2)
 
 
 def run(sc: Scenario, duration: float, n_offline: int, every: float, seed: int) -> None:
@@ -182,12 +151,6 @@ def run(sc: Scenario, duration: float, n_offline: int, every: float, seed: int) 
     drain(sc.engine)
 
 
-def pct(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile."""
-    s = sorted(xs)
-    return s[max(0, math.ceil(q * len(s)) - 1)] if s else float("nan")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=40.0, help="realtime trickle, s/scenario")
@@ -196,14 +159,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
 
-    t = time.monotonic()
-    subprocess.run([PY, str(SCRIPT), "build"], check=True)
-    print(f"vLLM environment ready in {time.monotonic() - t:.0f} s", flush=True)
+    print(f"vLLM environment ready in {build_env():.0f} s", flush=True)
     tmp = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     t = time.monotonic()
     with ThreadPoolExecutor(2) as pool:
-        fcfs_f, prio_f = pool.submit(start_vllm, tmp, "fcfs"), pool.submit(start_vllm, tmp,
-                                                                              "priority")
+        fcfs_f = pool.submit(start_vllm, tmp, "fcfs", MAX_NUM_SEQS)
+        prio_f = pool.submit(start_vllm, tmp, "priority", MAX_NUM_SEQS)
         fcfs, prio = fcfs_f.result(), prio_f.result()
     print(f"two vLLMs (fcfs, priority; --max-num-seqs {MAX_NUM_SEQS}) up in "
           f"{time.monotonic() - t:.0f} s", flush=True)

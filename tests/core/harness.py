@@ -62,9 +62,19 @@ class Harness:
             timeline.append(("restore", req))
             restore(req)
 
-        def watched_dispatch(req: Request, rep: object, now: float, out: list[object]) -> None:
+        def watched_dispatch(req: Request, rep: object, now: float, out: list[object],
+                             over: bool = False) -> None:
             timeline.append(("dispatch", req, rep.name))  # type: ignore[attr-defined]
-            dispatch(req, rep, now, out)  # type: ignore[arg-type]
+            if over:  # past a full window: only to overtake unstarted work, in an ordered engine
+                assert rep.ordered and rep.free == 0  # type: ignore[attr-defined]
+                order = s.policy.order(req)
+                if req.order is not None:
+                    order = min(order, req.order)
+                later = [r for r in rep.inflight.values()  # type: ignore[attr-defined]
+                         if r.state is State.DISPATCHED and r.order > order]
+                excess = len(rep.inflight) - rep.window  # type: ignore[attr-defined]
+                assert len(later) > max(0, excess), f"{req.id} overtook nothing on {rep}"
+            dispatch(req, rep, now, out, over)  # type: ignore[arg-type]
 
         s.policy.pop = watched_pop
         s.policy.restore = watched_restore
@@ -206,6 +216,12 @@ class Harness:
         assert sum(len(rep.inflight) for rep in s.replicas.values()) == len(running)
         for r in running:  # never sent to a replica that does not serve its model
             assert s.replicas[r.replica or ""].serves(r.model)
+            assert r.order is not None  # what the engine is told to run it in
+        # a fair-share tag is held back only while its request waits unstarted in an engine
+        for r in s.requests.values():
+            assert r.tagged_by is None or r.state is State.DISPATCHED, f"{r.id} holds its tag"
+        for r in self.outcomes.values():
+            assert r.tagged_by is None, f"{r.id} ended holding its tag"
         # work-conserving: nothing waits while a slot it could use is free -- on a replica
         # that may take it now (up, not ejected or cooling, serving its model, its reserved
         # share and prefill budget allowing; a request paused on an in-process engine can

@@ -76,7 +76,8 @@ def test_every_request_ends_exactly_once_and_books_balance(
     sched = Scheduler(
         _config(policy),  # type: ignore[arg-type]
         policy,
-        [_fixed("r0", 2), _fixed("r1", 1, pausable=True)],
+        # r0's engine runs its queue in the order sent: requests may overtake there
+        [_fixed("r0", 2, ordered=True), _fixed("r1", 1, pausable=True)],
     )
     h = Harness(sched)
     keys = ["ka", "kb", "kc"]
@@ -365,7 +366,7 @@ def test_invariants_hold_with_replicas_failing_ejected_cooled_and_retried(
         cfg,
         policy,
         [
-            ReplicaSpec("r0", 2, models=("m1",), window="fixed"),
+            ReplicaSpec("r0", 2, models=("m1",), window="fixed", ordered=True),
             ReplicaSpec("r1", 1, models=("m1",), pausable=True, window="fixed"),
             ReplicaSpec("r2", 4, models=("m2",)),  # adaptive: its window follows signals
             ReplicaSpec("r3", 3, models=("m1", "m2")),

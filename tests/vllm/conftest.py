@@ -175,17 +175,22 @@ classes:
      max_queue: 100, preemptible: true}}
   - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 300,
      max_queue: 100, preemptible: true}}
+tenants:
+  - {{name: flood, api_keys: [sk-flood]}}
+  - {{name: light, api_keys: [sk-light]}}
 upstreams:
   - url: {url}
     name: {name}
     capacity: {capacity}
     priority_polarity: {polarity}
+    priority_order: {order}
     models: [{model}, {ghost}]
 """
 
 
 def start_gateway_for(
-    tmp: Path, upstream: Server, name: str, polarity: str, capacity: int = 16
+    tmp: Path, upstream: Server, name: str, polarity: str, capacity: int = 16,
+    order: str = "full",
 ) -> Server:
     """``qosgate serve`` in front of one vLLM; its window fixed at ``capacity``, larger than the
     engine's batch, so the requests queue inside vLLM and vLLM's own order is what is seen."""
@@ -193,7 +198,7 @@ def start_gateway_for(
     cfg.write_text(
         GATEWAY_CONFIG.format(
             url=upstream.url, name=name, capacity=capacity, polarity=polarity, model=MODEL,
-            ghost=GHOST,
+            ghost=GHOST, order=order,
         )
     )
     return start_gateway(tmp, "--config", str(cfg))
@@ -202,6 +207,15 @@ def start_gateway_for(
 @pytest.fixture(scope="session")
 def gw_priority(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
     gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-priority", "vllm")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="session")
+def gw_priority_class(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
+    """The same, forwarding the class alone as vLLM's priority (``priority_order: class``)."""
+    gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-priority-class", "vllm",
+                           order="class")
     yield gw
     gw.stop()
 

@@ -209,6 +209,53 @@ def test_none_polarity_in_front_of_fcfs_vllm(gw_fcfs: Server, vllm_fcfs: Server)
     assert f.first["realtime"] > max(waited), f.first
 
 
+def flood_then_light(gw: Server, engine: Server) -> Flood:
+    """Tenant ``flood``: two api requests running and four waiting inside vLLM (the window of
+    16 lets all six through); then one api request of tenant ``light``, same class, sent while
+    both of vLLM's slots are still busy."""
+    wait_idle(engine)
+    f = Flood(gw)
+    f.c = client(gw, timeout=300).with_options(api_key="sk-flood")
+    api = {"extra_body": IGNORE_EOS, "extra_headers": {"x-qos-class": "api"}}
+    f.start("run-short", 64, **api)
+    f.start("run-long", 160, **api)
+    assert wait_until(lambda: signals(engine).running == MAX_NUM_SEQS, 60)
+    for i in range(4):
+        f.start(f"wait-{i}", 12, **api)
+        assert wait_until(lambda i=i: signals(engine).waiting == i + 1, 60)
+    f.c = f.c.with_options(api_key="sk-light")
+    f.start("light", 4, **api)
+    f.join()
+    t0 = f.sent["run-short"]
+    print("timeline (s): " + ", ".join(
+        f"{n}: sent {f.sent[n] - t0:.2f} first {f.first[n] - t0:.2f} done {f.done[n] - t0:.2f}"
+        for n in sorted(f.sent, key=lambda n: f.first[n])))
+    assert f.sent["light"] < f.done["run-short"], "too slow: a slot freed before light came"
+    return f
+
+
+def test_the_forwarded_order_puts_a_light_tenant_ahead_in_vllms_queue(
+    gw_priority: Server, vllm_priority: Server
+) -> None:
+    """qosgate's whole order reaches vLLM's queue: the light tenant, sent after the flood's four
+    waiting requests of the same class, is ordered before them (its fair-share rank), and vLLM
+    starts it in the first slot that frees; the flood's own four keep their order."""
+    f = flood_then_light(gw_priority, vllm_priority)
+    waited = [f.first[f"wait-{i}"] for i in range(4)]
+    assert f.first["light"] < min(waited), f.first
+    assert waited == sorted(waited), f.first
+
+
+def test_the_class_alone_leaves_a_light_tenant_behind_in_vllms_queue(
+    gw_priority_class: Server, vllm_priority: Server
+) -> None:
+    """With ``priority_order: class`` every api request is sent as priority 1, and vLLM breaks
+    the tie by arrival: the light tenant waits behind all four (what the full order fixes)."""
+    f = flood_then_light(gw_priority_class, vllm_priority)
+    waited = [f.first[f"wait-{i}"] for i in range(4)]
+    assert f.first["light"] > max(waited), f.first
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize("stream", [False, True])
 def test_vllms_400_reaches_the_client_in_openai_format(gw_priority: Server, stream: bool) -> None:

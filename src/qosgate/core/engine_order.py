@@ -20,17 +20,22 @@ import math
 
 RANK_BITS = 40
 STRIDE = 1 << RANK_BITS  # ranks per band: 1.1e12 (tokens of fair-share service, or ms)
+# rank 0 sits this far into the band: a tenant back from idle may be ordered a little before
+# the counters' origin (``fairshare``: just before the oldest unstarted tag)
+ORIGIN = 1 << 20
 
 
 def order_value(band: int, rank: float) -> int:
-    """The engine-side order of a request in ``band`` with ``rank`` (both smaller-first)."""
-    if rank != rank or rank <= 0.0:  # NaN or before the origin
-        r = 0
-    elif rank >= STRIDE - 1 or math.isinf(rank):
-        r = STRIDE - 1
+    """The engine-side order of a request in ``band`` with ``rank`` (both smaller-first; ranks
+    one apart stay apart)."""
+    r = rank + ORIGIN
+    if r != r or r <= 0.0:  # NaN, or far before the origin
+        i = 0
+    elif r >= STRIDE - 1 or math.isinf(r):
+        i = STRIDE - 1
     else:
-        r = int(rank)
-    return band * STRIDE + r
+        i = int(r)
+    return band * STRIDE + i
 
 
 def band_of(value: int) -> int:

@@ -62,12 +62,15 @@ class FairShare(Generic[K]):
     def activate(self, key: K, lift: bool = True) -> None:
         """``key`` became backlogged: lift it so idle time earns no credit (VTC). Without
         ``lift``: it was never idle (emptied only for a moment), and keeps its counter."""
-        c = self.counter.get(key, 0.0)
+        known = self.counter.get(key)
+        c = 0.0 if known is None else known
         floor = (self._min_active() if self._active else self._last_left) if lift else c
         if lift and self._held:
             oldest = self._min_held()
             if oldest is not None and oldest - 1.0 < floor:
                 floor = oldest - 1.0  # just before it: a tie would go to the one held
+        if known is None and lift:
+            c = min(c, floor)  # a new key starts at the floor, whichever side of 0 it is
         if c < floor:
             self.lifted[key] = self.lifted.get(key, 0.0) + (floor - c)
             c = floor

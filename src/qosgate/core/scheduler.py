@@ -755,6 +755,7 @@ class Scheduler:
             preemptions=tuple(sorted(self.preemptions.items())),
             attempt_failures=tuple((*k, v) for k, v in sorted(self.attempt_failures.items())),
             retries=tuple((*k, v) for k, v in sorted(self.retries.items())),
+            overtakes=tuple(sorted(self.overtakes.items())),
         )
 
     # ---------------------------------------------------------------- internals

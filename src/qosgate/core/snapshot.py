@@ -60,3 +60,4 @@ class Snapshot:
     preemptions: tuple[tuple[str, int], ...]  # (class, count)
     attempt_failures: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)
     retries: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)
+    overtakes: tuple[tuple[str, int], ...] = ()  # (replica, dispatches past a full window)

@@ -125,6 +125,9 @@ REPLICA_COOLING = _f("qosgate_replica_cooling_seconds", "gauge", "seconds", R,
                      "Back-pressure (429/503 Retry-After) left before it takes work again.")
 REPLICA_EJECTIONS = _f("qosgate_replica_ejections_total", "counter", "", R,
                        "Outlier ejections.")
+REPLICA_OVERTAKES = _f("qosgate_overtakes_total", "counter", "", R,
+                       "Requests sent past a full window to overtake this gateway's unstarted "
+                       "work in an engine that runs its queue in the order sent.")
 REPLICA_TTFT = _f("qosgate_replica_ttft_seconds", "histogram", "seconds", R,
                   "Dispatch to first token, per replica.")
 REPLICA_SIGNALS_AGE = _f("qosgate_replica_signals_age_seconds", "gauge", "seconds", R,

@@ -19,7 +19,8 @@ unknown model, ...) at scrape time, so ``qosgate_requests_total`` equals the out
   first byte (``upstream_unreachable``, ``upstream_503``, ``first_byte_timeout``, ...), and
   ``qosgate_retries_total{class,replica,reason}`` those of them retried elsewhere;
 - ``qosgate_preemptions_total{class}``: requests pulled back (paused or aborted) for a more
-  urgent one;
+  urgent one; ``qosgate_overtakes_total{replica}``: requests sent past a full window to overtake
+  unstarted work in an ordered engine;
 - for the board and the alert rules (``deploy/``): ``qosgate_tpot_seconds{class}`` (histogram),
   ``qosgate_slo_requests_total{class,slo}`` (completed requests judged against the class's
   budgets), ``qosgate_class_ttft_budget_seconds{class}`` and
@@ -251,6 +252,10 @@ class _StateCollector:
         for cls, n in snap.preemptions:
             pre.add_metric([cls], n)
         yield pre
+        over = mn.REPLICA_OVERTAKES.counter()
+        for name, n in snap.overtakes:
+            over.add_metric([name], n)
+        yield over
 
 
 class _Histogram:

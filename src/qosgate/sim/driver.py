@@ -109,8 +109,8 @@ EngineQueue = Literal["auto", "fcfs", "priority"]
 def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
     """``engine_queue="auto"``: the engine's own queue is FCFS under ``fifo`` (no priorities
     anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward
-    qosgate's order as the engine priority (as the gateway does, ``core.engine_order``); ``engine-priority`` always uses
-    the engine's priority queue."""
+    qosgate's order as the engine priority (as the gateway does, ``core.engine_order``);
+    ``engine-priority`` always uses the engine's priority queue."""
     if name == "engine-priority":
         return PolicySetup(name, "fifo", "priority", True)
     if name not in POLICY_NAMES:

@@ -21,6 +21,7 @@ class Stub:
     name = "a"
     capacity = 1
     pausable = False
+    ordered = False
 
     def __init__(self) -> None:
         self.up = True

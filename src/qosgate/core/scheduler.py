@@ -1083,6 +1083,9 @@ class Scheduler:
             return False  # a retry waits for another replica while the model has one
         if rep.failing and rep.pending:
             return False  # suspect: one unanswered request at a time
+        if (self._prompt_hold and req.replica is None and not self._strict[req.class_level]
+                and self._strict_prompt_waits(rep)):
+            return False
         return self._isolated_ok(rep, req, now)
 
     def _reserve_room(self, rep: Replica, frac: float) -> int | None:

@@ -4,7 +4,7 @@ under one or more prefill budgets (``fleet.prefill_budget_tokens``), on the work
 issue-9 goals are judged on.
 
     .venv/bin/python bench/tpot_guard.py [--guards off,auto,0.6,0.9] [--cases seed-1,seed-5,...]
-        [--prefill-budgets default,768,off]
+        [--prefill-budgets default,768,off] [--prompt-hold off|on]
 
 Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-conv`` at
 ``--time-scale T``; ``mixed`` is ``fleet-mixed`` (heterogeneous replicas, its own 1.5x) and
@@ -13,10 +13,11 @@ Cases: ``seed-L`` is ``seed-classes`` at ``--load L``; ``azure-T`` is ``azure-co
 realtime stream alone, at the rate it has in ``seed-L`` (the other classes left out): the floor
 under realtime's latency at that load, whatever qosgate does with the others.
 Every run is one ``qosgate simulate --policies qos`` of that scenario with
-``config.fleet.tpot_guard`` and ``prefill_budget_tokens`` set (merged into the scenario's own
-config), deterministic: the same command prints the same table. Printed per run: realtime TTFT
-p99 / TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO attainment, refusals at arrival and
-queue timeouts (all classes), goodput (requests that met both SLOs and finished inside the
+``config.fleet.tpot_guard``, ``prefill_budget_tokens`` and ``strict_prompt_hold``
+(``--prompt-hold``, off by default) set (merged into the scenario's own config),
+deterministic: the same command prints the same table. Printed per run: realtime TTFT p99 /
+TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO attainment, refusals at arrival and queue
+timeouts (all classes), goodput (requests that met both SLOs and finished inside the
 arrival window, per second of it), output tokens/s and their share of ``fifo``'s (one ``fifo``
 run per case, first, with the default prefill budget, which ``fifo`` ignores), and the engines'
 KV evictions.
@@ -61,12 +62,12 @@ def _case(name: str) -> tuple[str, dict[str, Any]]:
 
 
 def run(case: str, guard: float | str | None, policy: str = "qos",
-        budget: int | None = DEFAULT_BUDGET) -> dict[str, Any]:
+        budget: int | None = DEFAULT_BUDGET, hold: bool = False) -> dict[str, Any]:
     scenario_name, changes = _case(case)
     base = load_scenario(scenario_name)
     config = dict(base.config)
     config["fleet"] = {**dict(config.get("fleet", {})), "tpot_guard": guard,
-                       "prefill_budget_tokens": budget}
+                       "prefill_budget_tokens": budget, "strict_prompt_hold": hold}
     scenario = override(base, policies=[policy], config=config, sweep=None, **changes)
     result = run_scenario(prepare(scenario))
     (one,) = result.runs
@@ -91,7 +92,10 @@ def main() -> None:
     ap.add_argument("--cases", default=DEFAULT_CASES)
     ap.add_argument("--prefill-budgets", default="default",
                     help=f"token counts, off, or default ({DEFAULT_BUDGET})")
+    ap.add_argument("--prompt-hold", choices=("off", "on"), default="off",
+                    help="fleet.strict_prompt_hold for the qos runs")
     args = ap.parse_args()
+    hold = args.prompt_hold == "on"
     guards: list[float | str | None] = [
         None if g == "off" else g if g == "auto" else float(g) for g in args.guards.split(",")]
     budgets = [_budget(b) for b in args.prefill_budgets.split(",")]
@@ -104,7 +108,7 @@ def main() -> None:
             ("qos", g, b) for b in budgets for g in guards]
         for policy, g, b in runs:
             t0 = time.perf_counter()
-            r = run(case, g, policy, b)
+            r = run(case, g, policy, b, hold)
             if policy == "fifo":
                 fifo_tok_s = r["tok_s"]
             api = "-" if r["api_slo"] is None else f"{100 * r['api_slo']:.1f}%"

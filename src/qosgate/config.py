@@ -229,6 +229,13 @@ class Fleet(_Strict):
         "it one prompt of the other classes at a time may go (no starvation). Several gateways "
         "feeding one engine each keep their share of it (what they have in flight over what "
         "the engine holds, from its scrape). None = no bound")
+    strict_prompt_hold: bool = Field(
+        default=False, description="while a strict (realtime) request's prompt waits on a "
+        "replica for its first token, that replica takes no new request of the other classes "
+        "(they wait in qosgate's queue, not elsewhere): an engine fills each step's token "
+        "budget with whatever is waiting, so their prompts would share realtime's prefill "
+        "steps and lengthen them. Helps a pool of one GPU type; costs a fleet that mixes GPU "
+        "generations (docs/tpot_guard.md). Not under fifo")
     tpot_guard: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
         default=None, description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "

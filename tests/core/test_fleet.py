@@ -583,3 +583,61 @@ def test_least_load_spread_spreads_realtime_and_steers_it_off_a_slow_replica() -
     _submit(s, "bulk2", now=2.1)  # one on each: equal load
     assert _dispatched(_submit(s, "rt", now=2.2, cls="realtime")) == {"rt": "b"}
     assert _dispatched(_submit(s, "api", now=2.3)) == {"api": "a"}  # least-load's choice
+
+
+def test_a_waiting_realtime_prompt_holds_the_other_classes_off_its_replica() -> None:
+    """With ``strict_prompt_hold``, a replica whose realtime prompt has not been answered takes
+    no new request of the other classes (the engine would put their prompts in realtime's
+    prefill step); realtime's own prompts still go, and the queue moves once every realtime
+    prompt there is answered."""
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(strict_prompt_hold=True))
+    assert _dispatched(_submit(s, "rt", cls="realtime", prompt=1000)) == {"rt": "a"}
+    assert _dispatched(_submit(s, "api", now=0.1)) == {}
+    assert _dispatched(_submit(s, "batch", now=0.1, cls="batch")) == {}
+    assert not s.may_take(s.replicas["a"], s.requests["api"], 0.1)
+    assert _dispatched(_submit(s, "rt2", now=0.2, cls="realtime", prompt=500)) == {"rt2": "a"}
+    assert _dispatched(s.first_token("rt", 0.3)) == {}  # rt2's prompt still waits
+    assert _dispatched(s.first_token("rt2", 0.4)) == {"api": "a", "batch": "a"}
+
+
+def test_the_prompt_hold_keeps_the_others_queued_rather_than_sent_elsewhere() -> None:
+    """The router still picks the replica; if the one it picks holds, the request waits in
+    qosgate for it rather than going to another (sending them all to the replicas with no
+    realtime prompt cost the fleets more, docs/tpot_guard.md)."""
+    s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8), fleet=Fleet(strict_prompt_hold=True))
+    for i in range(4):  # spread over both
+        assert _dispatched(_submit(s, f"old{i}")) == {f"old{i}": "ab"[i % 2]}
+        s.first_token(f"old{i}", 0.05)
+    s.complete("old0", 0.06, 5)
+    s.complete("old2", 0.06, 5)  # b is the busier one now: two streams against none
+    assert _dispatched(_submit(s, "rt", now=0.1, cls="realtime")) == {"rt": "a"}
+    assert _dispatched(_submit(s, "api", now=0.2)) == {}  # a is the least loaded: held for it
+    assert _dispatched(s.first_token("rt", 0.3)) == {"api": "a"}
+
+
+def test_the_prompt_hold_is_off_by_default_and_never_under_fifo() -> None:
+    for s in (_sched(ReplicaSpec("a", 8)),
+              Scheduler(default_config(fleet=Fleet(strict_prompt_hold=True)), "fifo",
+                        [ReplicaSpec("a", 8, window="fixed")])):
+        _submit(s, "rt", cls="realtime", prompt=1000)
+        assert _dispatched(_submit(s, "api", now=0.1)) == {"api": "a"}
+
+
+def test_a_held_queue_is_not_popped_while_the_realtime_prompt_waits() -> None:
+    """While the only replica with room holds for a realtime prompt, a fill pops nothing (each
+    pop and re-queue would cost, and serve nothing)."""
+    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(strict_prompt_hold=True))
+    _submit(s, "rt", cls="realtime")
+    pops = 0
+    pop = s.policy.pop
+
+    def counting_pop() -> object:
+        nonlocal pops
+        pops += 1
+        return pop()
+
+    s.policy.pop = counting_pop  # type: ignore[assignment,method-assign]
+    for i in range(5):
+        assert _dispatched(_submit(s, f"b{i}", now=0.1)) == {}
+    assert pops == 0
+    assert len(_dispatched(s.first_token("rt", 0.2))) == 5

@@ -171,11 +171,13 @@ class Scheduler:
         )
         self._guard_budget_s = min(strict_tpot_s.values(), default=0.0)
         self._hold_others = self._prefill_budget is not None or self._guard_mode is not None
+        # a strict prompt waiting on a replica holds the other classes' requests from it
+        self._prompt_hold = cfg.fleet.strict_prompt_hold and self.policy.class_aware
         # replicas whose prefill budget this fill closed to the classes below a held prompt
         self._budget_closed: list[Replica] = []
         # whether a rule may keep free room from the queue (the reserve, the prefill budget,
         # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
-        self._may_stall = self._hold_others or any(self._reserve_above)
+        self._may_stall = self._hold_others or self._prompt_hold or any(self._reserve_above)
         self._rate_at = (-math.inf, 0.0)
         # queued requests per class and tenant: with fairness between tenants inside a class,
         # a light tenant's request waits behind its own share of the class's queue, not all of it
@@ -485,8 +487,11 @@ class Scheduler:
                     rep.strict_streams += 1
                 else:
                     rep.other_prefill_tokens -= req.prompt_tokens
-                if rep.strict_streams and self._prefill_budget is not None:
-                    self._next_change = now  # prefill budget freed: the queue may use it now
+                if rep.strict_streams and (self._prefill_budget is not None
+                                           or self._prompt_hold):
+                    # prefill budget freed, or the hold for a strict prompt ended: the queue
+                    # may use it now
+                    self._next_change = now
                 if not rep.pausable and self._preemptible.pop(rid, None) is not None:
                     rep.preemptible -= 1
                     if req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
@@ -1063,7 +1068,8 @@ class Scheduler:
             if reserve_open and not (rep.strict_streams and (
                 (rep.others_held and rep.others_inflight)
                 or (budget is not None and rep.other_prefill_tokens
-                    and rep.prefill_tokens >= budget * rep.engine_share))):
+                    and rep.prefill_tokens >= budget * rep.engine_share))) and not (
+                    self._prompt_hold and self._strict_prompt_waits(rep)):
                 return False  # the common case, and the cheapest test first
         return not self._paused_queued and not any(self.queued[lv] for lv in self._strict_levels)
 
@@ -1088,6 +1094,9 @@ class Scheduler:
             return False  # a retry waits for another replica while the model has one
         if rep.failing and rep.pending:
             return False  # suspect: one unanswered request at a time
+        if (self._prompt_hold and req.replica is None and not self._strict[req.class_level]
+                and self._strict_prompt_waits(rep)):
+            return False
         return self._isolated_ok(rep, req, now)
 
     def _reserve_room(self, rep: Replica, frac: float) -> int | None:
@@ -1196,8 +1205,26 @@ class Scheduler:
             usable = [r for r in usable if not (r.failing and r.pending)]
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
-            return only if only.free > 0 else None
-        return self.router.pick(req, usable, now)
+            rep = only if only.free > 0 else None
+        else:
+            rep = self.router.pick(req, usable, now)
+        if (self._prompt_hold and rep is not None and not self._strict[req.class_level]
+                and self._strict_prompt_waits(rep)):
+            # held here, not sent elsewhere: as a filter before the router (sending them to
+            # the replicas with no realtime prompt) it cost fleet-faults and fleet-mixed more
+            # (docs/tpot_guard.md)
+            return None
+        return rep
+
+    @staticmethod
+    def _strict_prompt_waits(rep: Replica) -> bool:
+        """A strict request's prompt was sent to ``rep`` and not answered yet (every prompt
+        counts at least one token, so the strict classes' share of the pending tokens says it).
+        The engine would fill that prompt's step with whatever else waits (vLLM fills each
+        step's token budget): the other classes' prompts sent now would share realtime's
+        prefill steps and lengthen them, the cost to realtime's TTFT that realtime alone does
+        not pay."""
+        return rep.prefill_tokens > rep.other_prefill_tokens
 
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision],
                   over: bool = False) -> None:

@@ -175,7 +175,8 @@ classes:
      max_queue: 100, preemptible: true}}
   - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 300,
      max_queue: 100, preemptible: true}}
-tenants:
+tenants:  # the tests' own client sends the key "none"; two tenants of one class beside it
+  - {{name: tests, api_keys: [none]}}
   - {{name: flood, api_keys: [sk-flood]}}
   - {{name: light, api_keys: [sk-light]}}
 upstreams:

@@ -1294,11 +1294,12 @@ class Scheduler:
                 order = req.order
             most = 0
             for rep in reps:
-                if not self.may_take(rep, req, now):
-                    continue
+                over = max(0, len(rep.inflight) - rep.window)
+                if rep.pending - over <= most or not self.may_take(rep, req, now):
+                    continue  # (it could overtake no more than its unstarted requests)
                 later = sum(1 for r in rep.inflight.values()
                             if r.state is DISPATCHED and r.order is not None and r.order > order)
-                room = later - max(0, len(rep.inflight) - rep.window)
+                room = later - over
                 if room > most:
                     best, most = rep, room
         if best is None:

@@ -460,7 +460,9 @@ def show_config(config: ConfigOpt = None) -> None:
     if settings.upstreams:
         for i, u in enumerate(settings.upstreams):
             console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.capacity}, "
-                          f"priority polarity {u.priority_polarity}")
+                          f"priority polarity {u.priority_polarity}"
+                          + (f" ({u.priority_order} order)" if u.priority_polarity != "none"
+                             else ""))
     else:
         e = settings.engine
         console.print(f"engine: {e.kind}" + (f", profile {e.profile}" if e.kind == "sim" else

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from qosgate.core.engine_order import band_of
 from tests.gateway.conftest import MODEL, Server, http, metric_values, start_gateway, wait_until
 
 CONFIG = """
@@ -193,10 +195,18 @@ def test_qos_inputs_reach_the_engine_in_vllm_polarity(gateway: Server, standin: 
         seen(cls, "acme", *OK)
         bodies = recorded(standin)
         assert len(bodies) == before + 1
-        assert json.loads(bodies[-1])["priority"] == prio, (kw, bodies[-1])
+        # qosgate's order value (core.engine_order): the class's band, then its rank in it
+        assert band_of(json.loads(bodies[-1])["priority"]) == prio, (kw, bodies[-1])
 
 
 STREAMED = b'"stream":true,"stream_options":{"include_usage":true}'
+
+
+def _priority_sent(body: bytes) -> int:
+    """The top-level priority the engine got (qosgate's order value: ``core.engine_order``)."""
+    m = re.search(rb'"priority":(\d+)\s*[,}]', body)
+    assert m is not None, body
+    return int(m.group(1))
 
 
 def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server) -> None:
@@ -210,22 +220,31 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
                         {"Authorization": "Bearer sk-acme", "Content-Type": "application/json"})
     assert code == 200, out
     seen("batch", "acme", *OK)
-    assert recorded(standin)[-1] == b"{" + STREAMED + b"," + body[1:].replace(
-        b'"priority" : 2', b'"priority":2')
+    got = recorded(standin)[-1]
+    value = _priority_sent(got)  # qosgate's order value, in batch's band
+    assert band_of(value) == 2, got
+    assert got == b"{" + STREAMED + b"," + body[1:].replace(
+        b'"priority" : 2', b'"priority":' + str(value).encode())
 
     body2 = b'{"model":"' + MODEL.encode() + b'","prompt":"x y","max_tokens":1}'
     code, _, out = http("POST", gateway.url + "/v1/completions", body2,
                         {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
     assert code == 200, out
     seen("realtime", "acme", *OK)
-    assert recorded(standin)[-1] == b"{" + STREAMED + b',"priority":0,' + body2[1:]
+    got = recorded(standin)[-1]
+    value = _priority_sent(got)
+    assert band_of(value) == 0  # realtime's band
+    assert got == b"{" + STREAMED + b',"priority":' + str(value).encode() + b"," + body2[1:]
 
     body3 = b'{"model":"' + MODEL.encode() + b'","prompt":"x","max_tokens":1,"stream":true}'
     code, _, out = http("POST", gateway.url + "/v1/completions", body3,
                         {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
     assert code == 200, out
     seen("realtime", "acme", *OK)
-    assert recorded(standin)[-1] == b'{"priority":0,' + body3[1:]  # a stream: as the client's
+    got = recorded(standin)[-1]
+    value = _priority_sent(got)
+    assert band_of(value) == 0
+    assert got == b'{"priority":' + str(value).encode() + b"," + body3[1:]  # a stream: as sent
 
 
 # ---------------------------------------------------------------------- errors

@@ -230,8 +230,8 @@ class FakeCall:
         self.sink = FakeSink()
         self.outcome: tuple[str, object] | None = None
 
-    def level(self) -> int:
-        return 1
+    def order(self) -> int:
+        return 1  # an order value (core.engine_order), sent as it is in vLLM's polarity
 
     def levels(self) -> int:
         return 4

@@ -51,6 +51,7 @@ from tests.gateway.conftest import (
     Server,
     free_port,
     http,
+    metric_values,
     start_gateway,
     start_standin,
     wait_until,
@@ -446,10 +447,19 @@ def test_board_and_rules_return_data_and_alerts_fire(stack: Stack) -> None:
 
     # ---- a replica killed with streams on it, and Redis gone
     c = st.client("sk-beta")
+
+    def generated_at_b() -> float:
+        _, _, body = http("GET", st.standins[1].url + "/metrics")
+        return sum(metric_values(body.decode(), "vllm:generation_tokens_total").values())
+
+    before = generated_at_b()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(chat, c, "batch", 400, stream=True) for _ in range(8)]
-        assert wait_until(lambda: st.metric("qosgate_replica_inflight", replica="b") > 0,
-                          timeout=10)
+        # streams are running on b, well past their first bytes (64 tokens made there): killed
+        # now, they end mid-stream. (Waiting only for requests in flight at b raced: those not
+        # yet answered by a first byte are retried on a, and every stream then ended ok.)
+        assert wait_until(lambda: st.metric("qosgate_replica_inflight", replica="b") > 0
+                          and generated_at_b() >= before + 64, timeout=20)
         st.standins[1].proc.kill()
         st.redis.kill()
         outcomes = [f.result() for f in streams]

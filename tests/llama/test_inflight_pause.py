@@ -60,6 +60,7 @@ class Gated:
         self.inner = inner
         self.loop = loop
         self.max_num_seqs = inner.max_num_seqs
+        self.ordered = inner.ordered
         self.when: Callable[[LlamaCppEngine], bool] | None = None
         self.action: Callable[[], Coroutine[Any, Any, None]] | None = None
         self.adds: list[str] = []

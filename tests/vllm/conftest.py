@@ -175,11 +175,7 @@ classes:
      max_queue: 100, preemptible: true}}
   - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 300,
      max_queue: 100, preemptible: true}}
-tenants:  # the tests' own client sends the key "none"; two tenants of one class beside it
-  - {{name: tests, api_keys: [none]}}
-  - {{name: flood, api_keys: [sk-flood]}}
-  - {{name: light, api_keys: [sk-light]}}
-upstreams:
+{tenants}upstreams:
   - url: {url}
     name: {name}
     capacity: {capacity}
@@ -189,9 +185,18 @@ upstreams:
 """
 
 
+# two tenants of one class for the tests of the order inside vLLM's queue (with tenants
+# configured a request needs a key: the tests' own client sends "none")
+TENANTS = """tenants:
+  - {name: tests, api_keys: [none]}
+  - {name: flood, api_keys: [sk-flood]}
+  - {name: light, api_keys: [sk-light]}
+"""
+
+
 def start_gateway_for(
     tmp: Path, upstream: Server, name: str, polarity: str, capacity: int = 16,
-    order: str = "full",
+    order: str = "full", tenants: str = "",
 ) -> Server:
     """``qosgate serve`` in front of one vLLM; its window fixed at ``capacity``, larger than the
     engine's batch, so the requests queue inside vLLM and vLLM's own order is what is seen."""
@@ -199,7 +204,7 @@ def start_gateway_for(
     cfg.write_text(
         GATEWAY_CONFIG.format(
             url=upstream.url, name=name, capacity=capacity, polarity=polarity, model=MODEL,
-            ghost=GHOST, order=order,
+            ghost=GHOST, order=order, tenants=tenants,
         )
     )
     return start_gateway(tmp, "--config", str(cfg))
@@ -213,10 +218,18 @@ def gw_priority(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
-def gw_priority_class(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
+def gw_tenants(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
+    """The same with two tenants, ``flood`` and ``light``, beside the tests' own key."""
+    gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-tenants", "vllm", tenants=TENANTS)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="session")
+def gw_tenants_class(vllm_priority: Server, vllm_tmp: Path) -> Iterator[Server]:
     """The same, forwarding the class alone as vLLM's priority (``priority_order: class``)."""
-    gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-priority-class", "vllm",
-                           order="class")
+    gw = start_gateway_for(vllm_tmp, vllm_priority, "vllm-tenants-class", "vllm",
+                           order="class", tenants=TENANTS)
     yield gw
     gw.stop()
 

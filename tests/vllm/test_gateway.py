@@ -235,23 +235,23 @@ def flood_then_light(gw: Server, engine: Server) -> Flood:
 
 
 def test_the_forwarded_order_puts_a_light_tenant_ahead_in_vllms_queue(
-    gw_priority: Server, vllm_priority: Server
+    gw_tenants: Server, vllm_priority: Server
 ) -> None:
     """qosgate's whole order reaches vLLM's queue: the light tenant, sent after the flood's four
     waiting requests of the same class, is ordered before them (its fair-share rank), and vLLM
     starts it in the first slot that frees; the flood's own four keep their order."""
-    f = flood_then_light(gw_priority, vllm_priority)
+    f = flood_then_light(gw_tenants, vllm_priority)
     waited = [f.first[f"wait-{i}"] for i in range(4)]
     assert f.first["light"] < min(waited), f.first
     assert waited == sorted(waited), f.first
 
 
 def test_the_class_alone_leaves_a_light_tenant_behind_in_vllms_queue(
-    gw_priority_class: Server, vllm_priority: Server
+    gw_tenants_class: Server, vllm_priority: Server
 ) -> None:
     """With ``priority_order: class`` every api request is sent as priority 1, and vLLM breaks
     the tie by arrival: the light tenant waits behind all four (what the full order fixes)."""
-    f = flood_then_light(gw_priority_class, vllm_priority)
+    f = flood_then_light(gw_tenants_class, vllm_priority)
     waited = [f.first[f"wait-{i}"] for i in range(4)]
     assert f.first["light"] > max(waited), f.first
 

@@ -3,6 +3,7 @@ a subprocess against a real gateway in front of two stand-ins, a dead URL and a 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import io
 import json
@@ -17,7 +18,7 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -514,6 +515,20 @@ def read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
     return buf
 
 
+def drain(read: Callable[[], bytes]) -> threading.Thread:
+    """Keep reading a child's output until it closes: a child that ends writes to it (the
+    frame it was drawing, the screen it restores), and with nobody reading, a full pipe or
+    terminal would block it there, after Ctrl-C, forever."""
+    def run() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while read():
+                pass
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return th
+
+
 def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: Live) -> None:
     """In a pseudo-terminal: the alternate screen, a first cumulative frame, then frames with
     rates over the interval; SIGINT (Ctrl-C) ends it with status 0."""
@@ -529,8 +544,10 @@ def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: 
         assert b"\x1b[?1049h" in out  # the alternate screen
         out += read_until(master, b"over the last")
         assert b"engine-a" in out and b"engine-b" in out and b"interactive" in out
+        reader = drain(lambda: os.read(master, 65536))
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+        reader.join(5)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -549,8 +566,13 @@ def test_frames_to_a_pipe_are_a_log(live: Live) -> None:
             ln = proc.stdout.readline().decode()
             assert ln, lines
             lines.append(ln)
+        out, err = proc.stdout, proc.stderr
+        assert err is not None
+        readers = [drain(lambda: out.read(65536)), drain(lambda: err.read(65536))]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+        for th in readers:
+            th.join(5)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -515,6 +515,13 @@ def read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
     return buf
 
 
+def _ctrl_c_as_at_a_terminal() -> None:
+    """In the child: SIGINT with its default meaning. A test run started in the background
+    (``make test &``, nohup) ignores SIGINT, its children inherit that, and Python then never
+    turns Ctrl-C into KeyboardInterrupt: ``top`` would rightly ignore it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def drain(read: Callable[[], bytes]) -> threading.Thread:
     """Keep reading a child's output until it closes: a child that ends writes to it (the
     frame it was drawing, the screen it restores), and with nobody reading, a full pipe or
@@ -537,7 +544,8 @@ def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: 
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen([*QOSGATE, "top", live.gw.url, "--key", "sk-admin",
                              "--interval", "0.3"], stdin=slave, stdout=slave, stderr=slave,
-                            env={**env, "TERM": "xterm-256color"}, close_fds=True)
+                            env={**env, "TERM": "xterm-256color"}, close_fds=True,
+                            preexec_fn=_ctrl_c_as_at_a_terminal)
     os.close(slave)
     try:
         out = read_until(master, b"since start")
@@ -558,7 +566,8 @@ def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: 
 def test_frames_to_a_pipe_are_a_log(live: Live) -> None:
     """Without --once and stdout not a terminal: one plain frame per interval."""
     proc = subprocess.Popen([*QOSGATE, "top", live.gw.url, "--key", "sk-admin", "--interval",
-                             "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_ctrl_c_as_at_a_terminal)
     assert proc.stdout is not None
     lines: list[str] = []
     try:

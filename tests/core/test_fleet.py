@@ -414,6 +414,19 @@ def test_gateways_sharing_an_engine_share_its_prefill_budget() -> None:
     assert s.requests["p2"].replica == "a"  # 700 <= 2000
 
 
+
+def _count_pops(s: Scheduler) -> list[int]:
+    """Count the pops of ``s``'s queue from now on (in the one-item list returned)."""
+    pops = [0]
+    pop = s.policy.pop
+
+    def counting_pop() -> object:
+        pops[0] += 1
+        return pop()
+
+    s.policy.pop = counting_pop  # type: ignore[assignment]
+    return pops
+
 def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
     """While the budget is spent on every replica with room, a fill pops nothing (each pop
     and re-queue cost a fill under load up to 32 of them); once a prompt is answered, the
@@ -422,18 +435,10 @@ def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
     _submit(s, "rt", cls="realtime")
     s.first_token("rt", 0.1)
     assert _dispatched(_submit(s, "long", now=0.2, prompt=1500)) == {"long": "a"}
-    pops = 0
-    pop = s.policy.pop
-
-    def counting_pop() -> object:
-        nonlocal pops
-        pops += 1
-        return pop()
-
-    s.policy.pop = counting_pop  # type: ignore[assignment,method-assign]
+    pops = _count_pops(s)
     for i in range(5):
         assert _dispatched(_submit(s, f"b{i}", now=0.3, prompt=100)) == {}
-    assert pops == 0
+    assert pops == [0]
     assert _dispatched(_submit(s, "rt2", now=0.4, cls="realtime")) == {"rt2": "a"}
     assert _dispatched(s.first_token("long", 0.5)) == {"b0": "a", "b1": "a", "b2": "a",
                                                       "b3": "a", "b4": "a"}
@@ -628,16 +633,8 @@ def test_a_held_queue_is_not_popped_while_the_realtime_prompt_waits() -> None:
     pop and re-queue would cost, and serve nothing)."""
     s = _sched(ReplicaSpec("a", 8), fleet=Fleet(strict_prompt_hold=True))
     _submit(s, "rt", cls="realtime")
-    pops = 0
-    pop = s.policy.pop
-
-    def counting_pop() -> object:
-        nonlocal pops
-        pops += 1
-        return pop()
-
-    s.policy.pop = counting_pop  # type: ignore[assignment,method-assign]
+    pops = _count_pops(s)
     for i in range(5):
         assert _dispatched(_submit(s, f"b{i}", now=0.1)) == {}
-    assert pops == 0
+    assert pops == [0]
     assert len(_dispatched(s.first_token("rt", 0.2))) == 5

@@ -65,7 +65,7 @@ def main() -> None:
         f.write("fleet: {window: {mode: fixed}}\n")
     sp = free_port()
     upstream = f"http://127.0.0.1:{sp}"
-    standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp),
+    standin = start([PY, "-m", "qosgate.standin", "--port", str(sp),
                      "--scheduling-policy", "priority"], upstream + "/health", load)
     os.sched_setaffinity(0, load)
 

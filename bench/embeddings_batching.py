@@ -159,7 +159,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="embbench-"))
     sport = free_port()
     stand = subprocess.Popen(
-        [PY, "-m", "qosgate.engines.standin", "--port", str(sport)],
+        [PY, "-m", "qosgate.standin", "--port", str(sport)],
         stdout=(tmp / "standin.log").open("wb"), stderr=subprocess.STDOUT)
     rows: list[tuple[float, int, str, float, float, float, float, float, int, int]] = []
     try:

@@ -297,7 +297,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     records = [tmp / f"rec-{i}.jsonl" for i in range(3)]
     ports = [free_port() for _ in range(3)]
     sis = [
-        start([PY, "-m", "qosgate.engines.standin", "--port", str(p), "--scheduling-policy",
+        start([PY, "-m", "qosgate.standin", "--port", str(p), "--scheduling-policy",
                "priority", "--time-scale", str(args.time_scale), "--record", str(records[i])],
               f"http://127.0.0.1:{p}/health", tmp / f"standin-{i}.log")
         for i, p in enumerate(ports)

@@ -297,7 +297,7 @@ def main() -> None:
     def launch(time_scale: str) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes],
                                           int, int]:
         sp, gp = free_port(), free_port()
-        standin = start([PY, "-m", "qosgate.engines.standin", "--port", str(sp),
+        standin = start([PY, "-m", "qosgate.standin", "--port", str(sp),
                          "--scheduling-policy", "priority", "--time-scale", time_scale],
                         f"http://127.0.0.1:{sp}/health", cpu_load)
         gateway = start([*QOSGATE, "serve", "--port", str(gp), "--config", fixed_window,

@@ -31,8 +31,8 @@ from typing import Any
 
 import msgspec
 
-from qosgate.engines.splice import set_priority
-from qosgate.server.parse import estimate_prompt_tokens, parse_body
+from qosgate.wire.parse import estimate_prompt_tokens, parse_body
+from qosgate.wire.splice import set_priority
 
 
 def _body(turns: int) -> bytes:
@@ -170,8 +170,8 @@ async def _run_aiohttp(url: str, n: int, conc: int, body: bytes) -> None:
 
 
 async def _run_qosgate(url: str, n: int, conc: int, body: bytes) -> None:
-    """The gateway's own upstream client (``engines/openai_upstream.py``)."""
-    from qosgate.engines.openai_upstream import _Pool
+    """The gateway's own upstream client (``runtime/upstream/replica.py``)."""
+    from qosgate.runtime.upstream.replica import _Pool
 
     pool = _Pool(url.rsplit("/v1/", 1)[0], 5.0, None)
     head = pool.head("POST", "/v1/chat/completions")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from qosgate.config import Fleet
-from qosgate.engines.simmodel import SimEngine
+from qosgate.models.simmodel import SimEngine
 from qosgate.sim import driver
 from qosgate.sim.metrics import analyze
 from qosgate.sim.scenarios import (

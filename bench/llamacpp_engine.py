@@ -45,8 +45,8 @@ import httpx
 import yaml
 
 from qosgate.config import default_config
-from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
-from qosgate.engines.step import Sampling, SeqSpec
+from qosgate.models.llamacpp import LlamaCppEngine, default_model_path
+from qosgate.models.step import Sampling, SeqSpec
 from qosgate.sim.metrics import percentile
 
 STORY = "Write a long story about {}."

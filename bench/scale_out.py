@@ -176,7 +176,7 @@ def main() -> None:
         sys.exit("redis-server is needed (make test installs it: make redis-env)")
     tmp = Path(tempfile.mkdtemp(prefix="scale_out-"))
     sport, rport = free_port(), free_port()
-    standin = Proc([PY, "-m", "qosgate.engines.standin", "--port", str(sport), "--time-scale",
+    standin = Proc([PY, "-m", "qosgate.standin", "--port", str(sport), "--time-scale",
                     "0.01", "--max-num-seqs", "256", "--log-level", "warning"],
                    tmp / "standin.log")
     redis = Proc([redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--dir", str(tmp),

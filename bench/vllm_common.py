@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
 
 from qosgate.core.signals import LoadSignals  # noqa: E402
-from qosgate.engines.engine_metrics import parse_engine_metrics  # noqa: E402
+from qosgate.wire.engine_metrics import parse_engine_metrics  # noqa: E402
 from tests.gateway.conftest import Server, free_port  # noqa: E402
 
 PY = sys.executable

@@ -37,9 +37,9 @@ for args in plan:
     threading.Thread(target=worker, args=args).start()
 EOF
 # two vLLM stand-ins (simulated engines, not vLLM), one gateway, and two workers sharing Redis
-.venv/bin/python -m qosgate.engines.standin --port 8101 --scheduling-policy priority \
+.venv/bin/python -m qosgate.standin --port 8101 --scheduling-policy priority \
     > /tmp/topdemo/a.log 2>&1 &
-.venv/bin/python -m qosgate.engines.standin --port 8102 --scheduling-policy priority \
+.venv/bin/python -m qosgate.standin --port 8102 --scheduling-policy priority \
     > /tmp/topdemo/b.log 2>&1 &
 redis-server --port 6391 --bind 127.0.0.1 --save '' --appendonly no > /tmp/topdemo/redis.log 2>&1 &
 sleep 3

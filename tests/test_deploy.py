@@ -23,7 +23,7 @@ import yaml
 
 from qosgate.cli import app
 from qosgate.config import load_config
-from qosgate.server.settings import check_settings, load_settings
+from qosgate.settings import check_settings, load_settings
 from tests.gateway.conftest import QOSGATE, Server, free_port, http, start_standin, wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"

@@ -65,7 +65,7 @@ def test_the_gateway_alone_depends_on_no_extra() -> None:
 
 
 def test_importing_the_cli_and_the_server_loads_no_extra() -> None:
-    code = ("import sys, qosgate.cli, qosgate.server.run, qosgate.server.app, qosgate.asgi; "
+    code = ("import sys, qosgate.cli, qosgate.server.run, qosgate.server.app, qosgate.server.asgi; "
             f"print([m for m in {BLOCKED!r} if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, check=True)

@@ -15,7 +15,7 @@ from qosgate.extras import EMBEDDED, missing
 from qosgate.tables import FitTable
 
 if TYPE_CHECKING:  # the server's modules load only when a command needs them
-    from qosgate.server.settings import GatewaySettings
+    from qosgate.settings import GatewaySettings
 from qosgate.config import (
     ConfigError,
     PolicyName,
@@ -52,7 +52,7 @@ def _load(path: Path | None) -> QosConfig:
 
 def _check_gateway(cfg: QosConfig, settings: GatewaySettings) -> None:
     """Exit 2 listing what the gateway's sections get wrong together with the QoS ones."""
-    from qosgate.server.settings import check_settings
+    from qosgate.settings import check_settings
 
     problems = check_settings(cfg, settings)
     if problems:
@@ -261,7 +261,7 @@ def serve(
     from qosgate.server.banner import banner, windows
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
-    from qosgate.server.settings import load_settings, settings_from_mapping
+    from qosgate.settings import load_settings, settings_from_mapping
 
     cfg = _load(config)
     if api_key:
@@ -399,7 +399,7 @@ def show_config(config: ConfigOpt = None) -> None:
     """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
     engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
     error."""
-    from qosgate.server.settings import load_settings
+    from qosgate.settings import load_settings
 
     cfg = _load(config)
     try:
@@ -488,7 +488,7 @@ def top(
 ) -> None:
     """A live view of one gateway or several: classes, tenants and replicas, from
     /v1/qos/status and /metrics (see docs/top.md)."""
-    from qosgate.server.top import run
+    from qosgate.top import run
 
     raise typer.Exit(run(urls, key.split(",")[0] if key else None, interval, timeout, once,
                          width, metrics_port))

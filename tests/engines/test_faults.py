@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from qosgate.engines.faults import (
+from qosgate.standin.faults import (
     KINDS,
     Fault,
     FaultError,
@@ -13,7 +13,7 @@ from qosgate.engines.faults import (
     fault_from_json,
     parse_fault,
 )
-from qosgate.engines.standin import _cut_stream
+from qosgate.standin.server import _cut_stream
 
 
 class Clock:

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("llama_cpp")
 
-from qosgate.engines.jsongrammar import ANY_OBJECT, schema_grammar
-from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
-from qosgate.engines.step import FinishEvent, Sampling, SeqSpec, StepResult
-from qosgate.engines.textreq import BadTextRequest
+from qosgate.models.llamacpp import LlamaCppEngine, default_model_path
+from qosgate.models.step import FinishEvent, Sampling, SeqSpec, StepResult
+from qosgate.wire.jsongrammar import ANY_OBJECT, schema_grammar
+from qosgate.wire.textreq import BadTextRequest
 
 try:
     MODEL = default_model_path()

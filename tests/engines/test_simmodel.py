@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qosgate.engines.simmodel import (
+from qosgate.models.simmodel import (
     EngineProfile,
     Policy,
     SimEngine,
     available_profiles,
     load_profile,
 )
-from qosgate.engines.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
+from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
 
 # Round numbers so that durations can be computed by hand.
 TOY = EngineProfile(

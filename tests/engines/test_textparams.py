@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qosgate.engines.textparams import BY_NAME, PARAMS, REFUSED, Param
-from qosgate.engines.textreq import BadTextRequest, parse_text_request
+from qosgate.wire.textparams import BY_NAME, PARAMS, REFUSED, Param
+from qosgate.wire.textreq import BadTextRequest, parse_text_request
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
 ROW = re.compile(r"^\| ((?:`[^`]+`(?:, )?)+) \| (honoured|refused|ignored) \|", re.M)

@@ -77,7 +77,7 @@ class Server:
 def start_standin(tmp: Path, *args: str) -> Server:
     port = free_port()
     return Server(
-        [PY, "-m", "qosgate.engines.standin", "--port", str(port), *args],
+        [PY, "-m", "qosgate.standin", "--port", str(port), *args],
         port,
         "/health",
         tmp / f"standin-{port}.log",

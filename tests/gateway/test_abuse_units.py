@@ -13,14 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qosgate.asgi import AsgiSink, Message
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler
-from qosgate.engines.splice import set_member, set_priority
-from qosgate.engines.textreq import BadTextRequest, parse_text_request
+from qosgate.server.asgi import AsgiSink, Message
 from qosgate.server.errors import outcome_error
 from qosgate.server.metrics import GatewayMetrics
-from qosgate.server.parse import (
+from qosgate.wire.parse import (
     MAX_JSON_DEPTH,
     BadBody,
     check_depth,
@@ -29,6 +27,8 @@ from qosgate.server.parse import (
     parse_body,
     top_level_keys,
 )
+from qosgate.wire.splice import set_member, set_priority
+from qosgate.wire.textreq import BadTextRequest, parse_text_request
 
 MSG = b'[{"role":"user","content":"x"}]'
 

@@ -6,10 +6,10 @@ import asyncio
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, ReplicaSpec, Scheduler, State
-from qosgate.engines.base import Job
-from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.simmodel import EngineProfile, SimEngine
+from qosgate.models.simmodel import EngineProfile, SimEngine
 from qosgate.runtime.driver import Driver, Ticket
+from qosgate.runtime.inprocess import InProcessEngine
+from qosgate.wire.job import Job
 
 FAST = EngineProfile(
     name="fast", model="m", gpu="none", step_fixed_s=0.002, prefill_s_per_token=0.0,

@@ -25,7 +25,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from qosgate.engines.embeddings import text_vector
+from qosgate.wire.embeddings import text_vector
 from tests.gateway.conftest import (
     MODEL,
     Server,

@@ -13,7 +13,7 @@ gateway (``qosgate serve`` with ``upstreams:``), driven through the official ``o
   charged once.
 
 Every wait is on a condition (``wait_until``) with a bound; the stand-ins' fault switches
-(``engines/faults.py``) make the faults.
+(``standin/faults.py``) make the faults.
 """
 
 from __future__ import annotations

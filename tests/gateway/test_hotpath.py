@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler, State
 from qosgate.core.engine_order import order_value
-from qosgate.engines.splice import engine_priority, set_priority, set_streamed
 from qosgate.server.errors import outcome_error
-from qosgate.server.parse import BadBody, estimate_prompt_tokens, parse_body
+from qosgate.wire.parse import BadBody, estimate_prompt_tokens, parse_body
+from qosgate.wire.splice import engine_priority, set_priority, set_streamed
 
 
 def test_parse_reads_only_the_scheduler_fields() -> None:

@@ -1,5 +1,5 @@
-"""Image sizes and audio lengths from headers (``server/media.py``), the token rules
-(``server/media_cost.py``) and the prompt estimate of bodies with images (``server/parse.py``).
+"""Image sizes and audio lengths from headers (``wire/media.py``), the token rules
+(``wire/media_cost.py``) and the prompt estimate of bodies with images (``wire/parse.py``).
 
 The files are made by hand (``tests/gateway/media_files.py``); where Pillow is installed, the
 readers are checked on its encoders' output too.
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from qosgate.config import Admission, AudioTokens, ImageTokens
-from qosgate.server.media import B64, audio_seconds, bytes_reader, image_size
-from qosgate.server.media_cost import image_tokens, unknown_image_tokens
-from qosgate.server.parse import BadBody, Body, estimate_how, estimate_prompt_tokens, parse_body
+from qosgate.wire.media import B64, audio_seconds, bytes_reader, image_size
+from qosgate.wire.media_cost import image_tokens, unknown_image_tokens
+from qosgate.wire.parse import BadBody, Body, estimate_how, estimate_prompt_tokens, parse_body
 from tests.gateway.media_files import bmp, gif, jpeg, mp3, pillow, png, wav, webp
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from qosgate.config import default_config
 from qosgate.core import ReplicaSpec, Scheduler
-from qosgate.engines.base import Health
 from qosgate.runtime.driver import Driver
+from qosgate.runtime.ports import Health
 
 
 class Stub:

@@ -28,8 +28,8 @@ from openai import OpenAI, RateLimitError
 from rich.console import Console, RenderableType
 
 from qosgate.server import metric_names
-from qosgate.server import top as top_module
-from qosgate.server.top import (
+from qosgate import top as top_module
+from qosgate.top import (
     OUTCOME_HEADS,
     Scrape,
     frame,

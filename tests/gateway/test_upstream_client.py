@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from qosgate.engines.base import Job
-from qosgate.engines.openai_upstream import OpenAIUpstream, UpstreamError, UpstreamSettings, _Pool
+from qosgate.runtime.upstream.replica import OpenAIUpstream, UpstreamError, UpstreamSettings, _Pool
+from qosgate.wire.job import Job
 
 Script = Callable[["Scripted", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 

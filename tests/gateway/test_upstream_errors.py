@@ -90,7 +90,7 @@ def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: P
 
 def test_a_5xx_no_retry_got_past_is_a_502_in_openai_format_even_from_html() -> None:
     from qosgate.core import Request, State
-    from qosgate.engines.openai_upstream import _error_body
+    from qosgate.runtime.upstream.replica import _error_body
     from qosgate.server.errors import outcome_error
 
     req = Request("r", "t", "api", 1, 0.0, 5.0, 10, 10)

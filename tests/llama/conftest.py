@@ -21,11 +21,11 @@ import uvicorn
 from openai import OpenAI
 
 from qosgate.config import QosConfig, default_config
-from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
+from qosgate.models.llamacpp import LlamaCppEngine, default_model_path
+from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.server.app import Gateway
 from qosgate.server.run import build_gateway
-from qosgate.server.settings import settings_from_mapping
+from qosgate.settings import settings_from_mapping
 from tests.gateway.conftest import Server, free_port, gateway_args, wait_until
 
 try:

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from qosgate.core.batching import FixedWindow
-from qosgate.engines.llama_embed import LlamaEmbedder
+from qosgate.models.llama_embed import LlamaEmbedder
 from tests.llama.conftest import MODEL, InProcGateway
 
 

@@ -26,8 +26,8 @@ pytest.importorskip("llama_cpp.server.app", reason="llama-cpp-python[server] is 
 
 from openai import OpenAI
 
-from qosgate.engines.embeddings import pooled
-from qosgate.engines.llama_embed import LlamaEmbedder
+from qosgate.models.llama_embed import LlamaEmbedder
+from qosgate.wire.embeddings import pooled
 from tests.gateway.conftest import (
     Server,
     free_port,

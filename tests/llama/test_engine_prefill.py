@@ -3,8 +3,8 @@ without less urgent prompts in its step (decoding sequences still take their tok
 
 from __future__ import annotations
 
-from qosgate.engines.llamacpp import LlamaCppEngine
-from qosgate.engines.step import Sampling, SeqSpec
+from qosgate.models.llamacpp import LlamaCppEngine
+from qosgate.models.step import Sampling, SeqSpec
 from tests.llama.conftest import MODEL_PATH
 
 GREEDY = Sampling(temperature=0.0)

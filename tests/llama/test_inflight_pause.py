@@ -17,11 +17,11 @@ from typing import Any
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, ReplicaSpec, Scheduler, State
-from qosgate.engines.base import Job
-from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.llamacpp import LlamaCppEngine
-from qosgate.engines.step import SeqSpec, StepResult
+from qosgate.models.llamacpp import LlamaCppEngine
+from qosgate.models.step import SeqSpec, StepResult
 from qosgate.runtime.driver import Driver, Ticket
+from qosgate.runtime.inprocess import InProcessEngine
+from qosgate.wire.job import Job
 from tests.llama.conftest import MODEL, MODEL_PATH
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."

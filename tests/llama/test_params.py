@@ -1,5 +1,5 @@
 """Every request member the embedded engine is sent is honoured or refused, never silently
-ignored (the list: ``engines/textparams.py``), through ``qosgate serve`` and the ``openai`` client.
+ignored (the list: ``wire/textparams.py``), through ``qosgate serve`` and the ``openai`` client.
 
 Honoured: ``response_format`` (JSON mode, JSON schemas, by a llama.cpp grammar), ``logit_bias``,
 the penalties, ``top_k``, ``min_p``; an absent cap runs to the end of the context. Refused with a

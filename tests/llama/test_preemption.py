@@ -5,7 +5,7 @@
   the most recently dispatched offline sequence at a token boundary and takes its place;
 - a greedy generation that is paused and resumed streams exactly the text it gives alone (the
   engine keeps one KV stream per sequence: its logits do not depend on the others, see
-  engines/llamacpp.py), every token once and in order -- also when the pause had to give up the
+  models/llamacpp.py), every token once and in order -- also when the pause had to give up the
   KV (one slot only: evicted, then recomputed on resume);
 - cancelling a stream (the client goes away) frees the engine slot and its KV at once, running
   or paused.

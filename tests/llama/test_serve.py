@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 
-from qosgate.engines.llamacpp import LlamaCppEngine
-from qosgate.engines.step import Sampling, SeqSpec
+from qosgate.models.llamacpp import LlamaCppEngine
+from qosgate.models.step import Sampling, SeqSpec
 from tests.llama.conftest import MODEL, MODEL_PATH, Serve
 
 QUESTION = "Name three primary colors."

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from qosgate.config import QosConfig, default_config
 from qosgate.core import QosInputs
-from qosgate.engines.simmodel import EngineProfile
+from qosgate.models.simmodel import EngineProfile
 from qosgate.sim.driver import RunResult, SimSetup, run_policy
 from qosgate.sim.workload import Arrival, Stream, Workload
 

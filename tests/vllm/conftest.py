@@ -25,7 +25,7 @@ import pytest
 from openai import OpenAI
 
 from qosgate.core.signals import LoadSignals
-from qosgate.engines.engine_metrics import parse_engine_metrics
+from qosgate.wire.engine_metrics import parse_engine_metrics
 from tests.gateway.conftest import (
     PY,
     Server,

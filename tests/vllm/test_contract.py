@@ -1,5 +1,5 @@
 """The stand-in against the real thing: the same requests straight to vLLM 0.32 (fcfs) and to
-``qosgate.engines.standin`` (fcfs), the same answers expected from both.
+``qosgate.standin.server`` (fcfs), the same answers expected from both.
 
 Each test runs twice, ``[vllm]`` and ``[standin]``; a difference found here is fixed in the
 stand-in (its docstring lists what it mirrors). With ``QOSGATE_VLLM=0`` only ``[standin]`` runs.
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from qosgate.engines.engine_metrics import parse_engine_metrics
+from qosgate.wire.engine_metrics import parse_engine_metrics
 from tests.gateway.conftest import Server, http, metric_values, wait_until
 from tests.vllm.conftest import MAX_MODEL_LEN, MODEL
 

@@ -28,9 +28,10 @@ from collections.abc import Callable
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.engine_order import order_value
-from qosgate.engines.base import Engine, Health, Job, SendFn, Sink, Withdrawn
 from qosgate.runtime.batches import BatchRunner
+from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog
+from qosgate.wire.job import Job
 
 log = logging.getLogger("qosgate.runtime")
 

@@ -24,7 +24,22 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from qosgate.asgi import (
+from qosgate.config import QosConfig
+from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Request, Scheduler, State
+from qosgate.core.batching import Batcher, BatchLimits, make_controller
+from qosgate.core.ledger import LeasedLedger
+from qosgate.runtime.batches import BatchRunner
+from qosgate.runtime.driver import Driver, Ticket
+from qosgate.runtime.ports import Engine
+from qosgate.runtime.shared_state import (
+    InstanceInfo,
+    RedisStore,
+    SharedState,
+    new_instance_id,
+    prime,
+    status_of,
+)
+from qosgate.server.asgi import (
     AsgiSink,
     BodyTimeout,
     BodyTooLarge,
@@ -41,29 +56,15 @@ from qosgate.asgi import (
     sse_error,
     wait_disconnect,
 )
-from qosgate.config import QosConfig
-from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Request, Scheduler, State
-from qosgate.core.batching import Batcher, BatchLimits, make_controller
-from qosgate.core.ledger import LeasedLedger
-from qosgate.engines.base import Engine, Job, Route
-from qosgate.engines.embeddings import BadEmbeddings, parse_embeddings
-from qosgate.engines.openai_format import context_of, merge_cards, models_list
-from qosgate.engines.splice import set_member
-from qosgate.runtime.batches import BatchRunner
-from qosgate.runtime.driver import Driver, Ticket
-from qosgate.runtime.shared_state import (
-    InstanceInfo,
-    RedisStore,
-    SharedState,
-    new_instance_id,
-    prime,
-    status_of,
-)
 from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
-from qosgate.server.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
-from qosgate.server.settings import GatewaySettings
 from qosgate.server.status import status_view
+from qosgate.settings import GatewaySettings
+from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
+from qosgate.wire.job import Job, Route
+from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
+from qosgate.wire.responses import context_of, merge_cards, models_list
+from qosgate.wire.splice import set_member
 
 log = logging.getLogger("qosgate.gateway")
 

@@ -14,7 +14,7 @@ from qosgate import __version__
 from qosgate.config import QosConfig
 from qosgate.core.limits import EngineLimit
 from qosgate.server.app import Gateway
-from qosgate.server.settings import GatewaySettings
+from qosgate.settings import GatewaySettings
 
 
 def window_text(limit: Any, capacity: int) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from qosgate.asgi import Headers, json_bytes
 from qosgate.config import QosConfig
 from qosgate.core import Request, State
+from qosgate.server.asgi import Headers, json_bytes
 
 # reason -> (status, OpenAI error type, message)
 _REASONS: dict[str, tuple[int, str, str]] = {
@@ -73,7 +73,7 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "total_timeout": (504, "timeout_error", "The engine call ran past its time limit."),
     "engine_rejected": (400, "invalid_request_error", "The engine cannot serve this request."),
     "client_disconnected": (499, "cancelled", "The client went away."),
-    # the request itself, refused before the scheduler (server/parse.py, server/protocol.py)
+    # the request itself, refused before the scheduler (wire/parse.py, server/protocol.py)
     "invalid_json": (400, "invalid_request_error", "Malformed JSON body."),
     "invalid_body": (400, "invalid_request_error", "Invalid request body."),
     "invalid_utf8": (400, "invalid_request_error", "The request body is not valid UTF-8."),

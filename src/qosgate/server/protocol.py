@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from qosgate.asgi import BODY_TIMEOUT, json_bytes
+from qosgate.server.asgi import BODY_TIMEOUT, json_bytes
 
 # a timer firing this much after its time means the event loop was held up: grace before acting
 _LATE_S = 0.1

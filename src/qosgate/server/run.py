@@ -30,14 +30,14 @@ from typing import Any
 import uvicorn
 
 from qosgate.config import QosConfig
-from qosgate.engines.base import Engine
-from qosgate.engines.embedded import llamacpp_replica
-from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.openai_upstream import OpenAIUpstream
-from qosgate.engines.simmodel import SimEngine, load_profile
+from qosgate.models.simmodel import SimEngine, load_profile
+from qosgate.runtime.embedded import llamacpp_replica
+from qosgate.runtime.inprocess import InProcessEngine
+from qosgate.runtime.ports import Engine
+from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.server.app import Gateway
 from qosgate.server.protocol import ConnectionLimits, ConnectionStats, guarded_protocol
-from qosgate.server.settings import GatewaySettings, ServerSettings
+from qosgate.settings import GatewaySettings, ServerSettings
 
 log = logging.getLogger("qosgate.gateway")
 

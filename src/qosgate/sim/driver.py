@@ -81,8 +81,8 @@ from qosgate.core.ledger import LeasedLedger
 from qosgate.core.replica import FixedLimit
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
-from qosgate.engines.simmodel import EngineProfile, SimEngine
-from qosgate.engines.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
+from qosgate.models.simmodel import EngineProfile, SimEngine
+from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
 from qosgate.runtime.shared_state import MemoryStore, SharedState, prime
 from qosgate.sim.workload import Arrival, Workload
 

@@ -60,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from qosgate.config import QosConfig, config_from_mapping, read_yaml_mapping, validated
 from qosgate.core import Classifier, QosInputError
-from qosgate.engines.simmodel import EngineProfile, load_profile
+from qosgate.models.simmodel import EngineProfile, load_profile
 from qosgate.sim.driver import (
     SIM_POLICIES,
     EngineQueue,

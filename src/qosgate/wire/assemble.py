@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from qosgate.engines.base import Route
+from qosgate.wire.job import Route
 
 _decode = msgspec.json.Decoder().decode
 _top = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode

@@ -19,7 +19,7 @@ whose last token was in flight is completed only once the scheduler has it runni
 core accepts ``complete``/``fail`` only from a dispatched or running request).
 
 ``text=True`` is for engines that run a real model (llama.cpp): ``run`` decodes the body's
-messages/prompt and sampling (``engines/textreq.py``) into the ``SeqSpec``; a bad value is answered
+messages/prompt and sampling (``wire/textreq.py``) into the ``SeqSpec``; a bad value is answered
 with a 400 in OpenAI's error format. The simulated engine only needs the counts (``text=False``).
 """
 
@@ -33,12 +33,13 @@ from typing import Any
 
 import msgspec
 
-from qosgate.asgi import JSON_HEADERS, SSE_HEADERS
-from qosgate.engines.base import Call, Health, Route, Unservable
-from qosgate.engines.embeddings import deliver
-from qosgate.engines.openai_format import Formatter, model_card
-from qosgate.engines.step import FinishEvent, SeqSpec, StepEngine, StepResult
-from qosgate.engines.textreq import (
+from qosgate.models.step import FinishEvent, SeqSpec, StepEngine, StepResult
+from qosgate.runtime.ports import Call, Health
+from qosgate.server.asgi import JSON_HEADERS, SSE_HEADERS
+from qosgate.wire.embeddings import deliver
+from qosgate.wire.job import Route, Unservable
+from qosgate.wire.responses import Formatter, model_card
+from qosgate.wire.textreq import (
     BadTextRequest,
     TextRequest,
     error_body,
@@ -110,7 +111,7 @@ class InProcessEngine:
         self.tokens_out = 0
         self.pauses = 0
         self.evictions = 0
-        # embeddings (engines/llama_embed.py): a context of its own, batches in a worker thread
+        # embeddings (models/llama_embed.py): a context of its own, batches in a worker thread
         self.embedder: Any | None = None
 
     # ------------------------------------------------------------------ Engine protocol

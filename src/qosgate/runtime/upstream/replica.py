@@ -4,10 +4,10 @@ One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is f
 byte except the top-level ``priority``, which is set to qosgate's order for the request (its band,
 then its rank in the band: ``core/engine_order.py``) in the engine's own polarity
 (``priority_polarity``), or removed for engines that do not schedule by priority: see
-``engines/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
+``wire/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
 did not ask for a stream has the engine asked for one all the same (``stream`` and
 ``stream_options.include_usage`` set), and gets the whole answer assembled from it
-(``engines/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
+(``wire/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
 
 Pulling a request back or a client leaving cancels the call, which closes its connection: vLLM and
 SGLang abort a request whose client disconnected.
@@ -41,12 +41,13 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from qosgate.core.signals import LoadSignals
-from qosgate.engines.assemble import StreamAssembler
-from qosgate.engines.base import Call, Health, Job, Route, Unservable, Withdrawn
-from qosgate.engines.embeddings import apportion, deliver, pooled
-from qosgate.engines.engine_metrics import parse_engine_metrics
-from qosgate.engines.openai_format import model_card
-from qosgate.engines.splice import (
+from qosgate.runtime.ports import Call, Health, Withdrawn
+from qosgate.wire.assemble import StreamAssembler
+from qosgate.wire.embeddings import apportion, deliver, pooled
+from qosgate.wire.engine_metrics import parse_engine_metrics
+from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.responses import model_card
+from qosgate.wire.splice import (
     Polarity,
     PriorityOrder,
     engine_priority,
@@ -1012,7 +1013,7 @@ class OpenAIUpstream:
         The first-byte bound is met by the engine's first byte, and the idle bound holds
         between its chunks; the engine's first token is the request's TTFT (``first_token``).
         The client's bytes leave only at the end: the answer assembled from the events
-        (``engines/assemble.py``). Only then is the core told of a first byte, so until then a
+        (``wire/assemble.py``). Only then is the core told of a first byte, so until then a
         failed call is an attempt the core may retry elsewhere, and the request can be pulled
         back: nothing reached its client. An error event is handled as that error status (a
         5xx is an attempt the core may retry, a 4xx the client's answer). An engine that

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from qosgate.engines.base import Call, Withdrawn
+from qosgate.runtime.ports import Call, Withdrawn
 
 Inputs = list[str] | list[list[int]]
 

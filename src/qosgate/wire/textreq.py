@@ -1,6 +1,6 @@
 """What an engine that runs a real model needs from an OpenAI body: the text and the sampling.
 
-The hot-path parser (``server/parse.py``) reads only what the scheduler needs and keeps
+The hot-path parser (``wire/parse.py``) reads only what the scheduler needs and keeps
 ``messages``/``prompt`` as raw JSON spans. An in-process model (llama.cpp) needs the text itself,
 so the engine call decodes the body once more, here, into a typed ``msgspec`` struct: messages
 (role and text content), prompt (a string or a list of one string), the output cap and the
@@ -25,10 +25,10 @@ from typing import Any, Literal, cast
 
 import msgspec
 
-from qosgate.engines.base import Route
-from qosgate.engines.jsongrammar import ANY_OBJECT, BadSchema, schema_grammar, schema_text
-from qosgate.engines.step import Sampling
-from qosgate.engines.textparams import NOTHING, REFUSED
+from qosgate.models.step import Sampling
+from qosgate.wire.job import Route
+from qosgate.wire.jsongrammar import ANY_OBJECT, BadSchema, schema_grammar, schema_text
+from qosgate.wire.textparams import NOTHING, REFUSED
 
 MAX_STOP = 4
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default when the body sets none

@@ -30,7 +30,7 @@ options as members: ``{"fault": "429", "retry_after": 2, "for": 10}``. ``GET /ad
 lists the active faults and how many requests each one has hit.
 
 This module is the pure part (parsing, what is active when; the clock is passed in); the
-stand-in applies it (``engines/standin.py``), and ``Listener`` stops and restarts uvicorn's
+stand-in applies it (``standin/server.py``), and ``Listener`` stops and restarts uvicorn's
 listening sockets for ``refuse``.
 """
 

@@ -33,7 +33,7 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   only what the engine itself finishes); ``/debug/requests`` counts it;
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
   ``--record FILE``, one JSON line per request;
-- fault switches, for tests and benchmarks of a fleet (``engines/faults.py``): ``--fault SPEC``
+- fault switches, for tests and benchmarks of a fleet (``standin/faults.py``): ``--fault SPEC``
   (repeatable) and ``--slow FACTOR`` at start, ``POST``/``GET``/``DELETE /admin/fault`` at run
   time: die (``kill -9`` of itself), refuse connections, hang before the first byte or mid-stream,
   slow down, answer 429/503 with ``Retry-After``.
@@ -42,7 +42,7 @@ Known differences that no gateway behaviour depends on: the tokens are not a mod
 sends its ``finish_reason`` in a chunk of its own after the last token (vLLM puts it on the last
 token's chunk); fewer response fields (no ``system_fingerprint``, ``stop_reason``, ...).
 
-Run: ``python -m qosgate.engines.standin --port 8001 --scheduling-policy priority``; several
+Run: ``python -m qosgate.standin --port 8001 --scheduling-policy priority``; several
 with different ``--served-model-name`` make a fleet serving several models.
 """
 
@@ -62,7 +62,11 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from qosgate.asgi import (
+from qosgate.models.simmodel import Policy, SimEngine, load_profile
+from qosgate.models.step import SeqSpec
+from qosgate.runtime.inprocess import InProcessEngine
+from qosgate.runtime.ports import Sink
+from qosgate.server.asgi import (
     BodyTooLarge,
     Receive,
     Scope,
@@ -74,15 +78,7 @@ from qosgate.asgi import (
     send_json,
     wait_disconnect,
 )
-from qosgate.engines.base import Job, Route, Sink
-from qosgate.engines.embeddings import (
-    BadEmbeddings,
-    estimate_tokens,
-    parse_embeddings,
-    text_vector,
-)
-from qosgate.engines.embeddings import response as embeddings_response
-from qosgate.engines.faults import (
+from qosgate.standin.faults import (
     Fault,
     FaultError,
     FaultSwitch,
@@ -90,10 +86,15 @@ from qosgate.engines.faults import (
     fault_from_json,
     parse_fault,
 )
-from qosgate.engines.inprocess import InProcessEngine
-from qosgate.engines.openai_format import error_body, model_card, models_list
-from qosgate.engines.simmodel import Policy, SimEngine, load_profile
-from qosgate.engines.step import SeqSpec
+from qosgate.wire.embeddings import (
+    BadEmbeddings,
+    estimate_tokens,
+    parse_embeddings,
+    text_vector,
+)
+from qosgate.wire.embeddings import response as embeddings_response
+from qosgate.wire.job import Job, Route
+from qosgate.wire.responses import error_body, model_card, models_list
 
 log = logging.getLogger("qosgate.standin")
 
@@ -476,7 +477,7 @@ class StandIn:
             listener = self.listener
             if listener is None:
                 raise FaultError("refuse needs the stand-in's own server (python -m "
-                                 "qosgate.engines.standin)")
+                                 "qosgate.standin.server)")
             log.warning("fault: %s", fault.spec())
             loop.call_later(max(delay, fault.at_s), listener.refuse, fault.for_s)
             return
@@ -582,7 +583,7 @@ class StandIn:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m qosgate.engines.standin",
+        prog="python -m qosgate.standin",
         description="OpenAI-compatible stand-in for vLLM (simulated GPU engine; not vLLM).",
     )
     p.add_argument("--host", default="127.0.0.1")
@@ -606,7 +607,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="switch a fault on at start (repeatable): die[:after=S], refuse[:for=S], "
                    "hang-first-byte, hang-mid-stream[:after=N], slow:factor=F, "
                    "429|503[:retry-after=S]; options for=S, at=S, count=N "
-                   "(see qosgate.engines.faults)")
+                   "(see qosgate.standin.faults)")
     p.add_argument("--slow", type=float, default=None, metavar="FACTOR",
                    help="every engine step takes FACTOR times as long (the fault slow:factor=F)")
     p.add_argument("--embed-overhead-ms", type=float, default=20.0,

@@ -30,8 +30,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from qosgate.config import QosConfig, read_yaml_mapping, validated
-from qosgate.engines.openai_upstream import UpstreamSettings
-from qosgate.engines.simmodel import load_profile
+from qosgate.models.simmodel import load_profile
+from qosgate.runtime.upstream.replica import UpstreamSettings
 
 __all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
 

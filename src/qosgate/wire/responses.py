@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from qosgate.engines.base import Route
+from qosgate.wire.job import Route
 
 DONE = b"data: [DONE]\n\n"
 _enc = msgspec.json.Encoder().encode

@@ -3,9 +3,9 @@
 An image part's base64 is not text the model reads: a vision model turns the image into a
 number of tokens set by its pixel size (``config.ImageTokens``), an audio model a clip into a
 number set by its duration (``config.AudioTokens``). The size or duration comes from the file's
-header (``server/media.py``); a part the gateway cannot size (an ``http(s)`` URL, which the
+header (``wire/media.py``); a part the gateway cannot size (an ``http(s)`` URL, which the
 engine fetches, an unknown format, a malformed part) counts the configured ``unknown_tokens``,
-never its length as text. ``server/parse.py`` finds the parts while it checks the messages.
+never its length as text. ``wire/parse.py`` finds the parts while it checks the messages.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qosgate.config import AudioTokens, ImageTokens
-from qosgate.server.media import B64, audio_seconds, image_size
+from qosgate.wire.media import B64, audio_seconds, image_size
 
 _HEADER_CHARS = 256  # where a data URL's comma must be: "data:<media type>;base64,"
 

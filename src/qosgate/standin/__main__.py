@@ -1,0 +1,3 @@
+from qosgate.standin.server import main
+
+main()

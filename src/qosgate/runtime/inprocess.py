@@ -31,18 +31,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from qosgate.models.step import FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.runtime.ports import Call, Health
-from qosgate.server.asgi import JSON_HEADERS, SSE_HEADERS
 from qosgate.wire.embeddings import deliver
+from qosgate.wire.errors import error_json, invalid_request
 from qosgate.wire.job import Route, Unservable
 from qosgate.wire.responses import Formatter, model_card
+from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
 from qosgate.wire.textreq import (
     BadTextRequest,
     TextRequest,
-    error_body,
     parse_text_request,
 )
 
@@ -186,8 +184,8 @@ class InProcessEngine:
         vectors and its own token count."""
         emb = self.embedder
         if emb is None:
-            body = msgspec.json.encode(error_body("This replica does not serve embeddings.",
-                                                  "invalid_request_error", "not_supported"))
+            body = error_json("This replica does not serve embeddings.",
+                              "invalid_request_error", "not_supported")
             for c in calls:
                 c.refused(400, body)
             return
@@ -201,9 +199,7 @@ class InProcessEngine:
                 for c in calls:
                     await self.run_batch([c])
                 return
-            calls[0].refused(400, msgspec.json.encode({"error": {
-                "message": str(exc), "type": "invalid_request_error", "param": "input",
-                "code": 400}}))
+            calls[0].refused(400, invalid_request(str(exc), "input", 400))
             return
         at = 0
         for c in calls:
@@ -261,7 +257,7 @@ class InProcessEngine:
         sink = call.sink
         if not sink.started:
             await sink.start(400, JSON_HEADERS)
-            await sink.send(error_body(message, param, "engine_rejected"), False)
+            await sink.send(invalid_request(message, param, "engine_rejected"), False)
         await self._unpaused(call.job.rid)  # paused while the answer was being written
         call.failed("engine_rejected")
 

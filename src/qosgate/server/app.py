@@ -44,7 +44,6 @@ from qosgate.server.asgi import (
     BodyTimeout,
     BodyTooLarge,
     ClientGone,
-    Headers,
     Receive,
     Scope,
     Send,
@@ -53,18 +52,19 @@ from qosgate.server.asgi import (
     read_body,
     send_bytes,
     send_json,
-    sse_error,
     wait_disconnect,
 )
-from qosgate.server.errors import error_json, outcome_error, reason_error, retry_after_header
+from qosgate.server.errors import outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
 from qosgate.server.status import status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
+from qosgate.wire.errors import error_json
 from qosgate.wire.job import Job, Route
 from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
 from qosgate.wire.responses import context_of, merge_cards, models_list
 from qosgate.wire.splice import set_member
+from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
 
 log = logging.getLogger("qosgate.gateway")
 
@@ -398,10 +398,7 @@ class Gateway:
     ) -> None:
         self.metrics.refused(cls, tenant, reason)
         status, body = reason_error(reason, message, param)
-        hdrs: Headers = [(b"content-type", b"application/json")]
-        if headers:
-            hdrs += headers
-        await send_bytes(send, status, body, hdrs)
+        await send_bytes(send, status, body, JSON_HEADERS + headers if headers else JSON_HEADERS)
 
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
@@ -751,7 +748,7 @@ class Gateway:
         if sink.started:  # the response broke off after it began: end it visibly
             if t.job.stream:
                 status, body, _ = outcome_error(req, self.cfg)
-                await sink.send(sse_error(body), False)
+                await sink.send(error_end(body), False)
             else:
                 await sink.send(b"", False)
             return

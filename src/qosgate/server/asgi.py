@@ -12,17 +12,12 @@ from typing import Any
 
 import msgspec
 
+from qosgate.wire.sse import JSON_HEADERS, KEEPALIVE, SSE_HEADERS, Headers, error_end
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-Headers = list[tuple[bytes, bytes]]
-
-JSON_HEADERS: Headers = [(b"content-type", b"application/json")]
-SSE_HEADERS: Headers = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache"),
-]
 
 _json_encode = msgspec.json.Encoder().encode
 
@@ -106,17 +101,6 @@ def json_bytes(obj: Any) -> bytes:
     return _json_encode(obj)
 
 
-KEEPALIVE_COMMENT = b": keep-alive\n\n"
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-def sse_error(body: bytes) -> bytes:
-    """An error body (OpenAI's error JSON) as the last events of an SSE stream: the error event,
-    then ``[DONE]`` (the ``openai`` client raises ``APIError`` on such an event)."""
-    lines = body.strip().splitlines() or [b"{}"]
-    return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n" + SSE_DONE
-
-
 class AsgiSink:
     """A response that an engine call writes into: status and headers once, then body parts.
 
@@ -167,7 +151,7 @@ class AsgiSink:
             errors.append(data)
             if more:
                 return
-            data = sse_error(b"".join(errors))
+            data = error_end(b"".join(errors))
         head = self._head
         if head is not None:
             self._head = None
@@ -200,7 +184,7 @@ class AsgiSink:
             self.head_sent = True
             await self._send({"type": "http.response.start", "status": 200,
                               "headers": SSE_HEADERS + self.extra_headers})
-        await self._send({"type": "http.response.body", "body": KEEPALIVE_COMMENT,
+        await self._send({"type": "http.response.body", "body": KEEPALIVE,
                           "more_body": True})
 
 
@@ -234,7 +218,3 @@ async def lifespan(
                 await send({"type": "lifespan.shutdown.complete"})
             return
 
-
-def cancel_quietly(task: asyncio.Task[Any] | None) -> None:
-    if task is not None and not task.done():
-        task.cancel()

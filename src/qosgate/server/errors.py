@@ -7,7 +7,8 @@ import math
 
 from qosgate.config import QosConfig
 from qosgate.core import Request, State
-from qosgate.server.asgi import Headers, json_bytes
+from qosgate.wire.errors import error_json
+from qosgate.wire.sse import Headers
 
 # reason -> (status, OpenAI error type, message)
 _REASONS: dict[str, tuple[int, str, str]] = {
@@ -88,10 +89,6 @@ _REASONS: dict[str, tuple[int, str, str]] = {
 }
 
 RETRY_STATUSES = frozenset({429, 503})
-
-
-def error_json(message: str, type_: str, code: str | None, param: str | None = None) -> bytes:
-    return json_bytes({"error": {"message": message, "type": type_, "param": param, "code": code}})
 
 
 def retry_after_header(seconds: float | None) -> Headers:

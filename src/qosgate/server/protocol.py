@@ -36,7 +36,8 @@ from typing import Any, ClassVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from qosgate.server.asgi import BODY_TIMEOUT, json_bytes
+from qosgate.server.asgi import BODY_TIMEOUT
+from qosgate.wire.errors import error_json
 
 # a timer firing this much after its time means the event loop was held up: grace before acting
 _LATE_S = 0.1
@@ -82,8 +83,7 @@ def error_response(status: int, code: str, message: str, retry_after: int | None
     """A whole HTTP/1.1 response carrying an OpenAI error, closing the connection."""
     type_ = "overloaded_error" if status == 503 else (
         "timeout_error" if status == 408 else "invalid_request_error")
-    body = json_bytes({"error": {"message": message, "type": type_, "param": None,
-                                 "code": code}})
+    body = error_json(message, type_, code)
     head = [
         _status_line(status),
         b"content-type: application/json\r\n",

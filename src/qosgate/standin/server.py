@@ -93,17 +93,20 @@ from qosgate.wire.embeddings import (
     text_vector,
 )
 from qosgate.wire.embeddings import response as embeddings_response
+from qosgate.wire.errors import error_object
 from qosgate.wire.job import Job, Route
-from qosgate.wire.responses import error_body, model_card, models_list
+from qosgate.wire.responses import model_card, models_list
 
 log = logging.getLogger("qosgate.standin")
 
 _FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")  # vLLM 0.32's FinishReason
 
 
-def _error(message: str, type_: str, param: str | None, code: int = 400) -> dict[str, object]:
+def _error(
+    message: str, type_: str, param: str | None, code: int = 400
+) -> dict[str, dict[str, object]]:
     """vLLM's error body."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return error_object(message, type_, code, param)
 
 
 class _StreamOptions(msgspec.Struct):
@@ -334,7 +337,7 @@ class StandIn:
             body = await read_body(receive, 64 << 20)
             b = parse_embeddings(body, max_inputs=1 << 20, max_input_tokens=self.max_model_len)
         except BodyTooLarge:
-            await send_json(send, 413, error_body("body too large", "BadRequestError", 413))
+            await send_json(send, 413, error_object("body too large", "BadRequestError", 413))
             return
         except BadEmbeddings as exc:
             await send_json(send, 400, _error(str(exc), "BadRequestError", exc.param))
@@ -364,7 +367,7 @@ class StandIn:
         try:
             body = await read_body(receive, 64 << 20)
         except BodyTooLarge:
-            await send_json(send, 413, error_body("body too large", "BadRequestError", 413))
+            await send_json(send, 413, error_object("body too large", "BadRequestError", 413))
             return
         rec = {"path": scope["path"], "body": base64.b64encode(body).decode()}
         self.recorded.append(rec)
@@ -453,7 +456,8 @@ class StandIn:
             if err is not None:
                 raise err
             if not sink.started:
-                await send_json(send, 400, error_body("request cannot fit", "BadRequestError", 400))
+                await send_json(send, 400,
+                                error_object("request cannot fit", "BadRequestError", 400))
             return
         gen.cancel()  # the client went away: abort in the engine at once
         self.finished["abort"] += 1  # (not in vllm:request_success_total, as in vLLM 0.32)

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from qosgate.wire.errors import error_json
 from qosgate.wire.job import Route
 
 _decode = msgspec.json.Decoder().decode
@@ -290,10 +291,10 @@ def _error_answer(err: dict[str, Any]) -> tuple[int, bytes]:
     when it is one (vLLM's is), else 500."""
     code = err.get("code")
     status = code if isinstance(code, int) and 400 <= code <= 599 else 500
-    body = {"message": err.get("message", "The engine failed."),
-            "type": err.get("type", "upstream_error"), "param": err.get("param"),
-            "code": code if code is not None else status}
-    return status, _dumps({"error": body})
+    return status, error_json(str(err.get("message", "The engine failed.")),
+                              str(err.get("type", "upstream_error")),
+                              code if code is not None else status,
+                              err.get("param") if isinstance(err.get("param"), str) else None)
 
 
 def assemble(route: Route, sse: bytes, request: bytes = b"") -> tuple[int, bytes]:

@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
+from qosgate.wire import sse
 from qosgate.wire.job import Route
 
-DONE = b"data: [DONE]\n\n"
 _enc = msgspec.json.Encoder().encode
 
 
@@ -78,12 +78,10 @@ class Formatter:
             out += b"data: " + _enc(
                 {**self._head(), "choices": [], "usage": _usage(prompt, completion)}
             ) + b"\n\n"
-        return out + DONE
+        return out + sse.DONE
 
     def error_event(self, message: str, type_: str, code: str | int) -> bytes:
-        return b"data: " + _enc({"error": {"message": message, "type": type_, "code": code}}) + (
-            b"\n\n"
-        )
+        return sse.error_event(message, type_, code)
 
     # ------------------------------------------------------------------ whole responses
     def whole(self, text: str, finish_reason: str, prompt: int, completion: int) -> bytes:
@@ -194,6 +192,3 @@ def merge_cards(per_replica: list[list[ModelCard]]) -> list[ModelCard]:
                 have["max_model_len"] = b
     return list(merged.values())
 
-
-def error_body(message: str, type_: str, code: str | int | None) -> dict[str, object]:
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}

@@ -300,9 +300,3 @@ def _param(text: str) -> str | None:
 _enc = msgspec.json.Encoder().encode
 
 
-def error_body(message: str, param: str | None = None, code: str = "invalid_request") -> bytes:
-    """OpenAI's error object (engines sit below ``server/``, so they cannot use its helper)."""
-    return _enc(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                   "code": code}}
-    )

@@ -45,6 +45,7 @@ from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.wire.assemble import StreamAssembler
 from qosgate.wire.embeddings import apportion, deliver, pooled
 from qosgate.wire.engine_metrics import parse_engine_metrics
+from qosgate.wire.errors import error_json
 from qosgate.wire.job import Job, Route, Unservable
 from qosgate.wire.responses import model_card
 from qosgate.wire.splice import (
@@ -720,10 +721,7 @@ def _error_body(status: int, data: bytes, ctype: bytes | None) -> bytes:
     else:
         text = data.decode("utf-8", "replace")[:500]
     kind = "invalid_request_error" if status < 500 else "upstream_error"
-    return msgspec.json.encode(
-        {"error": {"message": f"The engine answered {status}: {text.strip()}", "type": kind,
-                   "param": None, "code": status}}
-    )
+    return error_json(f"The engine answered {status}: {text.strip()}", kind, status)
 
 
 class _Watchdog:

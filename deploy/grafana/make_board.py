@@ -240,7 +240,7 @@ def board() -> dict[str, Any]:
         "title": "qosgate",
         "uid": "qosgate-gateway",
         "description": "qosgate: classes, tenants, replicas and the gateway itself "
-                       "(docs/operations.md)",
+                       "(docs/guides/operations.md)",
         "tags": ["qosgate", "llm", "inference"],
         "editable": True,
         "graphTooltip": 1,

@@ -1,5 +1,5 @@
 """The list of what the embedded engine does with each request member (``textparams.py``) is the
-one the parser applies and the one docs/engine.md shows."""
+one the parser applies and the one docs/guides/engine.md shows."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from qosgate.wire.textparams import BY_NAME, PARAMS, REFUSED, Param
 from qosgate.wire.textreq import BadTextRequest, parse_text_request
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "engine.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guides" / "engine.md"
 ROW = re.compile(r"^\| ((?:`[^`]+`(?:, )?)+) \| (honoured|refused|ignored) \|", re.M)
 
 

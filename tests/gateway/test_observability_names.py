@@ -3,7 +3,7 @@
 - a live gateway (two stand-ins, Redis, three tenants, a completion, a stream, an embeddings
   call) renders exactly the registered families on /metrics, each with its registered type and
   exactly its registered labels, and no registered family is missing from it;
-- every ``qosgate_*`` name in the board, the Prometheus files, README.md and docs/*.md is a
+- every ``qosgate_*`` name in the board, the Prometheus files, README.md and docs/**/*.md is a
   registered family (or one of its ``_bucket``/``_count``/``_sum``/``_created`` series);
 - the committed board is what ``deploy/grafana/make_board.py`` writes;
 - what the new metrics count: SLO met/missed against the class's budget, tokens per tenant
@@ -107,7 +107,7 @@ def _names_in(path: Path) -> set[str]:
 def test_every_name_in_board_rules_and_docs_is_registered() -> None:
     files = [ROOT / "deploy" / "grafana" / "qosgate.json", ROOT / "README.md",
              *sorted((ROOT / "deploy" / "prometheus").glob("*.yml")),
-             *sorted((ROOT / "docs").glob("*.md"))]
+             *sorted((ROOT / "docs").rglob("*.md"))]
     unknown: dict[str, set[str]] = {}
     checked = 0
     for f in files:

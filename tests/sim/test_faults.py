@@ -11,15 +11,9 @@ from __future__ import annotations
 import pytest
 
 from qosgate.config import QosConfig, default_config
-from qosgate.sim.driver import (
-    FaultPlan,
-    ReplicaPlan,
-    RequestRecord,
-    RunResult,
-    SimSetup,
-    run_policy,
-    scaled,
-)
+from qosgate.sim.driver import run_policy
+from qosgate.sim.results import RequestRecord, RunResult
+from qosgate.sim.setup import FaultPlan, ReplicaPlan, SimSetup, scaled
 from tests.sim.helpers import TOY, workload
 
 FAR = 1000.0  # a probe interval longer than any of these runs

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qosgate.models.simmodel import load_profile
-from qosgate.sim.driver import saturation_throughput
+from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.report import ledger_ok
 from qosgate.sim.scenarios import (
     ScenarioError,

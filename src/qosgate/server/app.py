@@ -28,6 +28,7 @@ from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
+from qosgate.core.shared import prime
 from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Engine
@@ -36,7 +37,6 @@ from qosgate.runtime.shared_state import (
     RedisStore,
     SharedState,
     new_instance_id,
-    prime,
     status_of,
 )
 from qosgate.server.asgi import (

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from qosgate.sim.driver import RequestRecord, RunResult
+from qosgate.sim.results import RequestRecord, RunResult
 
 PERCENTILES = (50, 90, 99)
 OUTCOMES = ("completed", "rejected", "timed_out", "cancelled", "failed")
@@ -262,14 +262,14 @@ def tenant_fairness(
 def queue_depth_mean(result: RunResult) -> float | None:
     """Time-average (over the samples in the arrival window) of the requests waiting for their
     first step anywhere: in qosgate's queue or in the engines' waiting queues."""
-    xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.window_end]
+    xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.arrivals_end]
     return mean([float(x) for x in xs])
 
 
 def phases(result: RunResult, slos: dict[str, Slo]) -> list[dict[str, Any]]:
     """The arrival window cut at each fault's start and end: per phase (by arrival time), what
     the fleet looked like and how its requests fared (all classes, and the most urgent one)."""
-    window = result.window_end
+    window = result.arrivals_end
     faults = result.fleet.get("faults", [])
     assert isinstance(faults, list)
     cuts = sorted({0.0, window, *(float(f["t"]) for f in faults if 0 < float(f["t"]) < window)})
@@ -332,10 +332,10 @@ def replica_stats(
             by.setdefault(r.replica, []).append(r)
     info = {str(r["name"]): r for r in reps}
     names = [str(r["name"]) for r in reps]
-    inside = [s for s in result.samples if s.t < result.window_end and s.windows]
+    inside = [s for s in result.samples if s.t < result.arrivals_end and s.windows]
     out: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
-        g = group_stats(rs, slo_of, result.window_end, result.makespan)
+        g = group_stats(rs, slo_of, result.arrivals_end, result.makespan)
         extra = info.get(name, {})
         out[name] = {
             key: extra.get(key)
@@ -362,7 +362,7 @@ def analyze(
     warmup: float = 0.0,
 ) -> dict[str, Any]:
     """Everything the report shows for one run."""
-    window = result.window_end
+    window = result.arrivals_end
     recs = result.records
 
     def slo_of(r: RequestRecord) -> Slo:
@@ -419,7 +419,7 @@ def gateway_stats(
     """Per gateway instance (of ``result.gateways``): its requests, the most urgent class's TTFT
     p99 and SLO attainment, Jain's index between the tenants of each class over the requests it
     took in, and the engines' evictions of its requests' sequences."""
-    window = result.window_end
+    window = result.arrivals_end
     top = result.classes[0] if result.classes else ""
     by: list[list[RequestRecord]] = [[] for _ in range(result.gateways)]
     for r in result.records:

@@ -18,8 +18,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from qosgate.sim.driver import PASSTHROUGH_WINDOW
 from qosgate.sim.scenarios import Gateways, Run, ScenarioResult, attribution, describe
+from qosgate.sim.setup import PASSTHROUGH_WINDOW
 
 FORMAT_VERSION = 2
 GROUP_KINDS = {
@@ -164,7 +164,7 @@ def document(res: ScenarioResult) -> dict[str, Any]:
             "engine_queue": s.engine_queue,
             "policies": list(s.policies),
             "seed": s.seed,
-            "duration_s": res.runs[0].result.window_end if res.runs else s.duration_s,
+            "duration_s": res.runs[0].result.arrivals_end if res.runs else s.duration_s,
             "warmup_s": s.warmup_s,
             "arrivals": s.arrivals.model_dump(),
             "sweep": list(s.sweep.loads) if s.sweep else None,
@@ -661,7 +661,7 @@ def print_report(res: ScenarioResult, console: Console) -> None:
             load = f", offered load {head.load:.2f}x" if head.load is not None else ""
             console.print(
                 f"{head.result.arrivals} requests at {head.offered_rps:.2f} req/s{load}, "
-                f"arrival window {head.result.window_end:.0f} s"
+                f"arrival window {head.result.arrivals_end:.0f} s"
             )
         console.print(_group_table("per class", res.runs, "classes", "class"))
         if any(len(r.metrics["tenants"]) > 1 for r in res.runs):

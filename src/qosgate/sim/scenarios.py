@@ -6,7 +6,7 @@ load) on the same requests and returns the runs with their metrics.
 
 Load. ``arrivals.load`` is relative to the *capacity*: the saturated throughput (requests/s) of
 the scenario's replicas for its length mix, measured by keeping ``window`` requests always in
-flight on the same engine model (``driver.saturation_throughput``). Load 1.0 offers exactly that
+flight on the same engine model (``capacity.saturation_throughput``). Load 1.0 offers exactly that
 many requests per second; 2.0 twice as many. ``arrivals.rate`` gives requests/s directly.
 
 Window. ``window: auto`` sets each replica's window to what the engine can actually run at once:
@@ -37,9 +37,10 @@ failed calls and health probes every ``probe_interval_s`` (see ``driver``).
 Gateways. ``gateways: {counts: [1, 2, 4], spread: skewed, reach: {acme: [0]}, shared: true,
 sync_interval_s: 0.05, sync_delay_s: 0}`` runs every policy with 1, 2 and 4 gateway instances
 in front of the one fleet (each its own ``Scheduler``: queue, replica objects, windows; all read
-the same engine signals), arrivals spread over them (``driver.GatewayPlan``), tenant state shared
-through ``runtime.shared_state.SharedState`` over a ``MemoryStore`` in virtual time (``shared:
-false``: each instance its own limits and fair-share counters). Unset: one gateway, as before.
+the same engine signals), arrivals spread over them (``setup.GatewayPlan``), tenant state shared
+through the shared-state protocol (``core.shared.SyncProtocol``) over a ``MemoryStore`` in virtual
+time (``shared: false``: each instance its own limits and fair-share counters). Unset: one
+gateway, as before.
 
 Description. ``{load}``, ``{time_scale}`` and ``{duration}`` in a description are replaced by the
 values the run uses (``--load``, ``--time-scale``, ``--duration`` included); an override of a
@@ -61,18 +62,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from qosgate.config import QosConfig, config_from_mapping, read_yaml_mapping, validated
 from qosgate.core import Classifier, QosInputError
 from qosgate.models.simmodel import EngineProfile, load_profile
-from qosgate.sim.driver import (
+from qosgate.sim.capacity import saturation_throughput
+from qosgate.sim.driver import run_policy
+from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
+from qosgate.sim.results import RunResult
+from qosgate.sim.setup import (
     SIM_POLICIES,
     EngineQueue,
     FaultPlan,
     GatewayPlan,
     ReplicaPlan,
-    RunResult,
     SimSetup,
-    run_policy,
-    saturation_throughput,
 )
-from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.workload import (
     TRACE_NAME,
     FromTrace,

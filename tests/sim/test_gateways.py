@@ -26,16 +26,8 @@ from qosgate.core.shared import Bucket, Heartbeat, MemoryStore, SyncProtocol
 from qosgate.sim.driver import run_policy
 from qosgate.sim.report import csv_rows, document, dumps
 from qosgate.sim.results import RunResult
-from qosgate.sim.scenarios import (
-    Prepared,
-    ScenarioError,
-    load_scenario,
-    override,
-    prepare,
-    run_scenario,
-    setup_for,
-    workload_for,
-)
+from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
+from qosgate.sim.scenarios import Prepared, prepare, run_scenario, setup_for, workload_for
 from qosgate.sim.setup import GatewayPlan
 
 # four equal-weight api tenants and a realtime one on one replica, overloaded so that qosgate

@@ -19,17 +19,16 @@ from rich.progress import (
 
 from qosgate.config import Fleet
 from qosgate.extras import PLOTS, missing
-from qosgate.sim.report import document, dumps, ledger_ok, print_report, write_files
-from qosgate.sim.scenarios import (
-    Run,
+from qosgate.sim.report import document, dumps, ledger_ok, write_files
+from qosgate.sim.report_tables import print_report
+from qosgate.sim.scenario_file import (
     ScenarioError,
     available_scenarios,
     describe,
     load_scenario,
     override,
-    prepare,
-    run_scenario,
 )
+from qosgate.sim.scenarios import Run, prepare, run_scenario
 from qosgate.sim.setup import SIM_POLICIES
 
 _DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default

@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from qosgate.sim.metrics import ttft
-from qosgate.sim.report import run_label
+from qosgate.sim.report_tables import run_label
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
 _STYLE = {

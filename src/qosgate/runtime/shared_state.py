@@ -279,22 +279,10 @@ class SharedState:
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 
-    # what the status page and the metrics read: the protocol's own state
+    # what the gateway and the tests read (the rest: ``protocol``)
     @property
     def ledger(self) -> LeasedLedger:
         return self.protocol.ledger
-
-    @property
-    def instance(self) -> str:
-        return self.protocol.instance
-
-    @property
-    def interval(self) -> float:
-        return self.protocol.interval
-
-    @property
-    def fail_open(self) -> bool:
-        return self.protocol.fail_open
 
     @property
     def degraded(self) -> bool:
@@ -303,22 +291,6 @@ class SharedState:
     @property
     def live(self) -> int:
         return self.protocol.live
-
-    @property
-    def fleet(self) -> dict[str, str]:
-        return self.protocol.fleet
-
-    @property
-    def syncs(self) -> int:
-        return self.protocol.syncs
-
-    @property
-    def errors(self) -> int:
-        return self.protocol.errors
-
-    @property
-    def degraded_events(self) -> int:
-        return self.protocol.degraded_events
 
     # ------------------------------------------------------------ life
     async def start(self) -> None:
@@ -340,7 +312,8 @@ class SharedState:
 
     async def _run(self) -> None:
         while not self._closing:
-            await asyncio.sleep(self.interval if not self.degraded else max(self.interval, 0.2))
+            interval = self.protocol.interval
+            await asyncio.sleep(interval if not self.degraded else max(interval, 0.2))
             await self.sync()
 
     async def sync(self) -> None:
@@ -351,7 +324,8 @@ class SharedState:
 
     # ------------------------------------------------------------ metrics
     def collect(self) -> Iterator[Metric]:
-        inst = self.instance
+        p = self.protocol
+        inst = p.instance
         g = GaugeMetricFamily("qosgate_shared_state_degraded",
                               "1 while the shared-state store is unreachable (local state at "
                               "each limit / live instances, or limited tenants refused).",
@@ -365,8 +339,8 @@ class SharedState:
         yield live
         c = CounterMetricFamily("qosgate_shared_state_syncs", "Syncs with the shared state.",
                                 labels=["instance", "outcome"])
-        c.add_metric([inst, "ok"], float(self.syncs))
-        c.add_metric([inst, "error"], float(self.errors))
+        c.add_metric([inst, "ok"], float(p.syncs))
+        c.add_metric([inst, "error"], float(p.errors))
         yield c
 
 
@@ -390,7 +364,8 @@ def status_of(shared: SharedState | None, instance: str) -> dict[str, Any]:
     if shared is None:
         return {"instance": instance, "shared_state": {"store": "none"}}
     fleet: dict[str, Any] = {}
-    for inst, info in sorted(shared.fleet.items()):
+    p = shared.protocol
+    for inst, info in sorted(p.fleet.items()):
         try:
             fleet[inst] = json.loads(info)
         except ValueError:
@@ -401,9 +376,9 @@ def status_of(shared: SharedState | None, instance: str) -> dict[str, Any]:
         "instance": instance,
         "shared_state": {
             "store": "redis",
-            "degraded": shared.degraded,
-            "fail_open": shared.fail_open,
-            "live_instances": shared.live,
+            "degraded": p.degraded,
+            "fail_open": p.fail_open,
+            "live_instances": p.live,
             "fleet": fleet,
             "fleet_queued_total": total_q,
             "fleet_inflight": total_i,

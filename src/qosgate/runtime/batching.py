@@ -97,6 +97,9 @@ class BatchingEngine:
         self.capacity = inner.capacity
         self.pausable = inner.pausable
         self.ordered = inner.ordered
+        # the inner engine's own ``start_call``, if it has one (the driver's convention)
+        self._inner_start: Callable[[Call], Coroutine[Any, Any, None]] | None = getattr(
+            inner, "start_call", None)
         self.stats = BatchStats()
         self._waiting: dict[str, _Waiting] = {}  # rid -> its call, while pending or running
         self._tasks: set[asyncio.Task[None]] = set()
@@ -160,7 +163,7 @@ class BatchingEngine:
         """The call, for the driver to make a task of; an embeddings call is collected *now*
         (while the scheduler dispatches it: the room it sees is the scheduler's)."""
         if call.job.route != "embeddings":
-            start = getattr(self.inner, "start_call", None)
+            start = self._inner_start
             return start(call) if start is not None else self.inner.run(call)
         w = self._collect(call)
         w.wait = self._wait(w)

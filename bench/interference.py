@@ -34,14 +34,9 @@ from qosgate.config import Fleet
 from qosgate.models.simmodel import SimEngine
 from qosgate.sim import driver
 from qosgate.sim.metrics import analyze
-from qosgate.sim.scenarios import (
-    Prepared,
-    load_scenario,
-    override,
-    prepare,
-    setup_for,
-    workload_for,
-)
+from qosgate.sim.results import RunResult
+from qosgate.sim.scenario_file import load_scenario, override
+from qosgate.sim.scenarios import Prepared, prepare, setup_for, workload_for
 from qosgate.sim.workload import Workload
 
 DEFAULT_CASES = "seed-2,seed-3,azure-2,azure-3"
@@ -93,7 +88,7 @@ def _instrument(tr: _Trace) -> tuple[Any, ...]:
     simulation decides changes, it is only watched."""
     orig_advance, orig_step, orig_coalesce = (
         SimEngine.advance, SimEngine._step, SimEngine._coalesce)
-    orig_dispatch = driver._Run._dispatch
+    orig_dispatch = driver.Simulation._dispatch
 
     def advance(self: SimEngine, until: float, now: float, **kw: Any) -> Any:
         self._diag_now = now  # type: ignore[attr-defined]
@@ -155,16 +150,16 @@ def _instrument(tr: _Trace) -> tuple[Any, ...]:
     SimEngine.advance = advance  # type: ignore[method-assign]
     SimEngine._coalesce = coalesce  # type: ignore[method-assign]
     SimEngine._step = step  # type: ignore[method-assign]
-    driver._Run._dispatch = dispatch  # type: ignore[method-assign]
+    driver.Simulation._dispatch = dispatch  # type: ignore[method-assign]
     return orig_advance, orig_step, orig_coalesce, orig_dispatch
 
 
 def _uninstrument(saved: tuple[Any, ...]) -> None:
     (SimEngine.advance, SimEngine._step, SimEngine._coalesce,  # type: ignore[method-assign]
-     driver._Run._dispatch) = saved  # type: ignore[method-assign]
+     driver.Simulation._dispatch) = saved  # type: ignore[method-assign]
 
 
-def _breakdown(result: driver.RunResult, tr: _Trace) -> str:
+def _breakdown(result: RunResult, tr: _Trace) -> str:
     """Means over the realtime requests with the slowest 2% of TTFTs."""
     import bisect
 

@@ -18,14 +18,8 @@ import time
 
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import percentile, ttft
-from qosgate.sim.scenarios import (
-    attribution,
-    load_scenario,
-    override,
-    prepare,
-    setup_for,
-    workload_for,
-)
+from qosgate.sim.scenario_file import load_scenario, override
+from qosgate.sim.scenarios import attribution, prepare, setup_for, workload_for
 
 
 def main() -> None:

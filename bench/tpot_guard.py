@@ -34,7 +34,8 @@ import time
 from typing import Any
 
 from qosgate.config import Fleet
-from qosgate.sim.scenarios import load_scenario, override, prepare, run_scenario
+from qosgate.sim.scenario_file import load_scenario, override
+from qosgate.sim.scenarios import prepare, run_scenario
 
 DEFAULT_CASES = "seed-0.5,seed-1,seed-3,seed-5,azure-3,mixed,faults"
 DEFAULT_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default

@@ -19,9 +19,8 @@ def test_embeddings_batched_in_one_decode(
     gateway_factory: Callable[..., InProcGateway],
 ) -> None:
     gw = gateway_factory()
-    runner = gw.gateway.driver.batches
-    assert runner is not None
-    (batcher,) = runner.batchers.values()
+    (batching,) = gw.gateway.batching
+    batcher = batching.batcher
     batcher.controller = FixedWindow(5.0)  # the batch goes when the window (4) is full
     emb = gw.replica.embedder
     assert isinstance(emb, LlamaEmbedder)

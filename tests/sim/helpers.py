@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from qosgate.config import QosConfig, default_config
 from qosgate.core import QosInputs
 from qosgate.models.simmodel import EngineProfile
-from qosgate.sim.driver import RunResult, SimSetup, run_policy
+from qosgate.sim.driver import run_policy
+from qosgate.sim.results import RunResult
+from qosgate.sim.setup import SimSetup
 from qosgate.sim.workload import Arrival, Stream, Workload
 
 # step = 0.01 + 0.001 * prefill tokens + 0.002 * decoding seqs (no per-context cost)

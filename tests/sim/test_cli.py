@@ -180,7 +180,8 @@ def test_queue_depth_plot_shares_one_y_scale_and_shows_realtime_ttft(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from qosgate.sim import plots
-    from qosgate.sim.scenarios import load_scenario, prepare, run_scenario
+    from qosgate.sim.scenario_file import load_scenario
+    from qosgate.sim.scenarios import prepare, run_scenario
 
     res = run_scenario(prepare(load_scenario(_scenario(tmp_path))))
     figs: list[object] = []

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from qosgate.cli import app
 from qosgate.sim.report import document, dumps
-from qosgate.sim.scenarios import load_scenario, override, prepare, run_scenario
+from qosgate.sim.scenario_file import load_scenario, override
+from qosgate.sim.scenarios import prepare, run_scenario
 
 SCENARIO = """
 name: det

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from qosgate.config import config_from_mapping, default_config
-from qosgate.sim.driver import SIM_POLICIES, RequestRecord, RunResult, policy_setup
+from qosgate.sim.results import RequestRecord, RunResult
+from qosgate.sim.setup import SIM_POLICIES, policy_setup
 from tests.sim.helpers import simulate, toy
 
 

@@ -11,15 +11,9 @@ from __future__ import annotations
 import pytest
 
 from qosgate.config import QosConfig, default_config
-from qosgate.sim.driver import (
-    FaultPlan,
-    ReplicaPlan,
-    RequestRecord,
-    RunResult,
-    SimSetup,
-    run_policy,
-    scaled,
-)
+from qosgate.sim.driver import run_policy
+from qosgate.sim.results import RequestRecord, RunResult
+from qosgate.sim.setup import FaultPlan, ReplicaPlan, SimSetup, scaled
 from tests.sim.helpers import TOY, workload
 
 FAR = 1000.0  # a probe interval longer than any of these runs
@@ -232,7 +226,7 @@ def test_phases_cut_the_arrival_window_at_each_fault() -> None:
 
 def test_per_replica_stats_carry_the_time_averaged_window() -> None:
     from qosgate.sim.metrics import Slo, replica_stats
-    from qosgate.sim.report import _window
+    from qosgate.sim.report_tables import _window
 
     reqs = [(0.01 * i, "batch", 16, 8) for i in range(100)]
     res = run(reqs, (FaultPlan("r0", "die", 0.3, until=0.6),), probe=0.25)

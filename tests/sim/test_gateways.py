@@ -22,19 +22,13 @@ from typer.testing import CliRunner
 from qosgate.cli import app
 from qosgate.config import TenantLimits
 from qosgate.core.ledger import LeasedLedger
-from qosgate.runtime.shared_state import MemoryStore, SharedState
-from qosgate.sim.driver import GatewayPlan, RunResult, _Pause, _virtual_sleep, run_policy
+from qosgate.core.shared import Bucket, Heartbeat, MemoryStore, SyncProtocol
+from qosgate.sim.driver import run_policy
 from qosgate.sim.report import csv_rows, document, dumps
-from qosgate.sim.scenarios import (
-    Prepared,
-    ScenarioError,
-    load_scenario,
-    override,
-    prepare,
-    run_scenario,
-    setup_for,
-    workload_for,
-)
+from qosgate.sim.results import RunResult
+from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
+from qosgate.sim.scenarios import Prepared, prepare, run_scenario, setup_for, workload_for
+from qosgate.sim.setup import GatewayPlan
 
 # four equal-weight api tenants and a realtime one on one replica, overloaded so that qosgate
 # holds a queue; "rated" is limited to 20 requests/min and offers ~11 requests/s
@@ -210,22 +204,22 @@ def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) ->
 
 
 def test_the_shared_state_runs_in_virtual_time() -> None:
-    """``MemoryStore``'s sleep is the simulator's: a sync coroutine yields one pause per store
-    call and completes without asyncio; the clock is read when the call answers."""
-    now = [0.0]
-    store = MemoryStore(0.5, lambda: now[0], _virtual_sleep)
+    """The sync protocol is sans I/O: a sync yields one store call at a time and completes
+    without asyncio, each call answered at the (virtual) time its driver chooses."""
+    now = 0.0
+    store = MemoryStore()
     ledger = LeasedLedger()
     ledger.limiter("t", TenantLimits(requests_per_minute=600), 0.0)
-    sh = SharedState(store, ledger, lambda: now[0], None, "gw0", 0.05)
-    coro = sh.sync()
-    pauses = 0
+    sh = SyncProtocol(ledger, "gw0", None, 0.05)
+    steps = sh.sync()
+    calls = []
     with pytest.raises(StopIteration):
+        call = next(steps)
         while True:
-            p = coro.send(None)
-            assert isinstance(p, _Pause) and p.delay == 0.5
-            pauses += 1
-            now[0] += p.delay
-    assert pauses == 2  # the heartbeat, then the requests/min bucket
+            calls.append(type(call))
+            now += 0.5  # each answered half a second later
+            call = steps.send(store.answer(call, now))
+    assert calls == [Heartbeat, Bucket]  # the heartbeat, then the requests/min bucket
     assert sh.syncs == 1 and sh.live == 1
     assert ledger.limiters["t"].req_stock == 10  # a second of the limit
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from qosgate.sim.driver import RequestRecord
 from qosgate.sim.metrics import (
     Slo,
     group_stats,
@@ -15,6 +14,7 @@ from qosgate.sim.metrics import (
     tenant_fairness,
     tpot,
 )
+from qosgate.sim.results import RequestRecord
 
 
 def rec(

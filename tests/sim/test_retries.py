@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from qosgate.config import default_config
-from qosgate.sim.driver import SimSetup, run_policy
+from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, retry_stats
+from qosgate.sim.setup import SimSetup
 
 from .helpers import TOY, workload
 

@@ -8,19 +8,17 @@ from pathlib import Path
 import pytest
 
 from qosgate.models.simmodel import load_profile
-from qosgate.sim.driver import saturation_throughput
+from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.report import ledger_ok
-from qosgate.sim.scenarios import (
+from qosgate.sim.scenario_file import (
     ScenarioError,
-    attribution,
     available_scenarios,
     describe,
     load_scenario,
     override,
-    prepare,
-    run_scenario,
     scenario_from_mapping,
 )
+from qosgate.sim.scenarios import attribution, prepare, run_scenario
 from qosgate.sim.workload import TRACE_ATTRIBUTION, TRACE_NAME, find_trace, sample_lengths
 
 BUILTIN = ("azure-conv", "fleet-faults", "fleet-mixed", "load-sweep", "seed-classes", "tenants")

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from qosgate.cli import app
 from qosgate.sim.report import document, dumps
-from qosgate.sim.scenarios import ScenarioError, load_scenario, override, prepare, run_scenario
+from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
+from qosgate.sim.scenarios import prepare, run_scenario
 from tests.sim.test_determinism import SCENARIO
 
 # overloaded, with room for the adaptive window to move below its ceiling of 256

@@ -28,14 +28,12 @@ from collections.abc import Callable
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.engine_order import order_value
-from qosgate.runtime.batches import BatchRunner
 from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog
+from qosgate.runtime.timer import DeadlineTimer
 from qosgate.wire.job import Job
 
 log = logging.getLogger("qosgate.runtime")
-
-_TIMER_SLACK_S = 0.0005
 
 
 class DeliverySink:
@@ -96,6 +94,9 @@ class Ticket:
 
     def levels(self) -> int:
         return len(self._driver.scheduler.classes)
+
+    def level(self) -> int:
+        return self.req.level
 
     def progress(self, tokens: int) -> None:
         self._driver.scheduler.progress(self.req.id, tokens)
@@ -164,11 +165,8 @@ class Driver:
         self.replica_log = ReplicaLog(log)  # up/down lines, paced per replica
         self.tickets: dict[str, Ticket] = {}
         self.accepting = True
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
-        # embeddings batching (runtime/batches.py), per replica; None: every call runs alone
-        self.batches: BatchRunner | None = None
+        self._timer = DeadlineTimer(lambda: self.clock(), self.loop, self._on_timer)
 
     def loop(self) -> asyncio.AbstractEventLoop:
         """The running loop, looked up once: on Python 3.11 every ``get_running_loop()`` costs a
@@ -196,10 +194,7 @@ class Driver:
                 await self._probing
         for t in list(self.tickets.values()):
             self.cancel(t, "server_shutdown")
-        if self._timer is not None:
-            self._timer.cancel()
-        if self.batches is not None:
-            await self.batches.close()
+        self._timer.cancel()
         for eng in self.engines.values():
             await eng.close()
 
@@ -277,10 +272,6 @@ class Driver:
         if t is None:  # pragma: no cover - every live request has a ticket
             log.error("dispatch of unknown request %s", d.req.id)
             return
-        b = self.batches
-        if b is not None and t.job.route == "embeddings" and b.handles(d.replica):
-            b.add(d.replica, t)  # collected; its batch runs when the batcher says
-            return
         eng = self.engines[d.replica]
         if d.resume and t.task is not None and not t.task.done():
             eng.resume(d.req.id)
@@ -300,8 +291,6 @@ class Driver:
         if d.pause:
             self.engines[d.replica].pause(d.req.id)
             return
-        if self.batches is not None:
-            self.batches.remove(d.req.id)
         task, t.task = t.task, None
         if task is not None:
             task.cancel()
@@ -310,9 +299,6 @@ class Driver:
         t = self.tickets.pop(req.id, None)
         if t is None:
             return
-        if self.batches is not None:
-            self.batches.remove(req.id)
-            self.batches.poke()  # a slot freed: a batch waiting for room may be due
         task, t.task = t.task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
@@ -345,17 +331,8 @@ class Driver:
 
     def _arm(self) -> None:
         nt = self.scheduler.next_timer()
-        if nt is None:
-            return
-        if self._timer is not None and nt >= self._timer_at:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = nt
-        delay = max(0.0, nt - self.clock()) + _TIMER_SLACK_S
-        self._timer = self.loop().call_later(delay, self._on_timer)
+        if nt is not None:
+            self._timer.arm(nt)
 
     def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = float("inf")
         self.apply(self.scheduler.tick(self.clock()))

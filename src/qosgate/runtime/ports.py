@@ -71,6 +71,10 @@ class Call(Protocol):
         """How many bands there are."""
         ...
 
+    def level(self) -> int:
+        """The request's class level (0 the most urgent)."""
+        ...
+
     def progress(self, tokens: int) -> None:
         """``tokens`` output tokens have been sent to the client so far."""
         ...

@@ -1,72 +1,85 @@
-"""Tenant state shared by several gateway instances through a store (Redis, or in memory).
+"""Tenant state shared by several gateway instances through Redis: the asyncio side of the
+sync protocol (``core/shared.py``, sans I/O), its Redis store, and its metrics.
 
-The core admits against local leased budgets (``core.ledger.LeasedLedger``); this module keeps
-them in sync with the store every ``interval`` seconds (docs/shared-state.md):
-
-- requests/min and tokens/min: one token bucket per tenant and limit *in the store*, refilled by
-  the store's own clock (Redis ``TIME`` inside a Lua script, atomic); each instance leases stock
-  from it (about twice its demand of the last interval, at most the limit / live instances) and
-  gives back what it holds beyond that; a token estimate spent beyond what was leased (a request
-  that used more than estimated) is charged to the bucket unconditionally (the fleet's debt);
-- concurrency caps: slots leased as members of a sorted set scored by their expiry (``TTL``);
-  renewed at every sync, so a crashed instance's slots are free again within the TTL;
-- VTC fair-share counters: each instance pushes the growth of its counters per (queue node, key)
-  and adds the growth the others pushed (``HINCRBYFLOAT``), so a tenant served elsewhere is
-  behind here too;
-- instances: a sorted set of live instance ids (heartbeat with the same TTL).
-
-The store unreachable: *degraded* mode, once logged; fail open (local buckets at each limit /
-live instances) or closed (limited tenants refused); when it answers again, leases start afresh.
+``SharedState`` runs ``SyncProtocol``'s exchanges every ``interval`` seconds, awaiting each store
+call; ``RedisStore`` answers them with one atomic Lua script each, timed by Redis's own clock
+(``TIME``). ``MemoryStore`` is the in-memory store (``core.shared.MemoryStore``) behind the same
+asyncio interface, for tests: ``delay`` seconds before each call answers. The simulator runs the
+same protocol against ``core.shared.MemoryStore`` in virtual time, without any of this.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
-import math
+import json
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from qosgate.core.fairshare import FairShare
-from qosgate.core.ledger import LeasedLedger, LeasedLimiter, fair_shares, merge_counter
+from qosgate.core import shared
+from qosgate.core.ledger import LeasedLedger
+from qosgate.core.shared import (
+    Bucket,
+    Counters,
+    Exchange,
+    Heartbeat,
+    Lease,
+    StoreCall,
+    StoreDown,
+    SyncProtocol,
+)
 
-log = logging.getLogger("qosgate.shared_state")
+__all__ = ["InstanceInfo", "MemoryStore", "RedisStore", "SharedState", "Store", "StoreDown",
+           "new_instance_id", "status_of"]
 
 
 def new_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class StoreDown(Exception):
-    """The store could not be reached (or answered with an error)."""
-
-
 class Store(Protocol):
+    """The store port as the asyncio driver awaits it (see ``core.shared``'s calls)."""
+
     async def bucket(self, key: str, per_minute: float, want: float, force: float
-                     ) -> tuple[float, float, float]:
-        """Charge ``force`` unconditionally, then take up to ``want`` (negative: give back):
-        (granted, tokens left, seconds until one unit is there)."""
-        ...
+                     ) -> tuple[float, float, float]: ...
 
-    async def lease(self, key: str, instance: str, want: int, cap: int, ttl_s: float) -> int:
-        """Hold ``want`` slots of ``cap`` (fewer if others hold them) until now + ttl."""
-        ...
+    async def lease(self, key: str, instance: str, want: int, cap: int, ttl_s: float) -> int: ...
 
-    async def heartbeat(self, instance: str, ttl_s: float, info: str) -> dict[str, str]:
-        """This instance is alive until now + ttl; the live instances and their info."""
-        ...
+    async def heartbeat(self, instance: str, ttl_s: float, info: str) -> dict[str, str]: ...
 
-    async def counters(self, key: str, deltas: dict[str, float]) -> dict[str, float]:
-        """Add ``deltas`` to a hash of counters; the totals."""
-        ...
+    async def counters(self, key: str, deltas: dict[str, float]) -> dict[str, float]: ...
 
     async def close(self) -> None: ...
+
+
+async def ask(store: Store, call: StoreCall) -> object:
+    """One protocol call, awaited on ``store``."""
+    if type(call) is Bucket:
+        return await store.bucket(call.key, call.per_minute, call.want, call.force)
+    if type(call) is Lease:
+        return await store.lease(call.key, call.instance, call.want, call.cap, call.ttl_s)
+    if type(call) is Heartbeat:
+        return await store.heartbeat(call.instance, call.ttl_s, call.info)
+    assert type(call) is Counters
+    return await store.counters(call.key, call.deltas)
+
+
+async def exchange(store: Store, steps: Exchange) -> None:
+    """Drive one exchange of the protocol to its end (``StoreDown`` propagates; the generator is
+    then closed)."""
+    try:
+        call = next(steps)
+        while True:
+            call = steps.send(await ask(store, call))
+    except StopIteration:
+        return
+    finally:
+        steps.close()
 
 
 # ---------------------------------------------------------------- Redis
@@ -196,11 +209,9 @@ class RedisStore:
 
 # ---------------------------------------------------------------- in memory
 class MemoryStore:
-    """The same interface in one process (tests, the simulator): several ledgers share it.
-    ``delay`` seconds before each call answers (a store's round trip); ``down`` makes every call
-    fail like an unreachable Redis. ``clock`` is the store's own clock; ``sleep`` waits out the
-    delay (asyncio's; the simulator passes one that suspends the call in *virtual* time, so that
-    ``SharedState`` runs there unchanged)."""
+    """``core.shared.MemoryStore`` behind the asyncio interface (tests): several ledgers share
+    it. ``delay`` seconds before each call answers (a store's round trip, ``sleep``); ``down``
+    makes every call fail like an unreachable Redis; ``clock`` is the store's own clock."""
 
     def __init__(
         self,
@@ -211,67 +222,42 @@ class MemoryStore:
         self.delay = delay
         self.clock = clock
         self.sleep = sleep
-        self.down = False
-        self._buckets: dict[str, tuple[float, float]] = {}
-        self._leases: dict[str, dict[str, tuple[int, float]]] = {}
-        self._instances: dict[str, tuple[float, str]] = {}
-        self._counters: dict[str, dict[str, float]] = {}
+        self.memory = shared.MemoryStore()
 
-    async def _wait(self) -> float:
+    @property
+    def down(self) -> bool:
+        return self.memory.down
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        self.memory.down = value
+
+    async def _answer(self, call: StoreCall) -> Any:
         if self.delay > 0:
             await self.sleep(self.delay)
-        if self.down:
-            raise StoreDown("store down")
-        return self.clock()
+        return self.memory.answer(call, self.clock())
 
     async def bucket(self, key: str, per_minute: float, want: float, force: float
                      ) -> tuple[float, float, float]:
-        now = await self._wait()
-        tokens, ts = self._buckets.get(key, (per_minute, now))
-        rate = per_minute / 60.0
-        if now > ts:
-            tokens = min(per_minute, tokens + (now - ts) * rate)
-        tokens -= force
-        if want >= 0:
-            granted = max(0.0, min(want, tokens))
-            tokens -= granted
-        else:
-            granted = want
-            tokens = min(per_minute, tokens - want)
-        self._buckets[key] = (tokens, now)
-        return granted, tokens, (1 - tokens) / rate if tokens < 1 else 0.0
+        return await self._answer(Bucket(key, per_minute, want, force))  # type: ignore[no-any-return]
 
     async def lease(self, key: str, instance: str, want: int, cap: int, ttl_s: float) -> int:
-        now = await self._wait()
-        leases = self._leases.setdefault(key, {})  # instance -> (slots, expiry)
-        for i in [i for i, (_, exp) in leases.items() if exp <= now or i == instance]:
-            del leases[i]
-        n = max(0, min(want, cap - sum(n for n, _ in leases.values())))
-        if n > 0:
-            leases[instance] = (n, now + ttl_s)
-        return n
+        return await self._answer(Lease(key, instance, want, cap, ttl_s))  # type: ignore[no-any-return]
 
     async def heartbeat(self, instance: str, ttl_s: float, info: str) -> dict[str, str]:
-        now = await self._wait()
-        self._instances[instance] = (now + ttl_s, info)
-        for i in [i for i, (exp, _) in self._instances.items() if exp <= now]:
-            del self._instances[i]
-        return {i: inf for i, (_, inf) in self._instances.items()}
+        return await self._answer(Heartbeat(instance, ttl_s, info))  # type: ignore[no-any-return]
 
     async def counters(self, key: str, deltas: dict[str, float]) -> dict[str, float]:
-        await self._wait()
-        h = self._counters.setdefault(key, {})
-        for k, v in deltas.items():
-            h[k] = h.get(k, 0.0) + v
-        return dict(h)
+        return await self._answer(Counters(key, deltas))  # type: ignore[no-any-return]
 
     async def close(self) -> None:
         return None
 
 
-# ---------------------------------------------------------------- the sync
+# ---------------------------------------------------------------- the sync loop
 class SharedState:
-    """Keeps one instance's ``LeasedLedger`` (and fair-share counters) in sync with a store."""
+    """Keeps one instance's ``LeasedLedger`` (and fair-share counters) in sync with a store:
+    ``SyncProtocol``'s exchanges on an asyncio loop, and their metrics."""
 
     def __init__(
         self,
@@ -287,32 +273,24 @@ class SharedState:
         info: Callable[[], str] | None = None,
     ) -> None:
         self.store = store
-        self.ledger = ledger
         self.clock = clock
-        self.root = policy_root
-        self.instance = instance or new_instance_id()
-        self.interval = interval
-        self.lease_ttl = lease_ttl
-        self.fail_open = fail_open
-        # a store that does not answer for this long is down (before: no new leases, the
-        # budgets held are spent, nothing more; one slow answer under load is not an outage)
-        self.degrade_after = degrade_after
-        self._failing_since: float | None = None
-        self.info = info or (lambda: "{}")
-        self.degraded = False
-        self.live = 1
-        self.fleet: dict[str, str] = {}
-        self.syncs = 0
-        self.errors = 0
-        self.degraded_events = 0
+        self.protocol = SyncProtocol(ledger, instance or new_instance_id(), policy_root,
+                                     interval, lease_ttl, fail_open, degrade_after, info)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        # fair-share counters: (path, key) -> local counter after the last sync, store total seen
-        # each counter and its lifts at the last sync: what changed since, less the lifts, is
-        # the service this instance gave (a lift is local: VTC's floor among *its* backlog)
-        self._seen_local: dict[tuple[str, str], tuple[float, float]] = {}
-        self._seen_total: dict[tuple[str, str], float] = {}
-        self._baseline = True
+
+    # what the gateway and the tests read (the rest: ``protocol``)
+    @property
+    def ledger(self) -> LeasedLedger:
+        return self.protocol.ledger
+
+    @property
+    def degraded(self) -> bool:
+        return self.protocol.degraded
+
+    @property
+    def live(self) -> int:
+        return self.protocol.live
 
     # ------------------------------------------------------------ life
     async def start(self) -> None:
@@ -329,146 +307,25 @@ class SharedState:
                 await self._task
         if not self.degraded:  # give the fleet back what this instance holds
             with contextlib.suppress(StoreDown, Exception):
-                for lim in self.ledger.limiters.values():
-                    await self._give_back(lim)
+                await exchange(self.store, self.protocol.give_back())
         await self.store.close()
 
     async def _run(self) -> None:
         while not self._closing:
-            await asyncio.sleep(self.interval if not self.degraded else max(self.interval, 0.2))
+            interval = self.protocol.interval
+            await asyncio.sleep(interval if not self.degraded else max(interval, 0.2))
             await self.sync()
 
-    # ------------------------------------------------------------ one sync
     async def sync(self) -> None:
         try:
-            fleet = await self.store.heartbeat(self.instance, self.lease_ttl, self.info())
-            if self.degraded:
-                self._recover()
-            self.fleet = fleet
-            self.live = max(1, len(fleet))
-            self.ledger.set_live(self.live)
-            for lim in list(self.ledger.limiters.values()):
-                if lim.limited and lim.mode == "leased":
-                    await self._sync_limiter(lim)
-            if self.root is not None:
-                await self._sync_counters()
-            self.syncs += 1
-            self._failing_since = None
+            await exchange(self.store, self.protocol.sync())
         except StoreDown as exc:
-            self.errors += 1
-            now = self.clock()
-            if self._failing_since is None:
-                self._failing_since = now
-            if not self.degraded and now - self._failing_since >= self.degrade_after:
-                self._degrade(str(exc))
-
-    def _degrade(self, why: str) -> None:
-        self.degraded = True
-        self.degraded_events += 1
-        self.ledger.degrade(self.live, self.fail_open)
-        log.warning(
-            "shared state unreachable (%s): degraded, %s at each limit / %d live instance(s)",
-            why, "serving on local state" if self.fail_open else "refusing limited tenants",
-            self.live,
-        )
-
-    def _recover(self) -> None:
-        self.degraded = False
-        self.ledger.recover()
-        self._baseline = True  # the store may have restarted empty: counters start over
-        log.warning("shared state reachable again: re-synced")
-
-    async def _sync_limiter(self, lim: LeasedLimiter) -> None:
-        limits = lim.limits
-        live = self.live
-        key = lim.tenant
-        if limits.requests_per_minute:
-            cap = limits.requests_per_minute
-            demand = lim.admitted + lim.refused_req
-            # twice the last interval's demand, at least a second of the limit's refill split
-            # over the instances, at most the limit split over them
-            target = max(1.0, min(math.ceil(cap / live), max(2.0 * demand, cap / 60 / live)))
-            want = target - lim.req_stock
-            if want < 0:  # off the local stock first: what is given back cannot be spent here
-                lim.req_stock += want
-                await self.store.bucket("rpm:" + key, cap, want, 0.0)
-            elif want >= 1:
-                granted, _left, wait = await self.store.bucket(
-                    "rpm:" + key, cap, math.floor(want), 0.0)
-                lim.req_stock += granted
-                lim.retry_hint = max(self.interval, wait if lim.req_stock < 1 else 0.0)
-        if limits.tokens_per_minute:
-            cap = limits.tokens_per_minute
-            force = max(0.0, -lim.tok_stock)  # spent beyond the lease: the fleet pays it now
-            lim.tok_stock += force
-            demand = lim.used_tok + lim.refused_tok
-            target = max(min(cap / live, 1024.0), min(cap / live, 2.0 * demand))
-            want = target - lim.tok_stock
-            if want <= -1:
-                lim.tok_stock += want
-                await self.store.bucket("tpm:" + key, cap, want, force)
-            elif force or want >= 1:
-                granted, _left, wait = await self.store.bucket("tpm:" + key, cap, want, force)
-                lim.tok_stock += granted
-                if lim.tok_stock < 1:
-                    lim.retry_hint = max(lim.retry_hint, wait)
-        if limits.max_concurrent:
-            cap_c = limits.max_concurrent
-            # what it held at the peak of the last interval, a quarter more, plus what it
-            # refused (one spare while it admits): a lease follows demand one sync late
-            spare = lim.refused_conc or (1 if lim.admitted else 0)
-            held = max(lim.concurrent, lim.peak)
-            floor = cap_c // (4 * live)  # a large cap: lease ahead of demand
-            want_c = min(cap_c, max(floor, held + max(spare, math.ceil(0.25 * held))))
-            lim.slots = await self.store.lease(
-                "conc:" + key, self.instance, want_c, cap_c, self.lease_ttl)
-        lim.admitted = lim.used_tok = lim.refused_req = lim.refused_tok = lim.refused_conc = 0
-        lim.peak = lim.concurrent
-
-    async def _give_back(self, lim: LeasedLimiter) -> None:
-        limits = lim.limits
-        if limits.requests_per_minute and lim.req_stock > 0:
-            give, lim.req_stock = lim.req_stock, 0.0
-            await self.store.bucket("rpm:" + lim.tenant, limits.requests_per_minute, -give, 0.0)
-        if limits.tokens_per_minute and lim.tok_stock > 0:
-            give, lim.tok_stock = lim.tok_stock, 0.0
-            await self.store.bucket("tpm:" + lim.tenant, limits.tokens_per_minute, -give, 0.0)
-        if limits.max_concurrent:
-            await self.store.lease("conc:" + lim.tenant, self.instance, 0,
-                                   limits.max_concurrent, self.lease_ttl)
-            lim.slots = 0
-
-    def _shares(self) -> Iterator[tuple[str, FairShare[Hashable]]]:
-        return fair_shares(self.root)
-
-    async def _sync_counters(self) -> None:
-        baseline = self._baseline
-        for path, share in list(self._shares()):
-            keys = {str(k): k for k in share.counter}
-            lifted = share.lifted
-            deltas: dict[str, float] = {}
-            for sk, k in keys.items():
-                seen = self._seen_local.get((path, sk))
-                cur = share.counter[k]
-                d = 0.0
-                if seen is not None and not baseline:
-                    d = (cur - seen[0]) - (lifted.get(k, 0.0) - seen[1])
-                if d:
-                    deltas[sk] = d
-            totals = await self.store.counters(path, deltas)
-            for sk, k in keys.items():
-                total = totals.get(sk, 0.0)
-                before = self._seen_total.get((path, sk))
-                if before is not None and not baseline:
-                    others = total - before - deltas.get(sk, 0.0)
-                    merge_counter(share, k, others)
-                self._seen_total[(path, sk)] = total
-                self._seen_local[(path, sk)] = (share.counter[k], lifted.get(k, 0.0))
-        self._baseline = False
+            self.protocol.sync_failed(self.clock(), str(exc))
 
     # ------------------------------------------------------------ metrics
     def collect(self) -> Iterator[Metric]:
-        inst = self.instance
+        p = self.protocol
+        inst = p.instance
         g = GaugeMetricFamily("qosgate_shared_state_degraded",
                               "1 while the shared-state store is unreachable (local state at "
                               "each limit / live instances, or limited tenants refused).",
@@ -482,8 +339,8 @@ class SharedState:
         yield live
         c = CounterMetricFamily("qosgate_shared_state_syncs", "Syncs with the shared state.",
                                 labels=["instance", "outcome"])
-        c.add_metric([inst, "ok"], float(self.syncs))
-        c.add_metric([inst, "error"], float(self.errors))
+        c.add_metric([inst, "ok"], float(p.syncs))
+        c.add_metric([inst, "error"], float(p.errors))
         yield c
 
 
@@ -502,22 +359,13 @@ class InstanceInfo:
         yield g
 
 
-def prime(ledger: LeasedLedger, tenants: Iterator[tuple[str, Any]] | list[tuple[str, Any]],
-          now: float) -> None:
-    """Limiters for the configured tenants before the first sync, so that their first requests
-    find a lease waiting."""
-    for name, limits in tenants:
-        ledger.limiter(name, limits, now)
-
-
 def status_of(shared: SharedState | None, instance: str) -> dict[str, Any]:
     """The shared-state part of /v1/qos/status: who answered and the fleet as last synced."""
     if shared is None:
         return {"instance": instance, "shared_state": {"store": "none"}}
-    import json
-
     fleet: dict[str, Any] = {}
-    for inst, info in sorted(shared.fleet.items()):
+    p = shared.protocol
+    for inst, info in sorted(p.fleet.items()):
         try:
             fleet[inst] = json.loads(info)
         except ValueError:
@@ -528,9 +376,9 @@ def status_of(shared: SharedState | None, instance: str) -> dict[str, Any]:
         "instance": instance,
         "shared_state": {
             "store": "redis",
-            "degraded": shared.degraded,
-            "fail_open": shared.fail_open,
-            "live_instances": shared.live,
+            "degraded": p.degraded,
+            "fail_open": p.fail_open,
+            "live_instances": p.live,
             "fleet": fleet,
             "fleet_queued_total": total_q,
             "fleet_inflight": total_i,

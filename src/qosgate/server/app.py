@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -28,7 +29,8 @@ from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
-from qosgate.runtime.batches import BatchRunner
+from qosgate.core.shared import prime
+from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Engine
 from qosgate.runtime.shared_state import (
@@ -36,7 +38,6 @@ from qosgate.runtime.shared_state import (
     RedisStore,
     SharedState,
     new_instance_id,
-    prime,
     status_of,
 )
 from qosgate.server.asgi import (
@@ -179,8 +180,29 @@ class Gateway:
             )
             self.metrics.registry.register(self.shared)
         self.metrics.registry.register(InstanceInfo(self.instance, "redis" if rs.url else "none"))
+        # embeddings: the calls of a replica whose engine serves batches are batched by a
+        # decorator over it (runtime/batching.py), its window per core/batching.py
+        es = settings.embeddings
+        self.embed_settings = es
+        self.batching = [
+            BatchingEngine(
+                e,  # type: ignore[arg-type]
+                Batcher(
+                    BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
+                    make_controller(es.window, window_s=es.window_ms / 1000,
+                                    floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
+                                    target_s=es.target_ms / 1000, every=es.every,
+                                    alpha=es.alpha),
+                ),
+                functools.partial(self._room, name), self.clock, es.urgent_levels,
+            )
+            for name, e in engines.items() if getattr(e, "embeds", False)
+        ]
+        self.metrics.registry.register(BatchingCollector(self.batching))
+        batched = {b.name: b for b in self.batching}
         self.driver = Driver(
-            self.scheduler, engines, clock=self.clock, on_finished=self.metrics.observe
+            self.scheduler, {name: batched.get(name, e) for name, e in engines.items()},
+            clock=self.clock, on_finished=self._on_finished,
         )
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
@@ -196,20 +218,18 @@ class Gateway:
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex() + "-"
         self.started = False
-        # embeddings: a batcher per replica whose engine serves batches (core/batching.py)
-        es = settings.embeddings
-        self.embed_settings = es
-        batchers = {
-            name: Batcher(
-                BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
-                make_controller(es.window, window_s=es.window_ms / 1000,
-                                floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
-                                target_s=es.target_ms / 1000, every=es.every, alpha=es.alpha),
-            )
-            for name, e in engines.items() if getattr(e, "embeds", False)
-        }
-        self.driver.batches = BatchRunner(self.driver, batchers, es.urgent_levels)
-        self.metrics.registry.register(BatchingCollector(self.driver.batches))
+
+    def _room(self, replica: str) -> bool:
+        """May ``replica`` still take another dispatch (its batcher's question)."""
+        rep = self.scheduler.replicas.get(replica)
+        return rep is not None and rep.free > 0
+
+    def _on_finished(self, req: Request) -> None:
+        """A request ended (driver hook): the metrics, and a slot freed (a batch waiting for
+        room may be due)."""
+        self.metrics.observe(req)
+        for b in self.batching:
+            b.room_changed()
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:

@@ -51,7 +51,7 @@ from prometheus_client.utils import floatToGoString
 
 from qosgate.config import QosConfig
 from qosgate.core import Request, Scheduler, State
-from qosgate.runtime.batches import SIZE_BUCKETS, BatchRunner
+from qosgate.runtime.batching import SIZE_BUCKETS, BatchingEngine
 from qosgate.server import metric_names as mn
 
 LATENCY_BUCKETS = (
@@ -449,36 +449,40 @@ class GatewayMetrics:
 
 
 class BatchingCollector:
-    """The embeddings batchers (``runtime/batches.py``): each replica's window now, its batches
-    by release reason and by size, and the window controller's decisions."""
+    """The embeddings batchers (``runtime/batching.py``): each replica's window now, its
+    batches by release reason and by size, and the window controller's decisions."""
 
-    def __init__(self, runner: BatchRunner) -> None:
-        self.runner = runner
+    def __init__(self, engines: list[BatchingEngine]) -> None:
+        self.engines = engines
 
     def collect(self) -> Iterator[Metric]:
-        r = self.runner
-        st = r.stats
         window = mn.EMB_WINDOW.gauge()
         pending = mn.EMB_PENDING.gauge()
-        for name, b in r.batchers.items():
-            window.add_metric([name], b.window_s)
-            pending.add_metric([name], len(b))
+        for b in self.engines:
+            window.add_metric([b.name], b.batcher.window_s)
+            pending.add_metric([b.name], len(b.batcher))
         yield window
         yield pending
+        by_name = sorted(self.engines, key=lambda b: b.name)
         released = mn.EMB_BATCHES.counter()
-        for (name, why), n in sorted(st.released.items()):
-            released.add_metric([name, why], n)
+        for b in by_name:
+            for why, n in sorted(b.stats.released.items()):
+                released.add_metric([b.name, why], n)
         yield released
         sizes = mn.EMB_SIZE.histogram()
-        for name, counts in sorted(st.sizes.items()):
+        for b in by_name:
+            st = b.stats
+            if not st.batches:
+                continue
             acc = 0
             buckets: list[tuple[str, float]] = []
-            for bound, c in zip((*SIZE_BUCKETS, float("inf")), counts, strict=True):
+            for bound, c in zip((*SIZE_BUCKETS, float("inf")), st.sizes, strict=True):
                 acc += c
                 buckets.append((floatToGoString(bound), acc))  # type: ignore[no-untyped-call]
-            sizes.add_metric([name], buckets, st.size_sum.get(name, 0))
+            sizes.add_metric([b.name], buckets, st.size_sum)
         yield sizes
         decisions = mn.EMB_DECISIONS.counter()
-        for (name, dec), n in sorted(st.decisions.items()):
-            decisions.add_metric([name, dec], n)
+        for b in by_name:
+            for dec, n in sorted(b.stats.decisions.items()):
+                decisions.add_metric([b.name, dec], n)
         yield decisions

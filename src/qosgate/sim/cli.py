@@ -19,18 +19,17 @@ from rich.progress import (
 
 from qosgate.config import Fleet
 from qosgate.extras import PLOTS, missing
-from qosgate.sim.driver import SIM_POLICIES
-from qosgate.sim.report import document, dumps, ledger_ok, print_report, write_files
-from qosgate.sim.scenarios import (
-    Run,
+from qosgate.sim.report import document, dumps, ledger_ok, write_files
+from qosgate.sim.report_tables import print_report
+from qosgate.sim.scenario_file import (
     ScenarioError,
     available_scenarios,
     describe,
     load_scenario,
     override,
-    prepare,
-    run_scenario,
 )
+from qosgate.sim.scenarios import Run, prepare, run_scenario
+from qosgate.sim.setup import SIM_POLICIES
 
 _DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default
 
@@ -106,7 +105,8 @@ def simulate_command(
         typer.Option(
             "--shared-state/--no-shared-state",
             help="Several gateways share tenant state (limits, fair-share counters) through "
-            "runtime/shared_state.py over an in-memory store, or each keeps its own.",
+            "the shared-state protocol (core/shared.py) over an in-memory store, or each keeps "
+            "its own.",
         ),
     ] = None,
     sync_interval_s: Annotated[

@@ -9,7 +9,8 @@ upstream client hand them over; the driver only carries out the core's decisions
 ``Finished`` request.
 
 Time. Events are handled in time order: the next external event (arrival, scheduler timer,
-sampling instant, health probe, fault) bounds how far each engine may run
+sampling instant, health probe, fault, shared-state sync; typed records on one heap, ``events.py``,
+whose order at one instant is fixed by kind) bounds how far each engine may run
 (``SimEngine.advance(until=...)``, the fast path that computes stretches of pure decode steps in
 closed form). An engine stops at the end of the first step that yields a first token or a finish;
 that step's events are held until the global clock reaches them, then delivered. Every replica has
@@ -53,421 +54,88 @@ learns of them by the same facts the gateway's upstream client reports:
   next probe tells the core.
 - ``slow`` from t (until ``until_s``): every engine step that starts then takes ``factor`` times
   as long (each time coefficient of the engine profile multiplied).
+
+Layout: ``setup.py`` (what a run is made of), ``gateways.py`` (the instances, routing, shared-state
+syncs), ``replica.py`` (a replica's state here), ``events.py`` (the heap), ``results.py`` (what a
+run returns). This module is the loop and the handlers that carry facts and decisions between
+the core and the engines; it stays over 500 lines because those handlers share one state (the
+replicas, the records, the clock) and split apart they would pass it all around.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
 import math
-import zlib
 from collections import Counter
-from collections.abc import Callable, Coroutine, Generator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import replace
 
-from qosgate.config import QosConfig
-from qosgate.core import (
-    POLICY_NAMES,
-    Decision,
-    Dispatch,
-    Finished,
-    Preempt,
-    ReplicaSpec,
-    Scheduler,
-    State,
-)
-from qosgate.core.ledger import LeasedLedger
-from qosgate.core.replica import FixedLimit
+from qosgate.core import Decision, Dispatch, Finished, Preempt, Scheduler, State
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
-from qosgate.models.simmodel import EngineProfile, SimEngine
+from qosgate.models.simmodel import SimEngine
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
-from qosgate.runtime.shared_state import MemoryStore, SharedState, prime
-from qosgate.sim.workload import Arrival, Workload
+from qosgate.sim.events import (
+    TIMER_RANK,
+    ArrivalDue,
+    ArrivalsEnd,
+    Event,
+    EventHeap,
+    FaultDue,
+    ProbeDue,
+    RetryDue,
+    SampleDue,
+    SyncDue,
+)
+from qosgate.sim.gateways import Gateways
+from qosgate.sim.replica import SimReplica
+from qosgate.sim.results import RequestRecord, RunResult, Sample
+from qosgate.sim.setup import (
+    PASSTHROUGH_WINDOW,
+    SimSetup,
+    passthrough_config,
+    policy_setup,
+    scaled,
+)
+from qosgate.sim.workload import Arrival
 
-PASSTHROUGH_WINDOW = 1 << 30
-SIM_POLICIES: tuple[str, ...] = (*POLICY_NAMES, "engine-priority")
 INF = math.inf
 DISCONNECTED = "upstream_disconnected"  # the upstream client's reason for a broken connection
 UNREACHABLE = "upstream_unreachable"  # ... and for a refused connect
 
-
-@dataclass(slots=True, frozen=True)
-class PolicySetup:
-    """A simulated policy: the core policy, the engine's own queue, and the qosgate window."""
-
-    name: str
-    core_policy: str
-    engine_queue: Literal["fcfs", "priority"]
-    passthrough: bool  # window = PASSTHROUGH_WINDOW: the engine holds the whole queue
-
-
-EngineQueue = Literal["auto", "fcfs", "priority"]
-
-
-def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
-    """``engine_queue="auto"``: the engine's own queue is FCFS under ``fifo`` (no priorities
-    anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward
-    qosgate's order as the engine priority (as the gateway does, ``core.engine_order``);
-    ``engine-priority`` always uses the engine's priority queue."""
-    if name == "engine-priority":
-        return PolicySetup(name, "fifo", "priority", True)
-    if name not in POLICY_NAMES:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(SIM_POLICIES)}")
-    if engine_queue == "auto":
-        return PolicySetup(name, name, "fcfs" if name == "fifo" else "priority", False)
-    return PolicySetup(name, name, engine_queue, False)
-
-
-@dataclass(slots=True, frozen=True)
-class ReplicaPlan:
-    """One simulated replica: its name, engine profile, qosgate window, and whether it pauses."""
-
-    name: str
-    profile: EngineProfile
-    window: int
-    pausable: bool = True
-    # the core's window mode for it: "adaptive" (``window`` is then its ceiling) or "fixed";
-    # None: the core's default (fixed for a pausable replica, ``fleet.window.mode`` otherwise)
-    window_mode: Literal["fixed", "adaptive"] | None = None
-
-
-Spread = Literal["round-robin", "hash", "skewed"]
-SPREADS: tuple[str, ...] = ("round-robin", "hash", "skewed")
-
-
-@dataclass(slots=True, frozen=True)
-class GatewayPlan:
-    """N gateway instances in front of the one fleet (see ``docs/simulator.md``).
-
-    ``spread``: how arrivals reach them -- ``round-robin`` (arrival k to gateway k mod N, as a
-    load balancer), ``hash`` (every request of a tenant to gateway crc32(tenant) mod N, as a
-    balancer hashing the API key) or ``skewed`` (a tenant listed in ``reach`` only reaches those
-    gateway indices, taken mod N, in turn; the others reach all in turn). ``shared``: with N > 1,
-    tenant state (limits, fair-share counters) goes through ``runtime.shared_state.SharedState``
-    over one ``MemoryStore`` whose calls answer ``sync_delay`` virtual seconds later, each
-    instance syncing ``sync_interval`` after its last sync ended; off, each instance keeps its own
-    limits and counters. One gateway never uses the shared state (nothing to share): it is
-    exactly the single-gateway simulator."""
-
-    count: int = 1
-    spread: Spread = "round-robin"
-    reach: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    shared: bool = True
-    sync_interval: float = 0.05
-    sync_delay: float = 0.0
-
-    @property
-    def sharing(self) -> bool:
-        return self.count > 1 and self.shared
-
-
-FaultKind = Literal["die", "slow"]
-
-
-@dataclass(slots=True, frozen=True)
-class FaultPlan:
-    """``die``: the replica's engine is gone from ``at`` (with everything in it) until ``until``
-    (None: for good). ``slow``: its steps take ``factor`` x as long from ``at`` until ``until``."""
-
-    replica: str
-    kind: FaultKind
-    at: float
-    until: float | None = None
-    factor: float = 1.0
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """One request's life, as the metrics need it (times in virtual seconds)."""
-
-    rid: str
-    stream: int
-    service_class: str
-    tenant: str
-    state: str
-    reason: str
-    arrival: float
-    first_token_at: float | None
-    finished_at: float
-    prompt_tokens: int
-    output_tokens: int  # delivered (completed), or generated before the end (others)
-    target_output: int  # the workload's output length
-    preemptions: int
-    promotions: int
-    win_prefilled: bool  # its prefill was done by the end of the arrival window
-    win_output: int  # output tokens generated by the end of the arrival window
-    replica: str = ""  # the last replica it was dispatched to ("" if never)
-    failed_attempts: int = 0  # its attempts that failed before its first token
-    gateway: int = 0  # the gateway instance it arrived at
-    # a client honouring Retry-After: the request whose refusal this attempt retries ("" for a
-    # first attempt) and which attempt it is (0 first)
-    retry_of: str = ""
-    attempt: int = 0
-
-
-@dataclass(slots=True, frozen=True)
-class Sample:
-    t: float
-    queued: tuple[int, ...]  # qosgate queue per class level
-    inflight: int  # dispatched/running per qosgate
-    engine_running: int
-    engine_waiting: int
-    engine_paused: int
-    kv_usage: float  # mean over the replicas that are up
-    replicas_up: int = 0  # replicas whose engine is alive
-    windows: tuple[int, ...] = ()  # each replica's window in the core now (adaptive ones move)
-
-
-@dataclass(slots=True)
-class RunResult:
-    policy: str
-    classes: tuple[str, ...]
-    records: list[RequestRecord]  # in arrival order
-    samples: list[Sample]
-    window_end: float  # end of the arrival window: the measurement window is [0, window_end]
-    makespan: float  # last terminal event
-    arrivals: int
-    engine: dict[str, float] = field(default_factory=dict)
-    # engine counters at the end of the arrival window (cross-check of the per-request tokens)
-    engine_window: dict[str, float] = field(default_factory=dict)
-    outcomes: dict[str, int] = field(default_factory=dict)
-    pauses: int = 0  # core preemptions carried out as a pause (KV kept)
-    aborts: int = 0  # core preemptions carried out as an abort (before the first token)
-    # a first token or finish produced in the step during which qosgate paused the sequence,
-    # reported when it is resumed (see _preempt)
-    late_finishes: int = 0
-    unfinished: int = 0  # live at the end (a deadlock): must be 0
-    scheduler_calls: int = 0
-    # the fleet: per replica (profile, window, ejections...), the core's failed attempts and
-    # retries by reason, and the faults carried out
-    fleet: dict[str, object] = field(default_factory=dict)
-    gateways: int = 1
-    # per gateway: the engines' own evictions (KV preemptions) of its requests' sequences
-    gateway_evictions: tuple[int, ...] = (0,)
-    # the shared state, with N > 1 gateways sharing it: syncs carried out per gateway
-    shared: dict[str, object] = field(default_factory=dict)
-
-
-@dataclass(slots=True, frozen=True)
-class SimSetup:
-    cfg: QosConfig
-    profile: EngineProfile
-    replicas: int
-    window: int
-    workload: Workload
-    sample_interval: float
-    engine_queue: EngineQueue = "auto"
-    # the replicas one by one (heterogeneous fleets); empty: ``replicas`` x ``profile``/``window``
-    fleet: tuple[ReplicaPlan, ...] = ()
-    faults: tuple[FaultPlan, ...] = ()
-    probe_interval: float = 1.0  # the gateway driver's default health cadence
-    gateways: GatewayPlan = GatewayPlan()
-    # clients that honour a refusal's Retry-After: each refused request is sent again that many
-    # seconds later, up to this many times (0: clients take the refusal as final)
-    retries: int = 0
-
-    def plans(self) -> tuple[ReplicaPlan, ...]:
-        if self.fleet:
-            return self.fleet
-        return tuple(
-            ReplicaPlan(f"r{i}", self.profile, self.window) for i in range(self.replicas)
-        )
-
-
-def passthrough_config(cfg: QosConfig) -> QosConfig:
-    """``cfg`` with nothing that would hold a request in qosgate under ``engine-priority``: no
-    share of a window reserved for a class, no prefill budget next to realtime streams (the
-    engine's own priority queue is the whole policy there)."""
-    fleet = cfg.fleet
-    if "prefill_budget_tokens" in type(fleet).model_fields:
-        fleet = fleet.model_copy(update={"prefill_budget_tokens": None})
-    classes = tuple(
-        c.model_copy(update={"reserved_share": 0.0})
-        if "reserved_share" in type(c).model_fields
-        else c
-        for c in cfg.classes
-    )
-    return cfg.model_copy(update={"fleet": fleet, "classes": classes})
-
-
-def scaled(profile: EngineProfile, factor: float) -> EngineProfile:
-    """``profile`` with every time coefficient x ``factor``: each step lasts ``factor`` x longer."""
-    if factor == 1.0:
-        return profile
-    return profile.model_copy(
-        update={
-            "step_fixed_s": profile.step_fixed_s * factor,
-            "prefill_s_per_token": profile.prefill_s_per_token * factor,
-            "decode_s_per_ctx_token": profile.decode_s_per_ctx_token * factor,
-            "decode_s_per_seq": profile.decode_s_per_seq * factor,
-        }
-    )
-
-
-class _Rep:
-    __slots__ = (
-        "alive",
-        "base",
-        "buf",
-        "clock",
-        "engine",
-        "factor",
-        "lost",
-        "name",
-        "parked",
-        "paused",
-        "queue",
-        "retired",
-        "seqs",
-        "stuck",
-        "told_up",
-    )
-
-    def __init__(
-        self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"]
-    ) -> None:
-        self.name = name
-        self.base = profile
-        self.queue: Literal["fcfs", "priority"] = queue
-        self.factor = 1.0
-        self.engine = SimEngine(profile, queue)
-        self.clock = 0.0  # end of the engine's last step
-        self.buf: list[TokenEvent | FinishEvent] | None = None  # events at ``clock``, undelivered
-        self.stuck = False  # has work but cannot step until something changes
-        # events of the step under way when qosgate paused the sequence: delivered on resume
-        self.parked: dict[str, list[TokenEvent | FinishEvent]] = {}
-        self.seqs: dict[str, None] = {}  # requests whose sequence is in this engine (in order)
-        self.paused: set[str] = set()  # ... of which paused by qosgate
-        # paused here when the engine died: rid -> (had streamed, tokens generated)
-        self.lost: dict[str, tuple[bool, int]] = {}
-        self.alive = True
-        self.told_up = True  # what the core was last told (a probe, or a refused connect)
-        self.retired: list[SimEngine] = []  # engines lost when it died (their counters count)
-
-    def engines(self) -> list[SimEngine]:
-        return [*self.retired, self.engine]
-
-    def drop(self, rid: str) -> None:
-        if self.buf:
-            self.buf = [e for e in self.buf if e.seq_id != rid] or None
-        self.parked.pop(rid, None)
-
-    def take(self, rid: str) -> list[TokenEvent | FinishEvent]:
-        """Remove and return ``rid``'s undelivered events."""
-        mine = [e for e in self.buf or () if e.seq_id == rid]
-        if mine:
-            self.drop(rid)
-        return mine
-
-    def finish_of(self, rid: str) -> FinishEvent | None:
-        for e in [*(self.buf or ()), *self.parked.get(rid, ())]:
-            if isinstance(e, FinishEvent) and e.seq_id == rid:
-                return e
-        return None
-
-    def generated(self, rid: str) -> int:
-        """Tokens the engine generated for ``rid`` so far (0 if it does not know it)."""
-        try:
-            return self.engine.generated(rid)
-        except KeyError:
-            fin = self.finish_of(rid)
-            return fin.completion_tokens if fin is not None else 0
-
-    def forget(self, rid: str) -> None:
-        self.seqs.pop(rid, None)
-        self.paused.discard(rid)
-
-
 ProgressFn = Callable[[float, int], None]
 
 
-class _Pause:
-    """What ``MemoryStore``'s sleep awaits in the simulator: the sync coroutine yields it to the
-    event loop, which resumes the coroutine ``delay`` virtual seconds later (no asyncio)."""
+class Simulation:
+    """One policy's run of a ``SimSetup``: the gateways' schedulers, the simulated replicas, and
+    the event loop between them."""
 
-    __slots__ = ("delay",)
-
-    def __init__(self, delay: float) -> None:
-        self.delay = delay
-
-    def __await__(self) -> Generator[_Pause, None, None]:
-        yield self
-
-
-def _virtual_sleep(delay: float) -> _Pause:
-    return _Pause(delay)
-
-
-SyncCoro = Coroutine[object, None, None]
-
-
-class _Run:
-    def __init__(self, setup: SimSetup, policy: str) -> None:
+    def __init__(self, setup: SimSetup, policy: str, progress: ProgressFn | None = None) -> None:
         ps = policy_setup(policy, setup.engine_queue)
         self.setup = setup
         self.policy = policy
+        self.progress = progress
         self.plans = setup.plans()
         self.passthrough = ps.passthrough
         cfg = passthrough_config(setup.cfg) if ps.passthrough else setup.cfg
-        gp = setup.gateways
-        self.gplan = gp
         self.now = 0.0  # the global virtual clock (the shared store's clock)
         # one Scheduler per gateway instance: its own queue, replica objects and windows
-        self.gws: list[Scheduler] = []
-        self.shared: list[SharedState] = []
-        store = MemoryStore(gp.sync_delay, lambda: self.now, _virtual_sleep)
-        for g in range(max(1, gp.count)):
-            ledger = LeasedLedger() if gp.sharing else None
-            sched = Scheduler(cfg, ps.core_policy, ledger=ledger)
-            for plan in self.plans:
-                if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
-                    spec = ReplicaSpec(plan.name, PASSTHROUGH_WINDOW, pausable=plan.pausable)
-                    sched.add_replica(spec, FixedLimit(PASSTHROUGH_WINDOW))
-                else:  # the window the config asks for, as the gateway's
-                    sched.add_replica(
-                        ReplicaSpec(
-                            plan.name, plan.window, pausable=plan.pausable,
-                            window=plan.window_mode, ordered=ps.engine_queue == "priority",
-                        )
-                    )
-            self.gws.append(sched)
-            if ledger is not None:
-                self.shared.append(
-                    SharedState(store, ledger, lambda: self.now, sched.policy.root, f"gw{g}",
-                                gp.sync_interval)
-                )
-        self.sched = self.gws[0]
-        self.gw_of: dict[str, int] = {}  # request -> the gateway it arrived at
-        self.evictions = [0] * len(self.gws)
-        self._route_n = 0
-        self._route_tenant: dict[str, int] = {}
-        self._reach = {t: tuple(sorted({i % len(self.gws) for i in idx}))
-                       for t, idx in gp.reach}
-        self._tenant_of: dict[int, str] = {}
-        # syncs under way or due: (t, gateway, order, coroutine or None = start a new one)
-        self.syncs: list[tuple[float, int, int, SyncCoro | None]] = []
-        self._sync_seq = 0
-        for g, sh in enumerate(self.shared):
-            # as the gateway's startup: limiters for the configured tenants, one sync before
-            # serving (here: before t = 0, whatever the store's delay), then one every interval
-            prime(sh.ledger, [(t.name, t.limits) for t in cfg.tenants], 0.0)
-            coro = sh.sync()
-            with contextlib.suppress(StopIteration):
-                while True:
-                    coro.send(None)
-            self._push_sync(gp.sync_interval, g, None)
-        self.reps = {p.name: _Rep(p.name, p.profile, ps.engine_queue) for p in self.plans}
+        self.gateways = Gateways(cfg, ps, self.plans, setup.gateways, setup.workload)
+        self.sched = self.gateways.schedulers[0]
+        self.evictions = [0] * len(self.gateways.schedulers)
+        self.events = EventHeap()
+        for g in range(len(self.gateways.shared)):  # then one sync every interval
+            self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
+        self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue) for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
-        # attempts of refused requests, due at their Retry-After: (t, order, arrival)
-        self.retry_due: list[tuple[float, int, Arrival]] = []
-        self.retry_arrivals: list[Arrival] = []
+        self.retry_arrivals: list[Arrival] = []  # attempts of refused requests
+        self.retries_due = 0  # ... of which not sent yet
         self.attempt_of: dict[str, tuple[str, int]] = {}  # retry -> (first request, attempt)
         self.records: dict[str, RequestRecord] = {}
         self.samples: list[Sample] = []
-        self.window_end = setup.workload.duration
+        self.arrivals_end = setup.workload.duration
+        self.arrivals_end_due = True  # its snapshot is not taken yet
         self.snapshot: dict[str, tuple[bool, int]] | None = None
         self.engine_window: dict[str, float] = {}
         self.started: set[str] = set()  # requests whose first token went to the client
@@ -477,66 +145,41 @@ class _Run:
         self.aborts = 0
         self.calls = 0
         self.last_finish = 0.0
+        self.sent = 0  # requests submitted so far, first attempts and retries
+        self.next_arrival = 0  # index of the next first attempt in the workload
+        self.next_sample = 0.0
+        self.next_probe = 0.0
         # fault instants in time order: (t, order, action, replica, factor)
-        ev: list[tuple[float, int, str, str, float]] = []
+        faults: list[tuple[float, int, str, str, float]] = []
         for k, f in enumerate(setup.faults):
             if f.replica not in self.reps:
                 raise ValueError(f"fault on unknown replica {f.replica!r}")
             if f.kind == "die":
-                ev.append((f.at, k, "die", f.replica, 1.0))
+                faults.append((f.at, k, "die", f.replica, 1.0))
                 if f.until is not None:
-                    ev.append((f.until, k, "revive", f.replica, 1.0))
+                    faults.append((f.until, k, "revive", f.replica, 1.0))
             else:
-                ev.append((f.at, k, "slow", f.replica, f.factor))
+                faults.append((f.at, k, "slow", f.replica, f.factor))
                 if f.until is not None:
-                    ev.append((f.until, k, "slow", f.replica, 1.0))
-        ev.sort()
-        self.fault_events = ev
+                    faults.append((f.until, k, "slow", f.replica, 1.0))
+        faults.sort()
+        for order, (t, _, action, name, factor) in enumerate(faults):
+            self.events.push(t, FaultDue(action, name, factor), (order,))
+        self.faults_left = len(faults)
         self.faults_done: list[dict[str, object]] = []
-
-    # ------------------------------------------------------------------ gateways
-    def _s(self, rid: str) -> Scheduler:
-        """The gateway instance that holds ``rid``."""
-        return self.gws[self.gw_of.get(rid, 0)]
-
-    def _route(self, stream: int) -> int:
-        """The gateway the next arrival (of ``stream``) reaches (see ``GatewayPlan``)."""
-        n = len(self.gws)
-        if n == 1:
-            return 0
-        spread = self.gplan.spread
-        if spread == "round-robin":
-            self._route_n += 1
-            return (self._route_n - 1) % n
-        tenant = self._tenant_of.get(stream)
-        if tenant is None:
-            inputs = self.setup.workload.inputs[stream]
-            tenant = self._tenant_of[stream] = self.sched.classifier.classify(inputs).tenant
-        if spread == "hash":
-            return zlib.crc32(tenant.encode()) % n
-        reach = self._reach.get(tenant) or tuple(range(n))
-        k = self._route_tenant.get(tenant, 0)
-        self._route_tenant[tenant] = k + 1
-        return reach[k % len(reach)]
-
-    def _push_sync(self, t: float, g: int, coro: SyncCoro | None) -> None:
-        self._sync_seq += 1
-        heapq.heappush(self.syncs, (t, g, self._sync_seq, coro))
-
-    def _sync_step(self, now: float) -> None:
-        """Start or resume one gateway's sync: it runs until its next store call (answered
-        ``sync_delay`` later) or to its end (the next one starts ``sync_interval`` after)."""
-        _, g, _, coro = heapq.heappop(self.syncs)
-        if coro is None:
-            coro = self.shared[g].sync()
-        self.calls += 1
-        try:
-            pause = coro.send(None)
-        except StopIteration:
-            self._push_sync(now + self.gplan.sync_interval, g, None)
-            return
-        assert isinstance(pause, _Pause)
-        self._push_sync(now + pause.delay, g, coro)
+        self.events.push(self.arrivals_end, ArrivalsEnd())
+        self.events.push(0.0, SampleDue())
+        self.events.push(0.0, ProbeDue())
+        self._push_next_arrival()
+        self._handlers: dict[type[Event], Callable[[Event, float], None]] = {
+            ArrivalsEnd: self._on_arrivals_end,
+            SampleDue: self._on_sample,
+            ProbeDue: self._on_probe,
+            FaultDue: self._on_fault,  # type: ignore[dict-item]
+            ArrivalDue: self._on_arrival,  # type: ignore[dict-item]
+            RetryDue: self._on_retry,  # type: ignore[dict-item]
+            SyncDue: self._on_sync,  # type: ignore[dict-item]
+        }
 
     # ------------------------------------------------------------------ decisions -> engines
     def apply(self, decisions: list[Decision], now: float) -> None:
@@ -552,7 +195,11 @@ class _Run:
                     self._finished(d, now)
             todo = more
 
-    def _touch(self, rep: _Rep, now: float) -> None:
+    def _holder(self, rid: str) -> Scheduler:
+        """The gateway instance (its scheduler) that holds ``rid``."""
+        return self.gateways.of_request(rid)
+
+    def _touch(self, rep: SimReplica, now: float) -> None:
         if rep.clock < now:  # idle or stuck: a busy engine's clock is never behind ``now``
             rep.clock = now
         rep.stuck = False
@@ -562,8 +209,8 @@ class _Run:
         charged what it streamed; an attempt that had sent nothing the core may retry."""
         self.calls += 1
         if had_streamed:
-            return self._s(rid).fail(rid, now, DISCONNECTED, tokens)
-        return self._s(rid).attempt_failed(rid, now, DISCONNECTED)
+            return self._holder(rid).fail(rid, now, DISCONNECTED, tokens)
+        return self._holder(rid).attempt_failed(rid, now, DISCONNECTED)
 
     def _dispatch(self, d: Dispatch, now: float) -> list[Decision]:
         rep = self.reps[d.replica]
@@ -576,8 +223,8 @@ class _Run:
             self.calls += 1
             rep.told_up = False
             if rid in self.started:  # cannot happen: a stream resumes only where it paused
-                return self._s(rid).fail(rid, now, UNREACHABLE)
-            return self._s(rid).attempt_failed(rid, now, UNREACHABLE, unreachable=True)
+                return self._holder(rid).fail(rid, now, UNREACHABLE)
+            return self._holder(rid).attempt_failed(rid, now, UNREACHABLE, unreachable=True)
         self._touch(rep, now)
         if d.resume:
             if rid not in rep.seqs:  # not in this engine (cannot happen): its state is gone
@@ -596,14 +243,14 @@ class _Run:
                 if isinstance(e, TokenEvent):
                     self.calls += 1
                     self.started.add(rid)
-                    out += self._s(rid).first_token(rid, now)
+                    out += self._holder(rid).first_token(rid, now)
                 else:
                     fin = e
             if fin is None:
                 rep.engine.resume(rid)
             else:
                 self.calls += 1
-                out += self._s(rid).complete(rid, now, fin.completion_tokens)
+                out += self._holder(rid).complete(rid, now, fin.completion_tokens)
             return out
         a = self.arr[rid]
         spec = SeqSpec(
@@ -620,7 +267,7 @@ class _Run:
             rep.engine.add(spec)
         except ValueError:
             self.calls += 1
-            return self._s(rid).fail(rid, now, "engine_rejected")
+            return self._holder(rid).fail(rid, now, "engine_rejected")
         rep.seqs[rid] = None
         return []
 
@@ -666,7 +313,7 @@ class _Run:
             rep = self.reps.get(req.replica)
             if rep is not None:
                 rep.forget(rid)
-        if now <= self.window_end or self.snapshot is None:
+        if now <= self.arrivals_end or self.snapshot is None:
             win = (req.first_token_at is not None, out)
         else:
             win = self.snapshot.get(rid, (False, 0))
@@ -691,7 +338,7 @@ class _Run:
             win_output=win[1],
             replica=self.last_rep.pop(rid, ""),
             failed_attempts=req.failures,
-            gateway=self.gw_of.get(rid, 0),
+            gateway=self.gateways.of.get(rid, 0),
             retry_of=retry_of,
             attempt=attempt,
         )
@@ -710,16 +357,17 @@ class _Run:
         self.arr[again.rid] = again
         self.attempt_of[again.rid] = (first, attempt + 1)
         self.retry_arrivals.append(again)
-        heapq.heappush(self.retry_due, (t, len(self.retry_arrivals), again))
+        self.retries_due += 1
+        self.events.push(t, RetryDue(again))
 
     # ------------------------------------------------------------------ engines -> scheduler
-    def _deliver(self, rep: _Rep) -> None:
+    def _deliver(self, rep: SimReplica) -> None:
         t = rep.clock
         self.now = t
         while rep.buf:
             ev = rep.buf.pop(0)
             self.calls += 1
-            sched = self._s(ev.seq_id)
+            sched = self._holder(ev.seq_id)
             if isinstance(ev, TokenEvent):
                 self.started.add(ev.seq_id)
                 self.apply(sched.first_token(ev.seq_id, t), t)
@@ -746,7 +394,7 @@ class _Run:
                     itl_tokens_total=m.itl_tokens_total,
                 )
             rep.told_up = rep.alive
-            for sched in self.gws:
+            for sched in self.gateways.schedulers:
                 self.calls += 1
                 if sig is not None:
                     self.apply(sched.observe(rep.name, now, up=True, signals=sig), now)
@@ -815,7 +463,7 @@ class _Run:
             if rep.alive:
                 up += 1
                 kv += m.kv_usage
-        views = [s.snapshot(t) for s in self.gws]
+        views = [s.snapshot(t) for s in self.gateways.schedulers]
         view = views[0]
         queued = [c.queued for c in view.classes]
         windows = [r.window for r in view.replicas]
@@ -839,125 +487,139 @@ class _Run:
         )
 
     # ------------------------------------------------------------------ the event loop
-    def run(self, progress: ProgressFn | None = None) -> RunResult:
-        gws = self.gws
-        syncs = self.syncs
-        arrivals = self.setup.workload.arrivals
-        inputs = self.setup.workload.inputs
-        n = len(arrivals)
+    def live(self) -> bool:
+        """Arrivals to come, or requests without an outcome (once not, for good)."""
+        return (self.next_arrival < len(self.setup.workload.arrivals) or self.retries_due > 0
+                or len(self.records) < self.sent)
+
+    def run(self) -> RunResult:
+        gws = self.gateways.schedulers
+        events = self.events
         reps = self.rep_list
-        interval = self.setup.sample_interval
-        probe_every = self.setup.probe_interval
-        faults = self.fault_events
-        fi = 0
-        next_sample = 0.0
-        next_probe = 0.0
-        win_end = self.window_end
-        snap_due = True
         records = self.records
-        i = 0
+        arrivals = self.setup.workload.arrivals
         now = 0.0
-        retry_due = self.retry_due
-        sent = 0  # requests submitted so far, first attempts and retries
         while True:
-            t_arr = arrivals[i].t if i < n else INF
-            if retry_due and retry_due[0][0] < t_arr:
-                t_arr = retry_due[0][0]
             t_tmr = INF
             g_tmr = 0
             for g, s in enumerate(gws):
                 nt = s.next_timer()
                 if nt is not None and nt < t_tmr:
                     t_tmr, g_tmr = nt, g
-            # arrivals to come, or requests without an outcome
-            live = i < n or bool(retry_due) or len(records) < sent
-            t_smp = next_sample if live else INF
-            t_prb = next_probe if live else INF
-            t_flt = faults[fi][0] if live and fi < len(faults) else INF
-            t_win = win_end if snap_due else INF
-            t_syn = syncs[0][0] if live and syncs else INF
-            t_ext = min(t_arr, t_tmr, t_smp, t_prb, t_flt, t_win, t_syn)
-            best: _Rep | None = None
-            best_t = INF
-            for rep in reps:
-                if rep.buf is None and not rep.stuck:
-                    eng = rep.engine
-                    while rep.clock < t_ext and eng.has_work():
-                        adv = eng.advance(t_ext, rep.clock)
-                        rep.clock = adv.now
-                        if adv.events:
-                            evs: list[TokenEvent | FinishEvent] = []
-                            for _, e in adv.events:
-                                if isinstance(e, EvictEvent):
-                                    self.evictions[self.gw_of.get(e.seq_id, 0)] += 1
-                                else:
-                                    evs.append(e)
-                            if evs:
-                                rep.buf = evs
-                                break
-                        elif adv.steps == 0:
-                            rep.stuck = True
-                            break
-                if rep.buf is not None and rep.clock < best_t:
-                    best, best_t = rep, rep.clock
-            if best is not None and best_t <= t_ext:
+            live = self.live()
+            t_next, rank = events.first(live)
+            t_ext = min(t_next, t_tmr)
+            best, best_t = self._advance_engines(t_ext)
+            if best is not None and best_t <= t_ext:  # an engine's event goes first
                 now = best_t
                 self._deliver(best)
                 continue
             if t_ext == INF:
                 break
-            if i >= n and not retry_due and t_tmr == INF and len(records) >= sent:
+            if not live and t_tmr == INF:
                 break  # only sampling/probe/snapshot instants are left and nothing lives
             if (
-                i >= n
-                and not retry_due
+                self.next_arrival >= len(arrivals)
+                and not self.retries_due
                 and t_tmr == INF
-                and t_win == INF
-                and t_flt == INF
+                and not self.arrivals_end_due
+                and not self.faults_left
                 and all(r.buf is None and (r.stuck or not r.engine.has_work()) for r in reps)
                 and all(r.alive == r.told_up for r in reps)
             ):
                 break  # live requests but nothing can move: a deadlock (reported as unfinished)
             now = t_ext
             self.now = now
-            if t_win == now:
-                snap_due = False
-                self._take_snapshot()
-            elif t_smp == now:
-                self._sample(now)
-                next_sample += interval
-                if progress is not None:
-                    progress(now, len(records))
-            elif t_prb == now:
-                self._probe(now)
-                next_probe += probe_every
-            elif t_flt == now:
-                _, _, action, name, factor = faults[fi]
-                fi += 1
-                self._fault(now, action, name, factor)
-            elif t_tmr == now:
+            if t_tmr == now and (t_next > now or rank > TIMER_RANK):
                 self.calls += 1
                 self.apply(gws[g_tmr].tick(now), now)
-            elif t_syn == now and t_arr != now:
-                self._sync_step(now)
             else:
-                if retry_due and (i >= n or retry_due[0][0] < arrivals[i].t):
-                    a = heapq.heappop(retry_due)[2]
-                else:
-                    a = arrivals[i]
-                    i += 1
-                sent += 1
-                self.calls += 2
-                g = self._route(a.stream)
-                self.gw_of[a.rid] = g
-                sched = gws[g]
-                req = sched.make_request(a.rid, inputs[a.stream], now, a.prompt, a.max_tokens)
-                self.apply(sched.submit(req, now), now)
-        if snap_due:  # everything ended before the end of the arrival window
+                ev = events.pop()
+                self._handlers[type(ev)](ev, now)
+        if self.arrivals_end_due:  # everything ended before the end of the arrival window
             self._take_snapshot()
-        if progress is not None:
-            progress(now, len(records))
-        return self._result(sent, now)
+        if self.progress is not None:
+            self.progress(now, len(records))
+        return self._result(self.sent, now)
+
+    def _advance_engines(self, until: float) -> tuple[SimReplica | None, float]:
+        """Run every engine up to ``until`` or to its first step with an event for the core;
+        the replica whose undelivered events come first (and when)."""
+        best: SimReplica | None = None
+        best_t = INF
+        for rep in self.rep_list:
+            if rep.buf is None and not rep.stuck:
+                eng = rep.engine
+                while rep.clock < until and eng.has_work():
+                    adv = eng.advance(until, rep.clock)
+                    rep.clock = adv.now
+                    if adv.events:
+                        evs: list[TokenEvent | FinishEvent] = []
+                        for _, e in adv.events:
+                            if isinstance(e, EvictEvent):
+                                self.evictions[self.gateways.of.get(e.seq_id, 0)] += 1
+                            else:
+                                evs.append(e)
+                        if evs:
+                            rep.buf = evs
+                            break
+                    elif adv.steps == 0:
+                        rep.stuck = True
+                        break
+            if rep.buf is not None and rep.clock < best_t:
+                best, best_t = rep, rep.clock
+        return best, best_t
+
+    # ------------------------------------------------------------------ external events
+    def _on_arrivals_end(self, ev: Event, now: float) -> None:
+        self.arrivals_end_due = False
+        self._take_snapshot()
+
+    def _on_sample(self, ev: Event, now: float) -> None:
+        self._sample(now)
+        self.next_sample += self.setup.sample_interval
+        self.events.push(self.next_sample, SampleDue())
+        if self.progress is not None:
+            self.progress(now, len(self.records))
+
+    def _on_probe(self, ev: Event, now: float) -> None:
+        self._probe(now)
+        self.next_probe += self.setup.probe_interval
+        self.events.push(self.next_probe, ProbeDue())
+
+    def _on_fault(self, ev: FaultDue, now: float) -> None:
+        self.faults_left -= 1
+        self._fault(now, ev.action, ev.replica, ev.factor)
+
+    def _push_next_arrival(self) -> None:
+        arrivals = self.setup.workload.arrivals
+        if self.next_arrival < len(arrivals):
+            a = arrivals[self.next_arrival]
+            self.events.push(a.t, ArrivalDue(a))
+
+    def _on_arrival(self, ev: ArrivalDue, now: float) -> None:
+        self.next_arrival += 1
+        self._push_next_arrival()
+        self._submit(ev.arrival, now)
+
+    def _on_retry(self, ev: RetryDue, now: float) -> None:
+        self.retries_due -= 1
+        self._submit(ev.arrival, now)
+
+    def _submit(self, a: Arrival, now: float) -> None:
+        self.sent += 1
+        self.calls += 2
+        g = self.gateways.route(a.stream)
+        self.gateways.of[a.rid] = g
+        sched = self.gateways.schedulers[g]
+        inputs = self.setup.workload.inputs[a.stream]
+        req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens)
+        self.apply(sched.submit(req, now), now)
+
+    def _on_sync(self, ev: SyncDue, now: float) -> None:
+        self.calls += 1
+        t, due = self.gateways.sync_step(ev, now)
+        self.events.push(t, due, (due.gateway,))
 
     def _result(self, n: int, now: float) -> RunResult:
         totals: dict[str, float] = {}
@@ -972,19 +634,19 @@ class _Run:
             ):
                 totals[key] = totals.get(key, 0.0) + v
         ledger: Counter[str] = Counter()
-        for sched in self.gws:
+        for sched in self.gateways.schedulers:
             for (_cls, _tenant, outcome, _reason), count in sched.outcomes.items():
                 ledger[outcome] += count
         arrivals = (*self.setup.workload.arrivals, *self.retry_arrivals)
         records = [self.records[a.rid] for a in arrivals if a.rid in self.records]
-        views = [s.snapshot(now) for s in self.gws]
+        views = [s.snapshot(now) for s in self.gateways.schedulers]
         unfinished = sum(v.queued_total + sum(c.inflight for c in v.classes) for v in views)
         return RunResult(
             policy=self.policy,
             classes=tuple(c.name for c in self.sched.classes),
             records=records,
             samples=self.samples,
-            window_end=self.window_end,
+            arrivals_end=self.arrivals_end,
             makespan=self.last_finish,
             arrivals=n,
             engine={k: float(v) for k, v in sorted(totals.items())},
@@ -996,13 +658,13 @@ class _Run:
             unfinished=unfinished,
             scheduler_calls=self.calls,
             fleet=self._fleet(views),
-            gateways=len(self.gws),
+            gateways=len(self.gateways.schedulers),
             gateway_evictions=tuple(self.evictions),
             shared=(
-                {"syncs": [sh.syncs for sh in self.shared],
-                 "sync_interval_s": self.gplan.sync_interval,
-                 "sync_delay_s": self.gplan.sync_delay}
-                if self.shared else {}
+                {"syncs": [sh.syncs for sh in self.gateways.shared],
+                 "sync_interval_s": self.setup.gateways.sync_interval,
+                 "sync_delay_s": self.setup.gateways.sync_delay}
+                if self.gateways.shared else {}
             ),
         )
 
@@ -1045,48 +707,4 @@ class _Run:
 
 def run_policy(setup: SimSetup, policy: str, progress: ProgressFn | None = None) -> RunResult:
     """Simulate ``setup``'s workload under one policy (see ``SIM_POLICIES``)."""
-    return _Run(setup, policy).run(progress)
-
-
-def saturation_throughput(
-    profile: EngineProfile,
-    window: int,
-    lengths: Sequence[tuple[int, int]],
-    max_tokens: int,
-) -> float:
-    """Requests per second one engine completes when ``window`` requests are always in flight
-    (a closed loop: each finish is replaced at once), for the given (prompt, output) mix.
-
-    This is the capacity that "load" is relative to: offered load 1.0 means arrivals at the rate
-    of this saturated throughput. Measured after the first quarter of the completions (warm-up)."""
-    if not lengths:
-        raise ValueError("no lengths to measure capacity with")
-    eng = SimEngine(profile, "fcfs")
-    it = 0
-    now = 0.0
-
-    def add() -> None:
-        nonlocal it
-        p, o = lengths[it % len(lengths)]
-        p = min(p, profile.kv_capacity_tokens // 2)
-        o = max(1, min(o, profile.kv_capacity_tokens - p))
-        eng.add(SeqSpec(f"c{it}", p, max(o, max_tokens), target_output_tokens=o))
-        it += 1
-
-    for _ in range(min(window, len(lengths))):
-        add()
-    finishes: list[float] = []
-    total = max(len(lengths), 4)
-    while len(finishes) < total and eng.has_work():
-        adv = eng.advance(INF, now)
-        now = adv.now
-        for t, e in adv.events:
-            if isinstance(e, FinishEvent):
-                finishes.append(t)
-                add()
-        if adv.steps == 0:
-            break
-    k0 = len(finishes) // 4
-    if len(finishes) - k0 < 2 or finishes[-1] <= finishes[k0]:
-        raise ValueError("capacity measurement did not reach a steady state")
-    return (len(finishes) - 1 - k0) / (finishes[-1] - finishes[k0])
+    return Simulation(setup, policy, progress).run()

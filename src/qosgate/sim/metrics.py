@@ -39,6 +39,10 @@ Definitions (times from the client's side, in virtual seconds; ``D`` = the arriv
   one tenant gets all. The service gap is max r_i - min r_i (0 = fair; 0.5 = one tenant got half
   its fair share less than another). ``jain_raw``, over service per weight without regard to
   demand, is kept for reference.
+
+Why one module over 500 lines: it is one job (a run's records in, its numbers out), and a third
+of it is this docstring -- the definitions every figure in the report rests on, kept beside the
+code that computes them.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from qosgate.sim.driver import RequestRecord, RunResult
+from qosgate.sim.results import RequestRecord, RunResult
 
 PERCENTILES = (50, 90, 99)
 OUTCOMES = ("completed", "rejected", "timed_out", "cancelled", "failed")
@@ -262,14 +266,14 @@ def tenant_fairness(
 def queue_depth_mean(result: RunResult) -> float | None:
     """Time-average (over the samples in the arrival window) of the requests waiting for their
     first step anywhere: in qosgate's queue or in the engines' waiting queues."""
-    xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.window_end]
+    xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.arrivals_end]
     return mean([float(x) for x in xs])
 
 
 def phases(result: RunResult, slos: dict[str, Slo]) -> list[dict[str, Any]]:
     """The arrival window cut at each fault's start and end: per phase (by arrival time), what
     the fleet looked like and how its requests fared (all classes, and the most urgent one)."""
-    window = result.window_end
+    window = result.arrivals_end
     faults = result.fleet.get("faults", [])
     assert isinstance(faults, list)
     cuts = sorted({0.0, window, *(float(f["t"]) for f in faults if 0 < float(f["t"]) < window)})
@@ -332,10 +336,10 @@ def replica_stats(
             by.setdefault(r.replica, []).append(r)
     info = {str(r["name"]): r for r in reps}
     names = [str(r["name"]) for r in reps]
-    inside = [s for s in result.samples if s.t < result.window_end and s.windows]
+    inside = [s for s in result.samples if s.t < result.arrivals_end and s.windows]
     out: dict[str, dict[str, Any]] = {}
     for name, rs in by.items():
-        g = group_stats(rs, slo_of, result.window_end, result.makespan)
+        g = group_stats(rs, slo_of, result.arrivals_end, result.makespan)
         extra = info.get(name, {})
         out[name] = {
             key: extra.get(key)
@@ -362,7 +366,7 @@ def analyze(
     warmup: float = 0.0,
 ) -> dict[str, Any]:
     """Everything the report shows for one run."""
-    window = result.window_end
+    window = result.arrivals_end
     recs = result.records
 
     def slo_of(r: RequestRecord) -> Slo:
@@ -419,7 +423,7 @@ def gateway_stats(
     """Per gateway instance (of ``result.gateways``): its requests, the most urgent class's TTFT
     p99 and SLO attainment, Jain's index between the tenants of each class over the requests it
     took in, and the engines' evictions of its requests' sequences."""
-    window = result.window_end
+    window = result.arrivals_end
     top = result.classes[0] if result.classes else ""
     by: list[list[RequestRecord]] = [[] for _ in range(result.gateways)]
     for r in result.records:

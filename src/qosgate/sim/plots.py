@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from qosgate.sim.metrics import ttft
-from qosgate.sim.report import run_label
+from qosgate.sim.report_tables import run_label
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
 _STYLE = {
@@ -119,7 +119,7 @@ def ttft_over_time(run: Run, cls: str, bins: int = 40) -> tuple[list[float], lis
     """(bin centre, p99 TTFT in s) of ``cls``'s requests by arrival time over the arrival window;
     a request that never got a first token counts as infinitely late."""
     r = run.result
-    end = r.window_end
+    end = r.arrivals_end
     width = end / bins if end > 0 else 1.0
     groups: list[list[float]] = [[] for _ in range(bins)]
     for rec in r.records:
@@ -169,8 +169,8 @@ def queue_depth(res: ScenarioResult, path: Path, runs: list[Run] | None = None) 
             linestyle="--",
             label="engines' waiting queues",
         )
-        _shade_faults(ax, res, r.window_end, label=k == 0)
-        ax.axvline(r.window_end, color="#999999", lw=0.8, linestyle=":")
+        _shade_faults(ax, res, r.arrivals_end, label=k == 0)
+        ax.axvline(r.arrivals_end, color="#999999", lw=0.8, linestyle=":")
         ax.set_title(run_label(run), fontsize=10, loc="left")
         ax.set_ylabel("requests waiting")
         ax.grid(True, alpha=0.25)
@@ -206,7 +206,7 @@ def queue_depth(res: ScenarioResult, path: Path, runs: list[Run] | None = None) 
     if slo is not None:
         ax.axhline(slo, color="black", lw=0.8, linestyle=":")
         ax.text(0, slo, f" {cls} SLO {slo:g} s", fontsize=7, va="bottom")
-    end = runs[0].result.window_end if runs else 0.0
+    end = runs[0].result.arrivals_end if runs else 0.0
     _shade_faults(ax, res, end)
     ax.set_yscale("log")
     ax.set_title(

@@ -147,6 +147,9 @@ class _Call:
     def levels(self) -> int:
         return 1
 
+    def level(self) -> int:
+        return 0
+
     def progress(self, tokens: int) -> None:
         pass
 

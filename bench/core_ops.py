@@ -23,6 +23,7 @@ import gc
 import heapq
 import random
 import time
+from collections.abc import Callable
 
 from qosgate.config import Admission, Tenant, default_config
 from qosgate.core import POLICY_NAMES, Dispatch, QosInputs, ReplicaSpec, Scheduler
@@ -56,7 +57,10 @@ def _inputs(rng: random.Random, n: int) -> list[QosInputs]:
     return [QosInputs(api_key=f"k{rng.randrange(TENANTS)}", qos_class=c) for c in classes]
 
 
-def bench_cycles(policy: str, depth: int, cycles: int, seed: int = 1) -> float:
+def prepare_cycles(policy: str, depth: int, cycles: int, seed: int = 1) -> Callable[[int], None]:
+    """A scheduler at ``depth`` queued and inputs for ``cycles`` cycles; returns ``run(n)``, which
+    runs the next ``n`` of those cycles (what ``bench_cycles`` times, and what
+    ``core_callgrind.py`` counts instructions of)."""
     rng = random.Random(seed)
     s = _scheduler(policy, depth)
     now = 0.0
@@ -72,20 +76,32 @@ def bench_cycles(policy: str, depth: int, cycles: int, seed: int = 1) -> float:
     work = _inputs(rng, cycles)
     prompts = [rng.randint(50, 2000) for _ in range(cycles)]
     outputs = [rng.randint(1, 256) for _ in range(cycles)]
+    done = 0
+
+    def run(n: int) -> None:
+        nonlocal now, done
+        for i in range(done, done + n):
+            now += 0.0001
+            s.submit(s.make_request(f"c{i}", work[i], now, prompts[i], 256), now)
+            rid = inflight[i]
+            for d in s.complete(rid, now, outputs[i]):
+                if isinstance(d, Dispatch):
+                    inflight.append(d.req.id)
+                    s.first_token(d.req.id, now)
+        done += n
+        assert s.queued_total == depth
+
+    return run
+
+
+def bench_cycles(policy: str, depth: int, cycles: int, seed: int = 1) -> float:
+    run = prepare_cycles(policy, depth, cycles, seed)
     gc.collect()
     gc.disable()
     t0 = time.process_time()
-    for i in range(cycles):
-        now += 0.0001
-        s.submit(s.make_request(f"c{i}", work[i], now, prompts[i], 256), now)
-        rid = inflight[i]
-        for d in s.complete(rid, now, outputs[i]):
-            if isinstance(d, Dispatch):
-                inflight.append(d.req.id)
-                s.first_token(d.req.id, now)
+    run(cycles)
     elapsed = time.process_time() - t0
     gc.enable()
-    assert s.queued_total == depth
     return cycles / elapsed
 
 

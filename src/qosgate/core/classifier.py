@@ -59,7 +59,7 @@ class Classifier:
         self._boost = {t.name: t.boost for t in cfg.tiers}
         self._classes = list(cfg.classes)  # sorted by level
         self._level_of = {c.name: c.level for c in cfg.classes}
-        self._memo: dict[QosInputs, Classification] = {}
+        self._memo: dict[tuple[object, ...], Classification] = {}
         self._allowed: dict[str, list[int]] = {
             t.name: sorted(self._level_of[c] for c in t.allowed_classes)
             for t in cfg.tenants
@@ -81,13 +81,17 @@ class Classifier:
     def classify(self, inputs: QosInputs) -> Classification:
         """Pure in its inputs, so remembered: a gateway sees the same few combinations of key,
         class and priority over and over (bounded; errors are not remembered)."""
-        hit = self._memo.get(inputs)
+        # keyed by the fields' tuple: hashed and compared in C, where the frozen dataclass's
+        # own __hash__ and __eq__ are Python calls on every request
+        key = (inputs.api_key, inputs.qos_class, inputs.priority, inputs.task_type,
+               inputs.latency_budget_ms)
+        hit = self._memo.get(key)
         if hit is not None:
             return hit
         out = self._classify(inputs)
         if len(self._memo) >= _MEMO_SIZE:
             self._memo.clear()
-        self._memo[inputs] = out
+        self._memo[key] = out
         return out
 
     def _classify(self, inputs: QosInputs) -> Classification:

@@ -16,26 +16,23 @@ order.
 
 from __future__ import annotations
 
-import math
-
 RANK_BITS = 40
 STRIDE = 1 << RANK_BITS  # ranks per band: 1.1e12 (tokens of fair-share service, or ms)
 # rank 0 sits this far into the band: a tenant back from idle may be ordered a little before
 # the counters' origin (``fairshare``: just before the oldest unstarted tag)
 ORIGIN = 1 << 20
+_TOP = STRIDE - 1  # the largest rank in a band
 
 
 def order_value(band: int, rank: float) -> int:
     """The engine-side order of a request in ``band`` with ``rank`` (both smaller-first; ranks
     one apart stay apart)."""
     r = rank + ORIGIN
+    if 0.0 < r < _TOP:  # the common case first (False for NaN)
+        return band * STRIDE + int(r)
     if r != r or r <= 0.0:  # NaN, or far before the origin
-        i = 0
-    elif r >= STRIDE - 1 or math.isinf(r):
-        i = STRIDE - 1
-    else:
-        i = int(r)
-    return band * STRIDE + i
+        return band * STRIDE
+    return band * STRIDE + _TOP  # far past it, or infinite
 
 
 def band_of(value: int) -> int:

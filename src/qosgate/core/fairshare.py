@@ -16,8 +16,8 @@ it before them too. The extra credit is bounded by what waits unstarted in the e
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Hashable
+from heapq import heapify, heappop, heappush, heapreplace
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
@@ -105,9 +105,9 @@ class FairShare(Generic[K]):
         while heap:
             c, order, v, key = heap[0]
             if v != version[key]:
-                heapq.heappop(heap)  # a retired row
+                heappop(heap)  # a retired row
             elif c != counter[key]:
-                heapq.heapreplace(heap, (counter[key], order, v, key))  # charged since filed
+                heapreplace(heap, (counter[key], order, v, key))  # charged since filed
             else:
                 return key
         return None
@@ -117,10 +117,10 @@ class FairShare(Generic[K]):
         self._held_n += 1
         self._held[token] = n = self._held_n
         heap = self._held_heap
-        heapq.heappush(heap, (tag, n, token))
+        heappush(heap, (tag, n, token))
         if len(heap) > 2 * len(self._held) + 64:
             live = [row for row in heap if self._held.get(row[2]) == row[1]]
-            heapq.heapify(live)
+            heapify(live)
             self._held_heap = live
 
     def release(self, token: object) -> None:
@@ -133,7 +133,7 @@ class FairShare(Generic[K]):
             tag, n, token = heap[0]
             if held.get(token) == n:
                 return tag
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def _min_active(self) -> float:
@@ -144,8 +144,8 @@ class FairShare(Generic[K]):
         v = self._version.get(key, 0) + 1
         self._version[key] = v
         heap = self._heap
-        heapq.heappush(heap, (self.counter[key], self._order[key], v, key))
+        heappush(heap, (self.counter[key], self._order[key], v, key))
         if len(heap) > 4 * len(self._active) + 64:  # drop retired rows so memory stays O(k)
             live = [row for row in heap if row[2] == self._version[row[3]]]
-            heapq.heapify(live)
+            heapify(live)
             self._heap = live

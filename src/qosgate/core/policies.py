@@ -31,6 +31,7 @@ pick it in among what waits there.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable
+from operator import attrgetter
 
 from qosgate.config import QosConfig
 from qosgate.core.engine_order import order_value
@@ -40,30 +41,23 @@ from qosgate.core.request import Request
 _MS = 1000.0  # time ranks in milliseconds: finer than any engine's step
 
 
-def _arrival(req: Request) -> float:
-    return req.arrival
-
-
-def _deadline(req: Request) -> float:
-    return req.deadline
-
-
-def _level(req: Request) -> int:
-    return req.level
-
-
-def _class_level(req: Request) -> int:
-    return req.class_level
+# the keys a queue orders by and splits on: attribute getters run in C, a ``def`` is a Python
+# call on every push, pop and settle
+_arrival: Callable[[Request], float] = attrgetter("arrival")
+_deadline: Callable[[Request], float] = attrgetter("deadline")
+_class_level: Callable[[Request], int] = attrgetter("class_level")
+_tenant: Callable[[Request], Hashable] = attrgetter("tenant")
 
 
 class Policy:
     """The root of a queue tree plus what the scheduler needs to know about it.
 
-    ``push``/``pop``/``remove`` are the root's own bound methods (no wrapper call on the hot path).
+    ``push``/``pop``/``remove``/``restore``/``settle`` are the root's own bound methods (no wrapper
+    call on the hot path).
     """
 
     __slots__ = ("class_aware", "name", "order", "pop", "preemptive", "push", "remove", "restore",
-                 "root", "started")
+                 "root", "settle", "started")
 
     def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool,
                  order: Callable[[Request], int]) -> None:
@@ -73,6 +67,7 @@ class Policy:
         self.pop: Callable[[], Request | None] = root.pop
         self.remove: Callable[[Request], None] = root.remove
         self.restore: Callable[[Request], None] = root.restore
+        self.settle: Callable[[Request, float], None] = root.settle
         # whether levels mean anything (aging, displacement, deadline admission need it)
         self.class_aware = class_aware
         # whether a more urgent request is always served first, so pulling a less urgent one
@@ -86,9 +81,7 @@ class Policy:
     def __len__(self) -> int:
         return self.root.n
 
-    def settle(self, req: Request, delta_cost: float) -> None:
-        if delta_cost:
-            self.root.settle(req, delta_cost)
+
 
 
 def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
@@ -110,11 +103,8 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
         assert isinstance(tenant, str)
         return tenant_weights.get(tenant, 1.0)
 
-    def tenant_key(req: Request) -> Hashable:
-        return req.tenant
-
     def by_tenant() -> Node:
-        return FairSplit(tenant_key, tenant_weight, lambda: KeyedQueue(_deadline, seq),
+        return FairSplit(_tenant, tenant_weight, lambda: KeyedQueue(_deadline, seq),
                          tags=True)
 
     if name == "fifo":
@@ -122,7 +112,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
                       order=lambda req: order_value(0, req.arrival * _MS))
     if name == "priority":
         bands: list[Node] = [KeyedQueue(_arrival, seq) for _ in range(levels)]
-        return Policy(name, StrictBands(bands, _level), class_aware=True, preemptive=True,
+        return Policy(name, StrictBands(bands, range(levels)), class_aware=True, preemptive=True,
                       order=lambda req: order_value(req.level, req.arrival * _MS))
     if name == "wfq":
         return Policy(
@@ -136,10 +126,8 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
     if name == "qos":
         strict = [c.level for c in cfg.classes if c.strict]
         band_index = {lvl: i for i, lvl in enumerate(strict)}
-        shared = len(strict)
-
-        def band_of(req: Request) -> int:
-            return band_index.get(req.level, shared)
+        # a strict level waits in its own band, every other level in the shared one after them
+        band_of_level = [band_index.get(lvl, len(strict)) for lvl in range(levels)]
 
         strict_levels = frozenset(strict)
 
@@ -149,8 +137,8 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
 
         qos_bands: list[Node] = [by_tenant() for _ in strict]
         qos_bands.append(FairSplit(_class_level, class_weight, by_tenant, rank=class_rank))
-        return Policy(name, StrictBands(qos_bands, band_of), class_aware=True, preemptive=True,
-                      order=qos_order)
+        return Policy(name, StrictBands(qos_bands, band_of_level), class_aware=True,
+                      preemptive=True, order=qos_order)
     raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
 
 

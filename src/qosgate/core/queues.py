@@ -10,8 +10,8 @@ outnumber live ones, so insert/pop/cancel are O(log n) amortised and memory stay
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from heapq import heapify, heappop, heappush
 from typing import Protocol
 
 from qosgate.core.fairshare import FairShare
@@ -27,7 +27,9 @@ class Node(Protocol):
 
     def remove(self, req: Request) -> None: ...
 
-    def settle(self, req: Request, delta_cost: float) -> None: ...
+    def settle(self, req: Request, delta_cost: float) -> None:
+        """Correct the charge of ``req`` by ``delta_cost`` (0: nothing to do)."""
+        ...
 
     def restore(self, req: Request) -> None:
         """Undo ``pop`` for a request that was popped and not served (held): back in place,
@@ -51,17 +53,17 @@ class KeyedQueue:
         s = self._seq[0] = self._seq[0] + 1
         req.seq = s
         heap = self._heap
-        heapq.heappush(heap, (self._key(req), s, req))
+        heappush(heap, (self._key(req), s, req))
         self.n += 1
         if len(heap) > 2 * self.n + 64:
             live = [row for row in heap if row[1] == row[2].seq]
-            heapq.heapify(live)
+            heapify(live)
             self._heap = live
 
     def pop(self) -> Request | None:
         heap = self._heap
         while heap:
-            _, s, req = heapq.heappop(heap)
+            _, s, req = heappop(heap)
             if s == req.seq:
                 self.n -= 1
                 req.seq = -s  # popped: no row is live, but restore keeps its place in ties
@@ -80,22 +82,23 @@ class KeyedQueue:
             self.push(req)
             return
         req.seq = s = -req.seq
-        heapq.heappush(self._heap, (self._key(req), s, req))
+        heappush(self._heap, (self._key(req), s, req))
         self.n += 1
 
 
 class StrictBands:
-    """Children by band; the first non-empty band is always served first."""
+    """Children by band; the first non-empty band is always served first. ``band_of_level[l]``
+    is the band of a request waiting at level ``l`` (a table, not a call, on every push)."""
 
-    __slots__ = ("_band_of", "_bands", "n")
+    __slots__ = ("_bands", "_by_level", "n")
 
-    def __init__(self, bands: list[Node], band_of: Callable[[Request], int]) -> None:
+    def __init__(self, bands: list[Node], band_of_level: Sequence[int]) -> None:
         self.n = 0
         self._bands = bands
-        self._band_of = band_of
+        self._by_level = [bands[b] for b in band_of_level]  # level -> its band's node
 
     def push(self, req: Request) -> None:
-        self._bands[self._band_of(req)].push(req)
+        self._by_level[req.level].push(req)
         self.n += 1
 
     def pop(self) -> Request | None:
@@ -107,14 +110,15 @@ class StrictBands:
         return None
 
     def remove(self, req: Request) -> None:
-        self._bands[self._band_of(req)].remove(req)
+        self._by_level[req.level].remove(req)
         self.n -= 1
 
     def settle(self, req: Request, delta_cost: float) -> None:
-        self._bands[self._band_of(req)].settle(req, delta_cost)
+        if delta_cost:
+            self._by_level[req.level].settle(req, delta_cost)
 
     def restore(self, req: Request) -> None:
-        self._bands[self._band_of(req)].restore(req)
+        self._by_level[req.level].restore(req)
         self.n += 1
 
 
@@ -135,8 +139,8 @@ class FairSplit:
     is not lifted past work the engines have not started (see ``fairshare``).
     """
 
-    __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_tags", "_weight_of", "n",
-                 "share")
+    __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_nested", "_tags", "_weight_of",
+                 "n", "share")
 
     def __init__(
         self,
@@ -150,6 +154,9 @@ class FairSplit:
         self.n = 0
         self._tags = tags
         self._children: dict[Hashable, Node] = {}
+        # whether the children are splits themselves, with counters to settle (a leaf queue's
+        # ``settle`` does nothing: not called on every completion)
+        self._nested = True
         self._key_of = key_of
         self._charge_of = charge_of or key_of
         self._weight_of = weight_of
@@ -161,6 +168,7 @@ class FairSplit:
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = self._make()
+            self._nested = not isinstance(child, KeyedQueue)
             self.share.set_weight(key, self._weight_of(key))
         child.push(req)
         if child.n == 1:
@@ -194,10 +202,13 @@ class FairSplit:
             self.share.deactivate(key)
 
     def settle(self, req: Request, delta_cost: float) -> None:
+        if not delta_cost:
+            return
         self.share.charge(self._charge_of(req), delta_cost)
-        child = self._children.get(self._key_of(req))
-        if child is not None:
-            child.settle(req, delta_cost)
+        if self._nested:
+            child = self._children.get(self._key_of(req))
+            if child is not None:
+                child.settle(req, delta_cost)
 
     def restore(self, req: Request) -> None:
         # a key that a hold emptied did not go idle: lifting it would cost it the credit it

@@ -234,7 +234,9 @@ class Replica:
 
     @property
     def free(self) -> int:
-        return max(0, self.window - len(self.inflight))
+        # (``window`` inlined: this is read on every dispatch and release)
+        free = (1 if self.breaker.probation else self.limit.limit) - len(self.inflight)
+        return free if free > 0 else 0
 
     def serves(self, model: str) -> bool:
         return not model or not self.models or model in self.models

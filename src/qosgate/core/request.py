@@ -70,6 +70,8 @@ _LEGAL: dict[State, frozenset[State]] = {
     ),
     State.PREEMPTED: frozenset({State.QUEUED}),
 }
+# a terminal state goes nowhere: every state has its row, so ``move`` needs no default
+_LEGAL.update({s: frozenset() for s in TERMINAL})
 
 
 class Releasable(Protocol):
@@ -81,6 +83,7 @@ class IllegalTransition(RuntimeError):
 
 
 NOT_LENT, LENT_PREEMPTIBLE, LENT_STREAMING = 0, 1, 2
+_INF = math.inf  # (a module global: one lookup, not two, in the constructor)
 
 
 class Request:
@@ -163,14 +166,14 @@ class Request:
         # the configured output ceiling of its class and tenant (None: none)
         self.ceiling: int | None = None
         self.cost = 0.0
-        self.state = State.NEW
+        self.state = NEW
         self.reason = ""
         self.gen = 0
         self.seq = 0
         self.replica: str | None = None
         self.enqueued_at = arrival
-        self.expires_at = math.inf  # queue timeout while queued
-        self.ages_at = math.inf  # next aging promotion while queued
+        self.expires_at = _INF  # queue timeout while queued
+        self.ages_at = _INF  # next aging promotion while queued
         self.dispatched_at: float | None = None
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -195,7 +198,7 @@ class Request:
         self.order: int | None = None
 
     def move(self, to: State, reason: str = "") -> None:
-        if to not in _LEGAL.get(self.state, frozenset()):
+        if to not in _LEGAL[self.state]:
             raise IllegalTransition(f"request {self.id}: {self.state.value} -> {to.value}")
         self.state = to
         self.gen += 1

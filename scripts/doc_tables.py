@@ -31,12 +31,20 @@ directory (so ``--out results/`` writes there).
     python scripts/doc_tables.py --list     # what would run, where, how
     python scripts/doc_tables.py --cheap    # the few-seconds subset (CI)
     python scripts/doc_tables.py --only fleet-mixed --update   # rewrite those blocks' output
+
+A refactor that must not change behaviour is checked against the code before it, whatever the
+docs say: run the old tree's code and keep its outputs, then compare the new code's with them::
+
+    git worktree add /tmp/before REV
+    python scripts/doc_tables.py --src /tmp/before/src --save /tmp/out-before
+    python scripts/doc_tables.py --baseline /tmp/out-before   # identical to the old code's output
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import hashlib
 import os
 import re
 import shlex
@@ -128,10 +136,11 @@ def find_tables(path: Path) -> list[Table]:
     return tables
 
 
-def run(table: Table) -> tuple[list[str], float, int]:
-    """The command's standard output lines (trailing blanks and the volatile line removed)."""
+def run(table: Table, src: Path = ROOT / "src") -> tuple[list[str], float, int]:
+    """The command's standard output lines (trailing blanks and the volatile line removed), run
+    with the code under ``src``."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+        [str(src), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("COLUMNS", None)  # the simulator picks its width for a pipe itself (150)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="doc-table-") as tmp:
@@ -144,6 +153,11 @@ def run(table: Table) -> tuple[list[str], float, int]:
     if proc.returncode != 0:
         out += [f"[exit {proc.returncode}] " + ln for ln in proc.stderr.strip().split("\n")[-5:]]
     return out, time.monotonic() - t0, proc.returncode
+
+
+def saved_name(argv: list[str]) -> str:
+    """The file a command's output is saved under: the same command, the same name."""
+    return hashlib.sha1(shlex.join(argv).encode()).hexdigest()[:16] + ".txt"
 
 
 def chunks(shown: list[str]) -> list[list[str]]:
@@ -206,7 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cheap", action="store_true", help="only the tables marked cheap")
     ap.add_argument("--update", action="store_true",
                     help="rewrite each differing block with the fresh output")
+    ap.add_argument("--src", type=Path, default=ROOT / "src",
+                    help="run the code of this source tree (default: this checkout's src/)")
+    ap.add_argument("--save", type=Path, metavar="DIR",
+                    help="also write each command's output to DIR (one file per command)")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="compare each output with the one saved in DIR (--save of another "
+                    "tree), byte for byte, instead of with the doc")
     args = ap.parse_args(argv)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
 
     tables = [t for f in doc_files() for t in find_tables(f)]
     if args.only:
@@ -229,8 +252,16 @@ def main(argv: list[str] | None = None) -> int:
             skipped += 1
             print(f"SKIP  {t.where}  {t.command}  ({t.skip})", flush=True)
             continue
-        out, took, code = run(t)
-        diff = compare(t, out) if code == 0 else [f"exit {code}", *out[-5:]]
+        out, took, code = run(t, args.src.resolve())
+        if args.save:
+            (args.save / saved_name(t.argv)).write_text("\n".join(out) + "\n")
+        if code != 0:
+            diff = [f"exit {code}", *out[-5:]]
+        elif args.baseline:
+            before = (args.baseline / saved_name(t.argv)).read_text().split("\n")[:-1]
+            diff = list(difflib.unified_diff(before, out, "baseline", "run", lineterm="", n=1))
+        else:
+            diff = compare(t, out)
         if not diff:
             same += 1
             print(f"ok    {t.where}  {t.command}  ({took:.1f} s)", flush=True)
@@ -238,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         failed += 1
         print(f"DIFF  {t.where}  {t.command}  ({took:.1f} s, {t.mode})", flush=True)
         print("\n".join("      " + ln for ln in diff), flush=True)
-        if args.update and code == 0:
+        if args.update and code == 0 and not args.baseline:
             update(t, out)
             print(f"      updated {t.where}", flush=True)
     print(f"{len(tables)} doc table(s): {same} identical, {failed} different, {skipped} skipped; "

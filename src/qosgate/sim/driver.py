@@ -78,7 +78,7 @@ from qosgate.core import (
     State,
 )
 from qosgate.core.ledger import LeasedLedger
-from qosgate.core.replica import FixedLimit
+from qosgate.core.limits import FixedLimit
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.models.simmodel import EngineProfile, SimEngine

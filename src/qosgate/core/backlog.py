@@ -5,11 +5,13 @@ reserve be lent, may anything queued go) read. Only the scheduler writes them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 
 from qosgate.config import ServiceClass
+from qosgate.core.replica import Replica
 from qosgate.core.request import Request
-from qosgate.core.snapshot import ClassView
+from qosgate.core.snapshot import ClassView, TenantView
 
 
 class Backlog:
@@ -67,3 +69,31 @@ class Backlog:
                 if i >= 8:
                     break
         return ClassView(name, len(bucket), inflight, oldest)
+
+    def tenant_rows(
+        self, classes: Sequence[ServiceClass], replicas: Iterable[Replica], now: float,
+        waits: bool,
+    ) -> tuple[tuple[TenantView, ...], tuple[tuple[str, str, int], ...]]:
+        """Per (tenant, class): queued, in flight and the oldest wait (walking the queue; with
+        ``waits`` False, from the counts kept as requests queue, the wait read as 0); and per
+        (replica, tenant): in flight."""
+        acc: dict[tuple[str, str], list[float]] = {}
+        if waits:
+            for bucket in self.by_class:
+                for r in bucket.values():
+                    row = acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])
+                    row[0] += 1
+                    row[2] = max(row[2], now - r.arrival)
+        else:
+            for c, counts in zip(classes, self.by_tenant, strict=True):
+                for tenant, n in counts.items():
+                    acc[(tenant, c.name)] = [n, 0, 0.0]
+        per_replica: Counter[tuple[str, str]] = Counter()
+        for rep in replicas:
+            for r in rep.inflight.values():
+                acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])[1] += 1
+                per_replica[(rep.name, r.tenant)] += 1
+        rows = tuple(
+            TenantView(t, c, int(v[0]), int(v[1]), v[2]) for (t, c), v in sorted(acc.items())
+        )
+        return rows, tuple((*k, v) for k, v in sorted(per_replica.items()))

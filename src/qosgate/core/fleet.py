@@ -201,6 +201,28 @@ class Fleet:
         if rep.name in self.usable_names:
             self.free_slots += rep.free - before
 
+    def attempt_failed(self, rep: Replica, now: float, latency: float, unreachable: bool,
+                       backpressure: bool, retry_after: float | None) -> None:
+        """An attempt on ``rep`` failed before its first byte (see
+        ``Scheduler.attempt_failed``): back-pressure cools it and tells its window; any other
+        failure makes it suspect and tells its breaker; a refused connection marks it down."""
+        if backpressure:
+            wait = retry_after if retry_after is not None else self.cfg.fleet.cooldown_s
+            rep.cooled_until = max(rep.cooled_until, now + wait)
+            rep.limit.on_sample(now, latency, len(rep.inflight), True)
+        else:
+            rep.failing = True
+            rep.breaker.on_result(now, False)
+        if unreachable:
+            rep.up = False
+
+    def inflight_per_class(self, classes: int) -> list[int]:
+        inflight = [0] * classes
+        for rep in self.replicas.values():
+            for r in rep.inflight.values():
+                inflight[r.class_level] += 1
+        return inflight
+
     def views(self, now: float) -> tuple[ReplicaView, ...]:
         return tuple(
             ReplicaView(

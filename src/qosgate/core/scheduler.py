@@ -49,7 +49,7 @@ from qosgate.core.request import (
 )
 from qosgate.core.routers import Router
 from qosgate.core.signals import LoadSignals
-from qosgate.core.snapshot import Snapshot, TenantView
+from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers
 
 __all__ = ["ReplicaSpec", "Scheduler"]
@@ -302,15 +302,8 @@ class Scheduler:
         name = req.replica or ""
         self.attempt_failures[(req.service_class, name, reason)] += 1
         if rep is not None:
-            if backpressure:
-                wait = retry_after if retry_after is not None else self.cfg.fleet.cooldown_s
-                rep.cooled_until = max(rep.cooled_until, now + wait)
-                rep.limit.on_sample(now, now - (req.dispatched_at or now), len(rep.inflight), True)
-            else:
-                rep.failing = True
-                rep.breaker.on_result(now, False)
-            if unreachable:
-                rep.up = False
+            latency = now - (req.dispatched_at or now)
+            self.fleet.attempt_failed(rep, now, latency, unreachable, backpressure, retry_after)
         self._release_slot(req)
         self.fleet.refresh(now)
         req.failures += 1
@@ -437,43 +430,20 @@ class Scheduler:
         """A frozen view of queues, replicas and counters (see ``core.snapshot``). The tenant
         rows' oldest waits walk the queued requests; without ``tenant_waits`` (a metrics
         scrape) the rows come from the per-tenant counts kept as requests queue, and read 0."""
-        inflight = [0] * len(self.classes)
-        for rep in self.replicas.values():
-            for r in rep.inflight.values():
-                inflight[r.class_level] += 1
-        backlog = self.backlog
-        classes = tuple(backlog.class_view(c.name, c.level, inflight[c.level], now)
-                        for c in self.classes)
-        rows: tuple[TenantView, ...] = ()
-        per_replica: Counter[tuple[str, str]] = Counter()
-        if tenants:
-            acc: dict[tuple[str, str], list[float]] = {}
-            if tenant_waits:
-                for bucket in backlog.by_class:
-                    for r in bucket.values():
-                        row = acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])
-                        row[0] += 1
-                        row[2] = max(row[2], now - r.arrival)
-            else:
-                for c, counts in zip(self.classes, backlog.by_tenant, strict=True):
-                    for tenant, n in counts.items():
-                        acc[(tenant, c.name)] = [n, 0, 0.0]
-            for rep in self.replicas.values():
-                for r in rep.inflight.values():
-                    acc.setdefault((r.tenant, r.service_class), [0, 0, 0.0])[1] += 1
-                    per_replica[(rep.name, r.tenant)] += 1
-            rows = tuple(
-                TenantView(t, c, int(v[0]), int(v[1]), v[2]) for (t, c), v in sorted(acc.items())
-            )
+        backlog, fleet = self.backlog, self.fleet
+        inflight = fleet.inflight_per_class(len(self.classes))
+        rows, per_replica = (backlog.tenant_rows(self.classes, fleet.replicas.values(), now,
+                                                 tenant_waits) if tenants else ((), ()))
         return Snapshot(
             at=now,
             policy=self.policy.name,
             queued_total=backlog.total,
-            free_slots=self.fleet.free_slots,
-            classes=classes,
-            replicas=self.fleet.views(now),
+            free_slots=fleet.free_slots,
+            classes=tuple(backlog.class_view(c.name, c.level, inflight[c.level], now)
+                          for c in self.classes),
+            replicas=fleet.views(now),
             tenants=rows,
-            replica_tenants=tuple((*k, v) for k, v in sorted(per_replica.items())),
+            replica_tenants=per_replica,
             preemptions=tuple(sorted(self.preemptions.items())),
             attempt_failures=tuple((*k, v) for k, v in sorted(self.attempt_failures.items())),
             retries=tuple((*k, v) for k, v in sorted(self.retries.items())),

@@ -11,6 +11,10 @@ owns a KV-cache manager): ``Admission`` gives a verdict on a newcomer, ``Timers`
 request is due, the ``Fleet`` says where a request may go and keeps each replica's books, the
 ``Backlog`` counts what waits, ``Pricing`` prices a request. Only the scheduler changes a request's
 state and emits decisions.
+
+Longer than most modules (about 650 lines): what is left is the request's state machine, one
+short handler per event (submit, first byte, completion, failure, retry, cancel, timeout,
+preemption, dispatch); split further, a request's life would be written in two places.
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ class Scheduler:
                              level_of[cfg.aging.ceiling])
         self.replicas: dict[str, Replica] = self.fleet.replicas
         self.router: Router = self.fleet.router
+        # the requests in flight that may be pulled back (the fleet's; tests that stand in a
+        # preemption rule of their own read it here)
+        self._preemptible: dict[str, Request] = self.fleet.preemptible
         self.requests: dict[str, Request] = {}  # every live (non-terminal) request
         self._retrying = 0  # live requests on a retry (for the retry budget)
         self._overtake = cfg.fleet.window.overtake

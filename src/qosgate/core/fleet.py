@@ -36,11 +36,11 @@ from qosgate.core.tpot_guard import build_guard
 
 class Fleet:
     def __init__(self, cfg: QosConfig, classes: Sequence[ServiceClass], class_aware: bool,
-                 backlog: Backlog, router: Router | None = None) -> None:
+                 ceiling: int, backlog: Backlog, router: Router | None = None) -> None:
+        """``ceiling``: the level aging stops at."""
         self.cfg = cfg
         self._backlog = backlog
         self.replicas: dict[str, Replica] = {}
-        ceiling = next(c.level for c in classes if c.name == cfg.aging.ceiling)
         self.strict = [c.strict for c in classes]
         # share of each window kept for the classes above a band (replica-level isolation), and
         # whether a class may borrow it while idle (it can give it back: it is preemptible)

@@ -76,15 +76,14 @@ class Scheduler:
         self.policy: Policy = build_policy(cfg, policy)
         self.classifier = Classifier(cfg)
         self.classes: list[ServiceClass] = list(cfg.classes)
-        level_of = {c.name: c.level for c in self.classes}
+        ceiling = next(c.level for c in self.classes if c.name == cfg.aging.ceiling)
         self._tenant_cfg = {t.name: t for t in cfg.tenants}
         class_aware = self.policy.class_aware
         self.pricing = Pricing(cfg, self.classes)
         self.backlog = Backlog(self.classes)
-        self.fleet = Fleet(cfg, self.classes, class_aware, self.backlog, router)
+        self.fleet = Fleet(cfg, self.classes, class_aware, ceiling, self.backlog, router)
         self.admission = Admission(cfg, self.classes, self.policy, self.backlog, self.fleet)
-        self.timers = Timers(self.classes, cfg.aging.enabled and class_aware,
-                             level_of[cfg.aging.ceiling])
+        self.timers = Timers(self.classes, cfg.aging.enabled and class_aware, ceiling)
         self.replicas: dict[str, Replica] = self.fleet.replicas
         self.router: Router = self.fleet.router
         # the requests in flight that may be pulled back (the fleet's; tests that stand in a

@@ -207,7 +207,7 @@ class Harness:
         queued = [r for r in s.requests.values() if r.state is State.QUEUED]
         running = [r for r in s.requests.values() if r.state in (State.DISPATCHED, State.RUNNING)]
         assert len(queued) == s.queued_total == len(s.policy) == sum(len(q) for q in s.queued)
-        assert s._paused_queued == sum(1 for r in queued if r.replica is not None)
+        assert s.backlog.paused == sum(1 for r in queued if r.replica is not None)
         assert {r.id for r in running} == self.inflight
         assert all(not r.state.terminal for r in s.requests.values())
         usable = [rep for rep in s.replicas.values() if rep.eligible(self.now)]

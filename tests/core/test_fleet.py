@@ -13,8 +13,8 @@ from qosgate.config import (
     default_config,
 )
 from qosgate.core import Dispatch, Finished, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core.breakers import OutlierDetector
 from qosgate.core.decisions import Decision
-from qosgate.core.replica import OutlierDetector
 from qosgate.core.request import LENT_PREEMPTIBLE
 from qosgate.core.signals import LoadSignals
 

@@ -263,7 +263,7 @@ def test_reject_queued_for_shutdown_leaves_running_alone() -> None:
 
 
 def test_completion_rate_is_unbiased_while_warming_up() -> None:
-    from qosgate.core.scheduler import DecayingRate
+    from qosgate.core.admission import DecayingRate
 
     rate = DecayingRate(tau=10.0)
     for i in range(20):  # 10 completions per second for 2 s: far less than tau

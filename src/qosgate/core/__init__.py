@@ -3,8 +3,9 @@
 from qosgate.core.classifier import Classification, Classifier, QosInputError, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.policies import POLICY_NAMES, build_policy
+from qosgate.core.replica import ReplicaSpec
 from qosgate.core.request import Request, State
-from qosgate.core.scheduler import ReplicaSpec, Scheduler
+from qosgate.core.scheduler import Scheduler
 
 __all__ = [
     "POLICY_NAMES",

@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-Decision = Literal["grow", "shrink", "hold"]
+# how a window evaluation moved the batch window (not a scheduler ``Decision``)
+WindowMove = Literal["grow", "shrink", "hold"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ class WindowDecision:
     """What the controller decided at an evaluation (a metric)."""
 
     at: float
-    decision: Decision
+    decision: WindowMove
     latency_s: float  # the smoothed per-batch latency it judged
     window_s: float  # the window from now on
     mean_batch: float  # the mean batch size over the evaluated batches
@@ -109,7 +110,7 @@ class AdaptiveWindow:
         self._ahead = 0.0  # smoothed count of batches still in flight at a release
         self._n = 0
         self._sizes = 0
-        self.decisions: dict[Decision, int] = {"grow": 0, "shrink": 0, "hold": 0}
+        self.decisions: dict[WindowMove, int] = {"grow": 0, "shrink": 0, "hold": 0}
 
     @property
     def window_s(self) -> float:
@@ -129,7 +130,7 @@ class AdaptiveWindow:
         smoothed = self._lat
         ratio = smoothed / self.target_s
         w = self._w
-        decision: Decision = "hold"
+        decision: WindowMove = "hold"
         # the engine is backed up (batches are released while two or more are still in flight
         # there, as when batches in flight are not limited): a smaller window would only make
         # more, smaller calls and a longer queue -- the latency is the engine's, so open up

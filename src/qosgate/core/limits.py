@@ -1,4 +1,10 @@
-"""Adaptive windows: dispatch only as much as keeps an engine busy, so the queue -- and every
+"""A replica's window (requests in flight at most): the ``Limit`` seam and its algorithms.
+
+``FixedLimit`` only changes when told to; ``EngineLimit`` adapts. Each declares whether it
+learns from samples (``adaptive``), so the scheduler need not ask for its type. ``LIMITS``
+builds each by its config name (``fleet.window.mode``).
+
+Adaptive windows: dispatch only as much as keeps an engine busy, so the queue -- and every
 decision -- stays in qosgate.
 
 An engine queues what it cannot run instead of refusing it, so a loss-only (429) controller never
@@ -27,8 +33,49 @@ reads a clock. (Shape: Netflix concurrency-limits' ``Limit.onSample``; facts and
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Protocol
 
+from qosgate.config import Window
 from qosgate.core.signals import LoadSignals
+
+
+class Limit(Protocol):
+    """A replica's window. ``limit`` is read on every dispatch; ``on_sample`` is told how one
+    request went (``latency`` seconds to its first token, the in-flight count when it was sent,
+    ``dropped`` if the engine refused it with back-pressure). ``adaptive``: whether samples can
+    move it (the scheduler tells a fixed window none, and sets a fixed one only)."""
+
+    @property
+    def limit(self) -> int: ...
+
+    @property
+    def adaptive(self) -> bool: ...
+
+    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None: ...
+
+    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
+        """What the engine said of its own load (a scrape, or an in-process engine's state)."""
+        ...
+
+
+class FixedLimit:
+    """A window that only changes when told to (``set``)."""
+
+    __slots__ = ("limit",)
+    adaptive = False
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+
+    def set(self, limit: int) -> None:
+        self.limit = max(0, limit)
+
+    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
+        return None
+
+    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
+        return None
 
 
 class EngineLimit:
@@ -50,6 +97,7 @@ class EngineLimit:
         "stale_s",
         "waiting_allowance",
     )
+    adaptive = True
 
     def __init__(
         self,
@@ -145,3 +193,29 @@ class EngineLimit:
             return  # the last change has not shown its effect yet
         self.limit = max(self.min_limit, int(self.limit * self.shrink))
         self._last_change = now
+
+
+def _engine_limit(capacity: int, w: Window) -> Limit:
+    return EngineLimit(
+        min(capacity, w.initial), min_limit=min(w.min, capacity), max_limit=capacity,
+        kv_target=w.kv_target, waiting_allowance=w.waiting_allowance, shrink=w.shrink,
+        grow_frac=w.grow_frac, settle_s=w.settle_s, cooldown_s=w.cooldown_s,
+        latency_target_s=w.latency_target_s, stale_s=w.stale_s,
+    )
+
+
+# each window algorithm by its config name (``fleet.window.mode``), built from the replica's
+# capacity (the ceiling of an adaptive window, the size of a fixed one) and the window config
+LIMITS: dict[str, Callable[[int, Window], Limit]] = {
+    "adaptive": _engine_limit,
+    "fixed": lambda capacity, _: FixedLimit(capacity),
+}
+
+
+def build_limit(mode: str, capacity: int, window: Window) -> Limit:
+    """The window called ``mode`` for a replica of ``capacity``."""
+    try:
+        make = LIMITS[mode]
+    except KeyError:
+        raise ValueError(f"unknown window mode {mode!r} (known: {', '.join(LIMITS)})") from None
+    return make(capacity, window)

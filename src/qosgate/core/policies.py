@@ -57,10 +57,10 @@ class Policy:
     """
 
     __slots__ = ("class_aware", "name", "order", "pop", "preemptive", "push", "remove", "restore",
-                 "root", "settle", "started")
+                 "root", "settle", "started", "tenant_fair")
 
     def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool,
-                 order: Callable[[Request], int]) -> None:
+                 order: Callable[[Request], int], tenant_fair: bool = False) -> None:
         self.name = name
         self.root = root
         self.push: Callable[[Request], None] = root.push
@@ -73,6 +73,9 @@ class Policy:
         # whether a more urgent request is always served first, so pulling a less urgent one
         # back actually makes room for it (strict bands); under wfq it would not
         self.preemptive = preemptive
+        # whether tenants share each class fairly (a light tenant waits behind its own share
+        # of its class's queue, not all of it: what admission predicts a wait from)
+        self.tenant_fair = tenant_fair
         # the engine-side order of a request just popped (see the module's docstring)
         self.order = order
         # a dispatched request started in its engine (or left it unstarted)
@@ -82,64 +85,91 @@ class Policy:
         return self.root.n
 
 
+class _Shared:
+    """What every policy's queue tree is built from: the config's class and tenant weights, and
+    one arrival counter shared by all the tree's queues (ties go to the earlier push)."""
+
+    __slots__ = ("cfg", "levels", "seq", "tenant_weights", "weights")
+
+    def __init__(self, cfg: QosConfig) -> None:
+        self.cfg = cfg
+        self.seq = [0]
+        self.levels = len(cfg.classes)
+        self.weights = {c.level: c.weight for c in cfg.classes}
+        self.tenant_weights = {t.name: t.weight for t in cfg.tenants}
+
+    def class_weight(self, level: Hashable) -> float:
+        assert isinstance(level, int)
+        return self.weights[level]
+
+    def tenant_weight(self, tenant: Hashable) -> float:
+        assert isinstance(tenant, str)
+        return self.tenant_weights.get(tenant, 1.0)
+
+    def by_deadline(self) -> Node:
+        return KeyedQueue(_deadline, self.seq)
+
+    def by_tenant(self) -> Node:
+        return FairSplit(_tenant, self.tenant_weight, self.by_deadline, tags=True)
+
+
+def _class_rank(level: Hashable) -> int:
+    assert isinstance(level, int)
+    return level
+
+
+def _fifo(sh: _Shared) -> Policy:
+    return Policy("fifo", KeyedQueue(_arrival, sh.seq), class_aware=False, preemptive=False,
+                  order=lambda req: order_value(0, req.arrival * _MS))
+
+
+def _priority(sh: _Shared) -> Policy:
+    bands: list[Node] = [KeyedQueue(_arrival, sh.seq) for _ in range(sh.levels)]
+    return Policy("priority", StrictBands(bands, range(sh.levels)), class_aware=True,
+                  preemptive=True, order=lambda req: order_value(req.level, req.arrival * _MS))
+
+
+def _wfq(sh: _Shared) -> Policy:
+    return Policy(
+        "wfq",
+        FairSplit(_class_level, sh.class_weight, sh.by_deadline, rank=_class_rank),
+        class_aware=True,
+        preemptive=False,
+        order=lambda req: order_value(req.class_level, req.deadline * _MS),
+    )
+
+
+def _qos(sh: _Shared) -> Policy:
+    strict = [c.level for c in sh.cfg.classes if c.strict]
+    band_index = {lvl: i for i, lvl in enumerate(strict)}
+    # a strict level waits in its own band, every other level in the shared one after them
+    band_of_level = [band_index.get(lvl, len(strict)) for lvl in range(sh.levels)]
+
+    strict_levels = frozenset(strict)
+
+    def qos_order(req: Request) -> int:
+        band = req.level if req.level in strict_levels else req.class_level
+        return order_value(band, req.tag)
+
+    qos_bands: list[Node] = [sh.by_tenant() for _ in strict]
+    qos_bands.append(FairSplit(_class_level, sh.class_weight, sh.by_tenant, rank=_class_rank))
+    return Policy("qos", StrictBands(qos_bands, band_of_level), class_aware=True, preemptive=True,
+                  order=qos_order, tenant_fair=True)
+
+
+# each policy by name, built from the config (one queue tree per scheduler)
+POLICIES: dict[str, Callable[[_Shared], Policy]] = {
+    "fifo": _fifo, "priority": _priority, "wfq": _wfq, "qos": _qos,
+}
+
+POLICY_NAMES = tuple(POLICIES)
 
 
 def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
+    """The policy called ``name`` (default: the config's)."""
     name = name or cfg.policy
-    seq = [0]
-    levels = len(cfg.classes)
-    weights = {c.level: c.weight for c in cfg.classes}
-    tenant_weights = {t.name: t.weight for t in cfg.tenants}
-
-    def class_weight(level: Hashable) -> float:
-        assert isinstance(level, int)
-        return weights[level]
-
-    def class_rank(level: Hashable) -> int:
-        assert isinstance(level, int)
-        return level
-
-    def tenant_weight(tenant: Hashable) -> float:
-        assert isinstance(tenant, str)
-        return tenant_weights.get(tenant, 1.0)
-
-    def by_tenant() -> Node:
-        return FairSplit(_tenant, tenant_weight, lambda: KeyedQueue(_deadline, seq),
-                         tags=True)
-
-    if name == "fifo":
-        return Policy(name, KeyedQueue(_arrival, seq), class_aware=False, preemptive=False,
-                      order=lambda req: order_value(0, req.arrival * _MS))
-    if name == "priority":
-        bands: list[Node] = [KeyedQueue(_arrival, seq) for _ in range(levels)]
-        return Policy(name, StrictBands(bands, range(levels)), class_aware=True, preemptive=True,
-                      order=lambda req: order_value(req.level, req.arrival * _MS))
-    if name == "wfq":
-        return Policy(
-            name,
-            FairSplit(_class_level, class_weight, lambda: KeyedQueue(_deadline, seq),
-                      rank=class_rank),
-            class_aware=True,
-            preemptive=False,
-            order=lambda req: order_value(req.class_level, req.deadline * _MS),
-        )
-    if name == "qos":
-        strict = [c.level for c in cfg.classes if c.strict]
-        band_index = {lvl: i for i, lvl in enumerate(strict)}
-        # a strict level waits in its own band, every other level in the shared one after them
-        band_of_level = [band_index.get(lvl, len(strict)) for lvl in range(levels)]
-
-        strict_levels = frozenset(strict)
-
-        def qos_order(req: Request) -> int:
-            band = req.level if req.level in strict_levels else req.class_level
-            return order_value(band, req.tag)
-
-        qos_bands: list[Node] = [by_tenant() for _ in strict]
-        qos_bands.append(FairSplit(_class_level, class_weight, by_tenant, rank=class_rank))
-        return Policy(name, StrictBands(qos_bands, band_of_level), class_aware=True,
-                      preemptive=True, order=qos_order)
-    raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos")
-
-
-POLICY_NAMES = ("fifo", "priority", "wfq", "qos")
+    try:
+        make = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos") from None
+    return make(_Shared(cfg))

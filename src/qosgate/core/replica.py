@@ -1,167 +1,49 @@
-"""Replicas as the core sees them: the models each serves, its window, its breaker, its load.
+"""A replica as the core sees it: the models it serves, its window, its breaker, its load.
 
-Each varying piece is a small policy object behind one interface, with the clock passed in, so the
-gateway and the simulator run the same ones and a new algorithm is one more small class:
+Each varying piece is a small policy object behind one interface (each in its own module, with
+the clock passed in, so the gateway and the simulator run the same ones):
 
-- ``Limit``: the replica's window (requests in flight at most), in the shape of Netflix's
-  concurrency-limits (``on_sample``); ``FixedLimit`` is the default.
-- ``Breaker``: whether the replica may take new work now. ``AlwaysClosed`` is the default;
-  ``OutlierDetector`` ejects a replica after consecutive failures before the first byte, for a time
-  that grows with each ejection (Envoy's outlier detection, with its defaults).
-- ``Router``: which eligible replica a request goes to; ``MostFreeRouter`` is the default.
+- ``Limit`` (``core.limits``): the replica's window (requests in flight at most), in the shape
+  of Netflix's concurrency-limits (``on_sample``);
+- ``Breaker`` (``core.breakers``): whether the replica may take new work now;
+- ``TpotGuard`` (``core.tpot_guard``): where the TPOT guard holds the other classes off it.
 
 A ``Replica`` also knows whether its health probe says it is up, until when an upstream's
 back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` it reported.
+Which replica a request goes to is a ``Router``'s choice (``core.routers``).
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from qosgate.core.breakers import AlwaysClosed, Breaker
 from qosgate.core.signals import LoadSignals
 
 if TYPE_CHECKING:
+    from qosgate.core.limits import Limit
     from qosgate.core.request import Request
     from qosgate.core.tpot_guard import TpotGuard
 
 
-# ---------------------------------------------------------------------- Limit
-class Limit(Protocol):
-    """A replica's window. ``limit`` is read on every dispatch; ``on_sample`` is told how one
-    request went (``latency`` seconds to its first token, the in-flight count when it was sent,
-    ``dropped`` if the engine refused it with back-pressure)."""
-
-    @property
-    def limit(self) -> int: ...
-
-    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None: ...
-
-    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
-        """What the engine said of its own load (a scrape, or an in-process engine's state)."""
-        ...
-
-
-class FixedLimit:
-    """A window that only changes when told to (``set``): today's behaviour."""
-
-    __slots__ = ("limit",)
-
-    def __init__(self, limit: int) -> None:
-        self.limit = max(0, limit)
-
-    def set(self, limit: int) -> None:
-        self.limit = max(0, limit)
-
-    def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
-        return None
-
-    def on_signals(self, now: float, signals: LoadSignals, inflight: int) -> None:
-        return None
-
-
-# ---------------------------------------------------------------------- Breaker
-class Breaker(Protocol):
-    def allow(self, now: float) -> bool:
-        """May the replica take new work at ``now``?"""
-        ...
-
-    def on_result(self, now: float, ok: bool) -> None:
-        """An attempt ended: ``ok`` if it got its first byte, False if it failed before."""
-        ...
-
-    def next_change(self) -> float | None:
-        """When ``allow`` may change by itself (an ejection ends), or None."""
-        ...
-
-    @property
-    def ejections(self) -> int: ...
-
-    @property
-    def probation(self) -> bool:
-        """Back from an ejection and not yet proven: the replica takes one request at a time."""
-        ...
-
-    def state(self, now: float) -> str:
-        """``closed`` (serving) or ``open`` (ejected)."""
-        ...
-
-
-class AlwaysClosed:
-    __slots__ = ()
-    ejections = 0
-    probation = False
-
-    def allow(self, now: float) -> bool:
-        return True
-
-    def on_result(self, now: float, ok: bool) -> None:
-        return None
-
-    def next_change(self) -> float | None:
-        return None
-
-    def state(self, now: float) -> str:
-        return "closed"
-
-
-class OutlierDetector:
-    """Eject after ``consecutive`` failures before the first byte, for ``base_s`` x the number of
-    ejections so far, capped at ``max_s``, plus up to ``jitter`` of that at random (seeded), so
-    that replicas ejected together do not all come back in the same instant. Envoy's defaults:
-    5 consecutive 5xx / gateway failures, 30 s base, 300 s cap. Back from an ejection, a replica
-    is on probation (half-open): one request at a time, and one failure ejects it again; its
-    first success ends the probation."""
-
-    __slots__ = ("_failures", "_rng", "base_s", "consecutive", "ejected_until", "ejections",
-                 "jitter", "max_s", "probation")
-
-    def __init__(
-        self,
-        consecutive: int = 5,
-        base_s: float = 30.0,
-        max_s: float = 300.0,
-        jitter: float = 0.1,
-        seed: int = 0,
-    ) -> None:
-        self.consecutive = consecutive
-        self.base_s = base_s
-        self.max_s = max_s
-        self.jitter = jitter
-        self._rng = random.Random(seed)
-        self._failures = 0
-        self.ejections = 0
-        self.ejected_until = float("-inf")
-        self.probation = False
-
-    def allow(self, now: float) -> bool:
-        return now >= self.ejected_until
-
-    def on_result(self, now: float, ok: bool) -> None:
-        if ok:
-            self._failures = 0
-            self.probation = False
-            return
-        if now < self.ejected_until:
-            return  # failures of attempts sent before the ejection do not extend it
-        self._failures += 1
-        if self._failures >= self.consecutive or self.probation:
-            self.probation = True
-            self._failures = 0
-            self.ejections += 1
-            span = min(self.max_s, self.base_s * self.ejections)
-            self.ejected_until = now + span * (1.0 + self.jitter * self._rng.random())
-
-    def next_change(self) -> float | None:
-        return self.ejected_until if self.ejected_until != float("-inf") else None
-
-    def state(self, now: float) -> str:
-        return "closed" if now >= self.ejected_until else "open"
-
-
-# ---------------------------------------------------------------------- Replica
 BUDGET_OPEN = 1 << 30  # a replica's prefill budget closed to no class
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    name: str
+    capacity: int
+    pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
+    models: tuple[str, ...] = ()  # model ids it serves; empty = any
+    up: bool = True  # until its first health probe says otherwise
+    # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: the
+    # config's mode, but fixed for a pausable engine
+    window: str | None = None
+    # the engine runs its waiting queue in the order it is sent (``Request.order``): a request
+    # may then overtake this gateway's unstarted work there (``fleet.window.overtake``)
+    ordered: bool = False
 
 
 class Replica:
@@ -249,123 +131,3 @@ class Replica:
         """When ``eligible`` may turn True again by itself (a cooling or an ejection ends)."""
         times = [t for t in (self.cooled_until, self.breaker.next_change()) if t is not None]
         return max(times) if times and max(times) != float("-inf") else None
-
-
-# ---------------------------------------------------------------------- Router
-class Router(Protocol):
-    name: str
-
-    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
-        """One of ``candidates`` (each eligible, serving the request's model, with room) or None
-        to leave the request queued."""
-        ...
-
-
-class MostFreeRouter:
-    """The replica with the most free slots (first listed on ties)."""
-
-    name = "most-free"
-
-    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
-        best: Replica | None = None
-        best_free = 0
-        for rep in candidates:
-            f = rep.window - len(rep.inflight)
-            if f > best_free:
-                best, best_free = rep, f
-        return best
-
-
-class LeastLoadRouter:
-    """The least loaded replica by measured load: its share of the window in flight (with the
-    request to place), prompt tokens it has not answered yet (local accounting, exact and
-    immediate) and what its last scrape said of its own queue and KV cache. Data older than
-    ``stale_s`` counts as saturated; a saturated replica (its queue past ``waiting_saturated``
-    per window slot, or its KV cache past ``kv_saturated``) is taken only if every candidate
-    is. (Weighing replicas by their recent dispatch-to-first-byte time was tried and reverted:
-    the average lags a growing queue and herded traffic onto one replica, docs/fleet.md.)"""
-
-    name = "least-load"
-
-    def __init__(
-        self,
-        stale_s: float = 5.0,
-        kv_saturated: float = 0.97,
-        waiting_saturated: float = 0.25,
-        tokens_per_slot: float = 2048.0,
-    ) -> None:
-        self.stale_s = stale_s
-        self.kv_saturated = kv_saturated
-        self.waiting_saturated = waiting_saturated
-        self.tokens_per_slot = tokens_per_slot
-
-    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
-        best: Replica | None = None
-        best_key = (True, float("inf"))
-        for rep in candidates:
-            window = rep.window
-            n = len(rep.inflight)
-            if n >= window:
-                continue
-            score = (n + 1 + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
-            score += self._extra(req, rep, window)
-            sig = rep.signals
-            saturated = False  # no scrape at all (an engine without metrics): no evidence
-            if sig is not None:
-                if now - sig.at > self.stale_s:
-                    saturated = True
-                else:
-                    if sig.waiting:
-                        score += sig.waiting / max(1, window)
-                        saturated = sig.waiting > self.waiting_saturated * window
-                    if sig.kv_usage is not None and sig.kv_usage >= self.kv_saturated:
-                        saturated = True
-            key = (saturated, score)
-            if key < best_key:
-                best, best_key = rep, key
-        return best
-
-    def _extra(self, req: Request, rep: Replica, window: int) -> float:
-        """What a variant adds to a replica's load score for this request (nothing here)."""
-        return 0.0
-
-
-class SpreadStrictRouter(LeastLoadRouter):
-    """``least-load``, and for a request of a strict class two more terms: the strict streams
-    the replica already runs (counted twice, so realtime spreads over the fleet), and a full
-    window's worth on a replica whose engine's time per token is past the request's TPOT
-    budget (it would miss there). Why: with the prefill budget, a replica streaming to realtime
-    keeps the other classes' prompts off and so looks least loaded to the next realtime request;
-    realtime piles onto one replica by itself, and that replica's death cuts all its streams
-    (docs/simulator.md, ``fleet-faults``)."""
-
-    name = "least-load-spread"
-
-    def __init__(self, strict_tpot_s: Mapping[int, float] | None = None) -> None:
-        super().__init__()
-        self.strict_tpot_s = dict(strict_tpot_s or {})  # class level -> its TPOT budget
-
-    def _extra(self, req: Request, rep: Replica, window: int) -> float:
-        budget = self.strict_tpot_s.get(req.class_level)
-        if budget is None:
-            return 0.0
-        slow = rep.itl_s is not None and rep.itl_s > budget
-        return rep.strict_streams / max(1, window) + (1.0 if slow else 0.0)
-
-
-# each router by name, built from the strict classes' TPOT budgets (class level -> seconds),
-# which only the one that places strict requests by them reads
-ROUTERS: dict[str, Callable[[Mapping[int, float]], Router]] = {
-    "most-free": lambda _: MostFreeRouter(),
-    "least-load": lambda _: LeastLoadRouter(),
-    SpreadStrictRouter.name: SpreadStrictRouter,
-}
-
-
-def build_router(name: str, strict_tpot_s: Mapping[int, float] | None = None) -> Router:
-    """The router called ``name``."""
-    try:
-        make = ROUTERS[name]
-    except KeyError:
-        raise ValueError(f"unknown router {name!r} (known: {', '.join(ROUTERS)})") from None
-    return make(strict_tpot_s or {})

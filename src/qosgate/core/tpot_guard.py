@@ -1,7 +1,7 @@
 """Where the TPOT guard holds: the fraction of the strict classes' TPOT budget past which an
-engine's mean inter-token latency holds the other classes off a replica (``Scheduler``'s
-``_watch_itl`` applies it). One small class per way of choosing it, as ``core.limits`` has one
-per window algorithm; each replica has its own, since engines of one fleet differ.
+engine's mean inter-token latency holds the other classes off a replica (``Fleet._watch_itl``
+applies it). One small class per way of choosing it, as ``core.limits`` has one per window
+algorithm; each replica has its own, since engines of one fleet differ.
 
 Why a learned one: the guard reads the engine's *mean* time per token, while the SLO is judged
 per request. How far the slowest realtime streams sit above that mean depends on the traffic, so
@@ -12,6 +12,7 @@ closes that loop on what the SLO judges: the TPOT the strict streams that ended 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, Protocol
 
 
@@ -90,6 +91,10 @@ class LearnedGuard:
             self.fraction = min(self.highest, self.fraction + self.loosen)
 
 
+# each guard that ``fleet.tpot_guard`` names by a word; a number is a ``FixedGuard`` at it
+GUARDS: dict[str, Callable[[], TpotGuard]] = {"auto": LearnedGuard}
+
+
 def build_guard(mode: float | Literal["auto"]) -> TpotGuard:
     """The guard ``fleet.tpot_guard`` names: ``auto`` learns, a number is fixed."""
-    return LearnedGuard() if mode == "auto" else FixedGuard(mode)
+    return GUARDS[mode]() if isinstance(mode, str) else FixedGuard(mode)

@@ -7,6 +7,7 @@ import math
 
 from qosgate.config import QosConfig
 from qosgate.core import Request, State
+from qosgate.core.reasons import upstream_status
 from qosgate.wire.errors import error_json
 from qosgate.wire.sse import Headers
 
@@ -158,10 +159,10 @@ def outcome_error(req: Request, cfg: QosConfig | None = None) -> tuple[int, byte
     """(status, body, extra headers) for a request that ended without a response; with ``cfg``,
     a refusal by a configured limit says the limit."""
     reason = req.reason
-    if reason.startswith("upstream_") and reason[9:].isdigit():
+    code = upstream_status(reason)
+    if code is not None:
         # an engine's error that no retry could get past (a 4xx is passed on by the engine
         # call itself): 429/503 stay back-pressure with the engine's Retry-After, 5xx are 502
-        code = int(reason[9:])
         if code in RETRY_STATUSES:
             msg = f"The engines are overloaded (they answered {code})."
             body = error_json(msg, "overloaded_error", reason)

@@ -10,7 +10,7 @@ import zlib
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Scheduler
 from qosgate.core.ledger import LeasedLedger
-from qosgate.core.replica import FixedLimit
+from qosgate.core.limits import FixedLimit
 from qosgate.core.shared import MemoryStore, StoreDown, SyncProtocol, prime, run_to_end
 from qosgate.sim.events import SyncDue
 from qosgate.sim.setup import PASSTHROUGH_WINDOW, GatewayPlan, PolicySetup, ReplicaPlan

@@ -1,0 +1,267 @@
+"""Admission: whether a new request may join the queue, and how long it is predicted to wait.
+
+``Admission.verdict`` answers with ``None`` (admit: the common case builds nothing), a
+``Refusal`` (reason and Retry-After), or ``Displace`` (the queue is full, but the newest queued
+request of a lower class makes room). It never changes a request: the scheduler carries out the
+verdict. It reads the queue's books (``Backlog``) and the fleet's free room, and learns the
+service rates it predicts from as the scheduler tells it of dispatches and completions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from qosgate.config import QosConfig, ServiceClass
+from qosgate.core.backlog import Backlog
+from qosgate.core.fleet import Fleet
+from qosgate.core.ledger import Limiter
+from qosgate.core.policies import Policy
+from qosgate.core.reasons import Reason
+from qosgate.core.request import Request
+
+_RATE_EVERY_S = 0.05  # how long admission reuses a reading of the completion rate
+_PREDICT_EVERY_S = 0.05  # ... and a predicted wait against a queue-timeout promise
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Refuse the request: ``reason``, and when to retry (None: retrying will not help)."""
+
+    reason: str
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Displace:
+    """Admit the request, rejecting ``victim`` (queued, of a lower class) to make room."""
+
+    victim: Request
+    retry_after: float
+
+
+class DecayingRate:
+    """Events per second, exponentially decayed with time constant ``tau`` (seconds).
+
+    Until ``min_events`` have been seen it knows nothing (0). Early on, the decayed sum has only
+    covered ``elapsed`` seconds, not the whole window, so it is divided by the part of the window
+    it has seen (1 - e^(-elapsed/tau)); without that, a busy gateway would under-read its own
+    throughput for the first ``tau`` seconds and refuse feasible deadlines.
+    """
+
+    __slots__ = ("_count", "_first", "_stamp", "_value", "min_events", "tau")
+
+    def __init__(self, tau: float = 10.0, min_events: int = 5) -> None:
+        self.tau = tau
+        self.min_events = min_events
+        self._value = 0.0
+        self._stamp = 0.0
+        self._first: float | None = None
+        self._count = 0
+
+    def add(self, now: float, amount: float = 1.0) -> None:
+        """One event (of ``amount``: a rate of cost rather than of events)."""
+        if self._first is None:
+            self._first = now
+        self._value = self._decayed(now) + amount / self.tau
+        self._stamp = now
+        self._count += 1
+
+    def _decayed(self, now: float) -> float:
+        return self._value * math.exp(-max(0.0, now - self._stamp) / self.tau)
+
+    def value(self, now: float) -> float:
+        if self._count < self.min_events or self._first is None:
+            return 0.0
+        seen = 1.0 - math.exp(-max(0.0, now - self._first) / self.tau)
+        return self._decayed(now) / seen if seen > 1e-9 else 0.0
+
+
+class Admission:
+    __slots__ = ("_admission_wait", "_backlog", "_classes", "_fleet", "_policy", "_predicted",
+                 "_rate_at", "_served", "_served_cost", "_weighted_levels", "cfg", "completions")
+
+    def __init__(self, cfg: QosConfig, classes: list[ServiceClass], policy: Policy,
+                 backlog: Backlog, fleet: Fleet) -> None:
+        self.cfg = cfg.admission
+        self._classes = classes  # the scheduler's own list: shared, not copied
+        self._policy = policy
+        self._backlog = backlog
+        self._fleet = fleet
+        self._weighted_levels = [(c.level, c.weight) for c in classes if not c.strict]
+        self._admission_wait = [
+            c.admission_wait_s if c.admission_wait_s is not None else c.queue_timeout_s
+            for c in classes
+        ]
+        self._predicted: list[tuple[float, float | None] | None] = [None] * len(classes)
+        self._rate_at = (-math.inf, 0.0)
+        self.completions = DecayingRate()
+        # first dispatches per class: the service a backlogged class actually gets, after the
+        # strict classes, the other shares and aging took theirs (what admission predicts from)
+        self._served = [DecayingRate() for _ in classes]
+        # ... and their cost (fair-share units), for each class's weighted share of the service
+        self._served_cost = [DecayingRate() for _ in classes]
+
+    # ---------------------------------------------------------------- what it learns from
+    def served(self, req: Request, now: float) -> None:
+        """``req`` was sent to an engine for the first time (not a resume)."""
+        self._served[req.class_level].add(now)
+        self._served_cost[req.class_level].add(now, req.cost)
+
+    # ---------------------------------------------------------------- the verdict
+    def verdict(self, req: Request, limiter: Limiter, now: float) -> Refusal | Displace | None:
+        adm = self.cfg
+        if req.prompt_tokens > adm.max_prompt_tokens:
+            return Refusal(Reason.PROMPT_TOO_LONG, None)
+        if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1 or (
+            req.ceiling is not None and req.max_tokens > req.ceiling
+        ):
+            return Refusal(Reason.INVALID_MAX_TOKENS, None)
+        up_models = self._fleet.up_models
+        if up_models is not None and (req.model not in up_models if req.model else not up_models):
+            # every replica of its model is down: nothing to wait for in the queue (an ejected
+            # or cooling one comes back by itself, and its requests wait for it instead)
+            return Refusal(Reason.NO_REPLICA_AVAILABLE, self.clamp_retry(0.0))
+        refused = limiter.check(req.prompt_tokens + req.est_output_tokens, now)
+        if refused is not None:
+            reason, wait = refused
+            return Refusal(reason, self.clamp_retry(wait or self.slot_wait(now)))
+        cls = self._classes[req.level]
+        backlog = self._backlog
+        if len(backlog.by_class[req.class_level]) >= cls.max_queue:
+            return Refusal(Reason.CLASS_QUEUE_FULL, self.clamp_retry(self.slot_wait(now)))
+        if backlog.total:
+            refusal = self._overload(req, cls, now)
+            if refusal is not None:
+                return refusal
+        if backlog.total >= adm.max_queue_total:
+            victim = backlog.newest_below(req.class_level) if self._policy.class_aware else None
+            if victim is None:
+                return Refusal(Reason.QUEUE_FULL, self.clamp_retry(self.slot_wait(now)))
+            return Displace(victim, self.clamp_retry(self.slot_wait(now)))
+        return None
+
+    def _overload(self, req: Request, cls: ServiceClass, now: float) -> Refusal | None:
+        """Honest overload: refuse now what would wait past what its class promises, with the
+        time after which the queue ahead is predicted to have drained enough."""
+        level = req.level
+        tenant_fair = self._policy.tenant_fair
+        if cls.deadline_admission and self._policy.class_aware:
+            # exact: budgets are short
+            predicted = self.predicted_wait(level, now, cost=req.cost)
+            budget = req.deadline - now
+            if predicted is not None and predicted > budget and tenant_fair:
+                predicted = self.predicted_wait(level, now, req.tenant, req.class_level, req.cost)
+            if predicted is not None and predicted > budget:
+                return Refusal(Reason.DEADLINE_INFEASIBLE, self.clamp_retry(predicted - budget))
+        else:
+            # a queue-timeout promise is tens of seconds: a reading up to _PREDICT_EVERY_S
+            # old will do, and spares every admission the computation
+            hit = self._predicted[level]
+            if hit is not None and 0 <= now - hit[0] < _PREDICT_EVERY_S:
+                predicted = hit[1]
+            else:
+                predicted = self.predicted_wait(level, now, cost=req.cost)
+                self._predicted[level] = (now, predicted)
+        limit = self._admission_wait[level]
+        if predicted is not None and predicted > limit and tenant_fair:
+            # the class as a whole would wait too long: does this tenant's turn?
+            predicted = self.predicted_wait(level, now, req.tenant, req.class_level, req.cost)
+        if predicted is not None and predicted > limit:
+            return Refusal(Reason.OVERLOADED, self.clamp_retry(predicted - limit))
+        return None
+
+    # ---------------------------------------------------------------- predictions
+    def predicted_wait(
+        self, level: int, now: float, tenant: str | None = None, class_level: int | None = None,
+        cost: float | None = None,
+    ) -> float | None:
+        """Seconds a new request of ``level`` is expected to wait before dispatch, from the
+        queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
+        those held by preemptible less urgent requests) and the recent completion rate; None
+        while no rate is known. With ``tenant`` (under a policy fair between tenants) only the
+        tenant's share of its class's queue counts as ahead of it: each backlogged tenant gets a
+        turn (VTC), so a flooder's backlog does not delay a light tenant. ``cost``: the
+        arriving request's, for a class with no recent dispatches to take its mean from."""
+        backlog = self._backlog
+        queued = backlog.by_class
+        cls = self._classes[level]
+        policy = self._policy
+        weights = 0.0
+        own = 0
+        if not policy.class_aware:
+            ahead = float(backlog.total)
+        elif cls.strict:
+            ahead = float(sum(len(queued[lv]) for lv in backlog.strict_levels if lv <= level))
+        else:
+            strict_ahead = sum(len(queued[lv]) for lv in backlog.strict_levels)
+            own = len(queued[level])
+            if tenant is not None and policy.tenant_fair:
+                tq = backlog.by_tenant[level if class_level is None else class_level]
+                mine = tq.get(tenant, 0)
+                turns = len(tq) + (0 if mine else 1)
+                own = min(own, (mine + 1) * turns)
+            weights = 0.0 if queued[level] else cls.weight
+            for lv, w in self._weighted_levels:
+                if queued[lv]:
+                    weights += w
+            ahead = strict_ahead + own * weights / cls.weight
+        room = self._fleet.free_slots
+        if cls.can_preempt and policy.preemptive:
+            # a slot held by a less urgent preemptible request is as good as free for this one
+            room += self._fleet.preemptible_below(level)
+        if ahead < room:
+            wait = 0.0
+        else:
+            rate = self._rate(now)
+            if rate <= 0:
+                return None
+            wait = (ahead + 1 - room) / rate
+        if policy.class_aware and not cls.strict and queued[level]:
+            # backlogged: the class is served at the rate it has been getting, which counts what
+            # overtakes it while it waits (strict arrivals, the other shares, the prefill
+            # budget), and the estimate above, from the queue as it stands now, does not. A
+            # backlog next to free room means the room is not the class's to use (the prefill
+            # budget or the TPOT guard holds it): there too the served rate is what it gets.
+            # But never less than its weighted share of what the non-strict classes were
+            # served together: a class served less was held by a rule or had no traffic a
+            # moment ago, not refused by a saturated engine, and the shares give it that much
+            served = self._served[level].value(now)
+            if self._fleet.one_pool:  # (every replica serves the same models: shared slots)
+                served = max(served, self._share_rate(level, weights, now, cost))
+            if served > 0:
+                wait = max(wait, (own + 1) / served)
+        return wait
+
+    def _share_rate(self, level: int, weights: float, now: float, cost: float | None) -> float:
+        """Requests per second class ``level`` gets by its weight out of the service (in cost)
+        the non-strict classes got together, ``weights`` being the backlogged classes' weights;
+        its requests' cost is its own recent mean (or ``cost``, before it has one). 0 when
+        nothing is known."""
+        together = sum(self._served_cost[lv].value(now) for lv, _ in self._weighted_levels)
+        if together <= 0:
+            return 0.0
+        served, served_cost = self._served[level].value(now), self._served_cost[level].value(now)
+        mean = served_cost / served if served > 0 else cost
+        if not mean:
+            return 0.0
+        return together * self._classes[level].weight / weights / mean
+
+    def _rate(self, now: float) -> float:
+        """The decayed completion rate, re-read at most every ``_RATE_EVERY_S``: it moves with
+        a 10 s time constant, and every admission under a queue asks for it."""
+        at, value = self._rate_at
+        if now - at >= _RATE_EVERY_S or now < at:
+            value = self.completions.value(now)
+            self._rate_at = (now, value)
+        return value
+
+    def slot_wait(self, now: float) -> float:
+        """Seconds until a slot frees, at the recent completion rate (0: unknown)."""
+        rate = self._rate(now)
+        return 1.0 / rate if rate > 0 else 0.0
+
+    def clamp_retry(self, seconds: float) -> float:
+        """A Retry-After within the configured bounds."""
+        adm = self.cfg
+        return min(adm.max_retry_after_s, max(adm.min_retry_after_s, seconds))

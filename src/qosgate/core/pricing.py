@@ -1,0 +1,65 @@
+"""What a request costs, in the fair-share units the queues charge and the tenants' limits count.
+
+Its cost is ``prompt_weight`` per prompt token plus ``output_weight`` per output token
+(``fairness`` in the config). At admission the output is not known yet: it is estimated as its
+class's learned mean output length within the request's cap, and the real usage is settled when
+the request ends (a request that never started is charged no prompt). The cap itself comes from
+the client, the configured ceilings of its class and tenant, or the engine's context.
+"""
+
+from __future__ import annotations
+
+from qosgate.config import QosConfig, ServiceClass
+
+
+class Pricing:
+    __slots__ = ("_classes", "_max_output", "_out_est", "_tenant_caps", "output_weight",
+                 "prompt_weight")
+
+    def __init__(self, cfg: QosConfig, classes: list[ServiceClass]) -> None:
+        self.prompt_weight = cfg.fairness.prompt_weight
+        self.output_weight = cfg.fairness.output_weight
+        self._max_output = cfg.admission.max_output_tokens
+        self._out_est = [256.0] * len(classes)  # each class's learned mean output length
+        self._classes = classes  # the scheduler's own list: shared, not copied
+        self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
+
+    def output_cap(self, level: int, tenant: str, max_tokens: int | None, prompt_tokens: int,
+                   context: int | None) -> tuple[int, int | None]:
+        """(the request's output cap, its configured ceiling). ``max_tokens`` is what the client
+        asked for; None: none, so the engine runs to its own end, within its ``context``
+        (prompt and output, as the engine reports it) unless a configured ceiling applies."""
+        ceiling = self._ceiling(level, tenant)
+        if max_tokens is None:
+            most = self._max_output
+            if ceiling is not None:
+                max_tokens = ceiling
+            elif context is not None:
+                max_tokens = max(1, min(context - prompt_tokens, most))
+            else:
+                max_tokens = most
+        return max_tokens, ceiling
+
+    def _ceiling(self, level: int, tenant: str) -> int | None:
+        """The smaller of the class's and the tenant's configured output ceilings."""
+        caps = [self._classes[level].max_output_tokens]
+        if tenant in self._tenant_caps:
+            caps.append(self._tenant_caps[tenant])
+        return min((v for v in caps if v is not None), default=None)
+
+    def estimated_output(self, level: int, max_tokens: int) -> float:
+        """The output a request of class ``level`` capped at ``max_tokens`` is charged for."""
+        return min(float(max_tokens), self._out_est[level])
+
+    def cost(self, prompt_tokens: int, output_tokens: float) -> float:
+        return self.prompt_weight * prompt_tokens + self.output_weight * output_tokens
+
+    def used(self, prompt_tokens: int, output_tokens: int, started: bool) -> float:
+        """The cost a request actually used (one that never started used no prompt)."""
+        return ((self.prompt_weight * prompt_tokens if started else 0.0)
+                + self.output_weight * output_tokens)
+
+    def learn(self, level: int, output_tokens: int) -> None:
+        """A request of class ``level`` completed with ``output_tokens``."""
+        est = self._out_est
+        est[level] += 0.05 * (output_tokens - est[level])

@@ -4,9 +4,8 @@ granian): one upstream at ``$QOSGATE_BENCH_UPSTREAM``, a fixed window, as the ov
 import os
 
 from qosgate.config import Fleet, Window, default_config
-from qosgate.runtime.upstream.replica import UpstreamSettings
 from qosgate.server.run import build_gateway
-from qosgate.settings import GatewaySettings
+from qosgate.settings import GatewaySettings, UpstreamSettings
 
 app = build_gateway(
     default_config(fleet=Fleet(window=Window(mode="fixed"))),

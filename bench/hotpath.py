@@ -170,10 +170,10 @@ async def _run_aiohttp(url: str, n: int, conc: int, body: bytes) -> None:
 
 
 async def _run_qosgate(url: str, n: int, conc: int, body: bytes) -> None:
-    """The gateway's own upstream client (``runtime/upstream/replica.py``)."""
-    from qosgate.runtime.upstream.replica import _Pool
+    """The gateway's own upstream client (``runtime/upstream/transport.py``)."""
+    from qosgate.runtime.upstream.transport import Pool
 
-    pool = _Pool(url.rsplit("/v1/", 1)[0], 5.0, None)
+    pool = Pool(url.rsplit("/v1/", 1)[0], 5.0, None)
     head = pool.head("POST", "/v1/chat/completions")
     sem = asyncio.Semaphore(conc)
 

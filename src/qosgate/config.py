@@ -16,11 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PolicyName = Literal["fifo", "priority", "wfq", "qos"]
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
+    """The base of every configuration model (here, ``settings.py``, the simulator's scenarios
+    and workloads, engine profiles): a member it does not know is an error (a typo is not
+    silently ignored), and a loaded configuration cannot change."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class ServiceClass(_Strict):
+class ServiceClass(Strict):
     """A service class: one queue band with its budgets and share."""
 
     name: str
@@ -74,12 +78,12 @@ class ServiceClass(_Strict):
         return max(30.0, 10.0 * self.ttft_budget_ms / 1000.0)
 
 
-class Tier(_Strict):
+class Tier(Strict):
     name: str
     boost: int = Field(default=0, description="levels added to the requested level (-1 = one up)")
 
 
-class TenantLimits(_Strict):
+class TenantLimits(Strict):
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)
     max_concurrent: int | None = Field(default=None, ge=1)
@@ -89,7 +93,7 @@ class TenantLimits(_Strict):
     )
 
 
-class Tenant(_Strict):
+class Tenant(Strict):
     name: str
     api_keys: tuple[str, ...] = ()
     tier: str = "standard"
@@ -101,14 +105,14 @@ class Tenant(_Strict):
     limits: TenantLimits = TenantLimits()
 
 
-class Fairness(_Strict):
+class Fairness(Strict):
     """Virtual token counter (VTC) costs: service = prompt_weight*prompt + output_weight*output."""
 
     prompt_weight: float = Field(default=1.0, ge=0)
     output_weight: float = Field(default=2.0, ge=0)
 
 
-class Aging(_Strict):
+class Aging(Strict):
     enabled: bool = True
     ceiling: str = Field(
         default="api",
@@ -117,7 +121,7 @@ class Aging(_Strict):
     )
 
 
-class ImageTokens(_Strict):
+class ImageTokens(Strict):
     """How many prompt tokens an image counts for admission and fair shares, from its size as
     its header gives it (docs/gateway.md, "Images and audio"). ``patches`` is Qwen2-VL /
     Qwen2.5-VL's count in vLLM: the image is resized to multiples of ``patch_px`` (14 px
@@ -147,7 +151,7 @@ class ImageTokens(_Strict):
         return self
 
 
-class AudioTokens(_Strict):
+class AudioTokens(Strict):
     """How many prompt tokens an audio clip counts, from its duration (WAV and MP3 headers):
     Whisper-style encoders as Qwen2-Audio's give 25 tokens a second."""
 
@@ -157,7 +161,7 @@ class AudioTokens(_Strict):
         "or another format); None = 30 seconds' worth")
 
 
-class Admission(_Strict):
+class Admission(Strict):
     max_queue_total: int = Field(default=100_000, ge=1)
     max_prompt_tokens: int = Field(default=131_072, ge=1)
     max_output_tokens: int = Field(default=32_768, ge=1)
@@ -167,7 +171,7 @@ class Admission(_Strict):
     audio: AudioTokens = AudioTokens()
 
 
-class Retries(_Strict):
+class Retries(Strict):
     """Retry before the first byte: a budget as Envoy's (a share of the active requests, with a
     floor) and a cap on attempts per request."""
 
@@ -176,7 +180,7 @@ class Retries(_Strict):
     min_retries: int = Field(default=3, ge=0, description="retries allowed whatever the budget")
 
 
-class Outlier(_Strict):
+class Outlier(Strict):
     """Outlier detection (Envoy's defaults): eject a replica after consecutive failures before
     the first byte, for base x ejections so far, capped, with a little seeded jitter."""
 
@@ -187,7 +191,7 @@ class Outlier(_Strict):
     jitter: float = Field(default=0.1, ge=0, le=1)
 
 
-class Window(_Strict):
+class Window(Strict):
     """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
     starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
     and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
@@ -216,7 +220,7 @@ class Window(_Strict):
         "rather than in qosgate's behind them")
 
 
-class Fleet(_Strict):
+class Fleet(Strict):
     router: Literal["least-load", "least-load-spread", "most-free"] = Field(
         default="least-load", description="how a replica is picked: least-load (measured "
         "load), least-load-spread (that, and strict requests spread over the replicas and "
@@ -253,7 +257,7 @@ class Fleet(_Strict):
     seed: int = Field(default=0, description="seeds the ejection jitter (deterministic runs)")
 
 
-class QosConfig(_Strict):
+class QosConfig(Strict):
     policy: PolicyName = "qos"
     classes: tuple[ServiceClass, ...]
     tiers: tuple[Tier, ...]

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from qosgate.config import QosConfig, read_yaml_mapping, validated
+from qosgate.config import QosConfig, Strict, read_yaml_mapping, validated
 from qosgate.models.simmodel import load_profile
-from qosgate.runtime.upstream.replica import UpstreamSettings
+from qosgate.wire.splice import Polarity, PriorityOrder
 
 __all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
 
@@ -40,11 +40,7 @@ LogLevel = Literal["critical", "error", "warning", "info", "debug"]
 LOG_LEVELS: tuple[str, ...] = ("critical", "error", "warning", "info", "debug")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServerSettings(_Strict):
+class ServerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     admin_keys: tuple[str, ...] = Field(
@@ -118,7 +114,51 @@ class ServerSettings(_Strict):
         return self
 
 
-class EngineSettings(_Strict):
+class UpstreamSettings(Strict):
+    """One upstream replica (an entry of the config's ``upstreams`` list)."""
+
+    url: str
+    name: str | None = None
+    capacity: int = Field(default=64, ge=1, description="in-flight window at this replica")
+    priority_polarity: Polarity = Field(
+        default="none",
+        description="vllm: smaller runs first (needs --scheduling-policy priority); "
+        "sglang: larger runs first (needs --enable-priority-scheduling); none: strip it",
+    )
+    priority_order: PriorityOrder = Field(
+        default="full",
+        description="full: the priority carries qosgate's whole order (band, then the rank "
+        "in it: tenant fair share, deadline or arrival), so what waits in the engine's queue "
+        "waits in qosgate's order; class: the band alone (0, 1, 2, ...), for an engine or a "
+        "router in between that reads the priority as a small class number",
+    )
+    api_key: str | None = None
+    models: tuple[str, ...] = Field(
+        default=(), description="model ids served; empty = ask the upstream's /v1/models"
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    idle_timeout_s: float = Field(
+        default=60.0, gt=0, description="silence between streamed chunks that ends a request"
+    )
+    total_timeout_s: float = Field(default=900.0, gt=0, description="one engine call at most")
+    probe_timeout_s: float = Field(default=5.0, gt=0, description="one health probe at most")
+    scrape_metrics: bool = Field(
+        default=True, description="read the engine's /metrics on every probe (its queue, KV "
+        "use, preemptions: the adaptive window and the least-load router use them)"
+    )
+    engine: Literal["vllm", "sglang", "llamacpp"] | None = Field(
+        default=None, description="whose metric names to read; None = whichever are there"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url_ok(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"upstream url must start with http:// or https://, got {v!r}")
+        return v.rstrip("/").removesuffix("/v1")
+
+
+class EngineSettings(Strict):
     kind: Literal["llamacpp", "sim"] = "llamacpp"
     profile: str = Field(default="default", description="sim: performance profile")
     time_scale: float = Field(default=1.0, gt=0, description="sim: multiply modelled step times")
@@ -152,7 +192,7 @@ class EngineSettings(_Strict):
         default=512, ge=16, description="llamacpp: tokens of one embeddings decode")
 
 
-class EmbeddingsSettings(_Strict):
+class EmbeddingsSettings(Strict):
     """``POST /v1/embeddings``: limits on the input and the per-replica dynamic batcher
     (``core/batching.py``, ``docs/embeddings.md``)."""
 
@@ -188,7 +228,7 @@ class EmbeddingsSettings(_Strict):
         return self
 
 
-class RedisSettings(_Strict):
+class RedisSettings(Strict):
     """Tenant limits and fair-share counters shared by several gateway instances through Redis
     (docs/shared-state.md). Without ``url`` each instance keeps its own (no Redis needed)."""
 
@@ -207,7 +247,7 @@ class RedisSettings(_Strict):
     instance_id: str | None = Field(default=None, description="default: host-pid")
 
 
-class GatewaySettings(_Strict):
+class GatewaySettings(Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
     engine: EngineSettings = EngineSettings()

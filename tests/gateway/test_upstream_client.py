@@ -11,7 +11,9 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from qosgate.runtime.upstream.replica import OpenAIUpstream, UpstreamError, UpstreamSettings, _Pool
+from qosgate.runtime.upstream.replica import OpenAIUpstream
+from qosgate.runtime.upstream.transport import Pool, UpstreamError
+from qosgate.settings import UpstreamSettings
 from qosgate.wire.job import Job
 
 Script = Callable[["Scripted", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
@@ -108,7 +110,7 @@ def test_chunked_and_content_length_bodies_on_one_kept_alive_connection() -> Non
 
     async def main() -> None:
         async with Scripted(script) as s:
-            pool = _Pool(s.url, 2.0, "sk-up")
+            pool = Pool(s.url, 2.0, "sk-up")
             conn = await pool.request(pool.head("POST", "/v1/chat/completions"), b'{"a":1}')
             assert conn.status == 200 and conn.content_type == b"text/event-stream"
             got = []
@@ -142,7 +144,7 @@ def test_body_delimited_by_the_end_of_the_connection() -> None:
 
     async def main() -> None:
         async with Scripted(script) as s:
-            pool = _Pool(s.url, 2.0, None)
+            pool = Pool(s.url, 2.0, None)
             conn = await pool.request(pool.head("GET", "/x", json_body=False), b"")
             assert await conn.read_all() == b"hello world"
             pool.release(conn)
@@ -162,7 +164,7 @@ def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one() -> None:
 
     async def main() -> None:
         async with Scripted(script) as s:
-            pool = _Pool(s.url, 2.0, None)
+            pool = Pool(s.url, 2.0, None)
             head = pool.head("POST", "/v1/completions")
             conn = await pool.request(head, b"{}")
             assert await conn.read_all() == b"ok"
@@ -184,7 +186,7 @@ def test_a_connection_broken_mid_body_fails_without_retry() -> None:
 
     async def main() -> None:
         async with Scripted(script) as s:
-            pool = _Pool(s.url, 2.0, None)
+            pool = Pool(s.url, 2.0, None)
             conn = await pool.request(pool.head("POST", "/v1/completions"), b"{}")
             assert await conn.read_some() == b"data: x"
             with pytest.raises(UpstreamError):
@@ -196,7 +198,7 @@ def test_a_connection_broken_mid_body_fails_without_retry() -> None:
 
 def test_unreachable_upstream_raises_an_oserror() -> None:
     async def main() -> None:
-        pool = _Pool("http://127.0.0.1:9", 1.0, None)  # discard port: nothing listens
+        pool = Pool("http://127.0.0.1:9", 1.0, None)  # discard port: nothing listens
         with pytest.raises(OSError):
             await pool.request(pool.head("POST", "/v1/completions"), b"{}")
 
@@ -630,7 +632,7 @@ def test_a_large_body_is_sent_whole() -> None:
 
     async def main() -> None:
         async with Scripted(script) as s:
-            pool = _Pool(s.url, 2.0, None)
+            pool = Pool(s.url, 2.0, None)
             conn = await pool.request(pool.head("POST", "/v1/completions"), body)
             assert await conn.read_all() == b"ok"
             assert s.requests[0].endswith(b"\r\n\r\n" + body)

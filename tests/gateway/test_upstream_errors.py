@@ -90,7 +90,7 @@ def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: P
 
 def test_a_5xx_no_retry_got_past_is_a_502_in_openai_format_even_from_html() -> None:
     from qosgate.core import Request, State
-    from qosgate.runtime.upstream.replica import _error_body
+    from qosgate.runtime.upstream.errors import error_body
     from qosgate.server.errors import outcome_error
 
     req = Request("r", "t", "api", 1, 0.0, 5.0, 10, 10)
@@ -101,7 +101,7 @@ def test_a_5xx_no_retry_got_past_is_a_502_in_openai_format_even_from_html() -> N
     err = json.loads(body)["error"]
     assert status == 502 and err["code"] == "upstream_500" and headers == []
     # an engine's HTML error page, passed on to a client, is wrapped in OpenAI's format
-    wrapped = json.loads(_error_body(400, b"<html><h1>Bad</h1></html>", b"text/html"))
+    wrapped = json.loads(error_body(400, b"<html><h1>Bad</h1></html>", b"text/html"))
     assert wrapped["error"]["code"] == 400 and "<h1>Bad</h1>" in wrapped["error"]["message"]
     same = b'{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}'
-    assert _error_body(400, same, b"application/json") == same
+    assert error_body(400, same, b"application/json") == same

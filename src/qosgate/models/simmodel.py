@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from qosgate.config import Strict
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
 
 Policy = Literal["fcfs", "priority"]
@@ -49,10 +50,8 @@ PROFILE_DIR = Path(__file__).parent / "profiles"
 PROFILE_ALIASES: dict[str, str] = {"default": "qwen2.5-7b-instruct-h100"}
 
 
-class EngineProfile(BaseModel):
+class EngineProfile(Strict):
     """Performance and capacity model of one model on one GPU (times in seconds)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str
     model: str

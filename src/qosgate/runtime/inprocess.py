@@ -32,8 +32,8 @@ from collections.abc import Callable
 from typing import Any
 
 from qosgate.models.step import BadTextRequest, FinishEvent, SeqSpec, StepEngine, StepResult
+from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call, Health
-from qosgate.wire.embeddings import deliver
 from qosgate.wire.errors import error_json, invalid_request
 from qosgate.wire.job import Route, Unservable
 from qosgate.wire.responses import Formatter, model_card
@@ -408,12 +408,11 @@ class InProcessEngine:
                 finally:
                     self._stepping = False
                     pending, self._pending = self._pending, []
-                    self._in_pending = True
                     try:
                         for fn, args in pending:
                             fn(*args)
                     finally:
-                            self.steps += 1
+                        self.steps += 1
             self._deliver(res)
 
     def _deliver(self, res: StepResult) -> None:

@@ -55,9 +55,9 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from qosgate.config import read_yaml_mapping, validated
+from qosgate.config import Strict, read_yaml_mapping, validated
 from qosgate.sim.setup import (
     SIM_POLICIES,
     EngineQueue,
@@ -76,11 +76,7 @@ class ScenarioError(ValueError):
     pass
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Arrivals(_Model):
+class Arrivals(Strict):
     process: Literal["poisson", "gamma", "trace"] = "poisson"
     rate: float | None = Field(default=None, gt=0, description="requests per second")
     load: float | None = Field(default=None, gt=0, description="x the measured capacity")
@@ -94,7 +90,7 @@ class Arrivals(_Model):
         return self
 
 
-class Sweep(_Model):
+class Sweep(Strict):
     loads: tuple[float, ...] = Field(min_length=1)
 
 
@@ -102,7 +98,7 @@ Window = Annotated[int, Field(ge=1)] | Literal["auto"]
 WindowMode = Literal["fixed", "adaptive"]
 
 
-class ReplicaGroup(_Model):
+class ReplicaGroup(Strict):
     """``count`` replicas of one kind in a heterogeneous fleet; unset fields take the
     scenario's (``profile``, ``window``, ``pausable``; ``profile_overrides`` only for a group
     that names no profile of its own: the scenario's overrides go with the scenario's profile)."""
@@ -115,7 +111,7 @@ class ReplicaGroup(_Model):
     window_mode: WindowMode | None = None
 
 
-class Fault(_Model):
+class Fault(Strict):
     """What happens to one replica during the run (see the module doc)."""
 
     replica: str | Annotated[int, Field(ge=0)] = Field(description="r0, r1, ... or an index")
@@ -140,7 +136,7 @@ class Fault(_Model):
         return f"r{self.replica}" if isinstance(self.replica, int) else self.replica
 
 
-class Gateways(_Model):
+class Gateways(Strict):
     """Gateway instances in front of the one fleet (see the module doc and ``GatewayPlan``)."""
 
     counts: tuple[Annotated[int, Field(ge=1, le=64)], ...] = Field(default=(1,), min_length=1)
@@ -158,7 +154,7 @@ class Gateways(_Model):
         )
 
 
-class Scenario(_Model):
+class Scenario(Strict):
     name: str
     description: str = ""
     profile: str = "qwen2.5-7b-instruct-h100"

@@ -31,8 +31,9 @@ from datetime import date
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from qosgate.config import Strict
 from qosgate.core.classifier import QosInputs
 
 TRACE_NAME = "azure_llm_conv_2023.csv"
@@ -55,17 +56,13 @@ def trace_attribution(path: str | Path) -> str:
     return f"{name} (a trace given with --trace; its source and license are not known to qosgate)"
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ------------------------------------------------------------------------------ length laws
-class Constant(_Model):
+class Constant(Strict):
     dist: Literal["constant"]
     value: int = Field(ge=1)
 
 
-class Uniform(_Model):
+class Uniform(Strict):
     dist: Literal["uniform"]
     low: int = Field(ge=1)
     high: int = Field(ge=1)
@@ -77,14 +74,14 @@ class Uniform(_Model):
         return self
 
 
-class Exponential(_Model):
+class Exponential(Strict):
     dist: Literal["exponential"]
     mean: float = Field(gt=0)
     min: int = Field(default=1, ge=1)
     max: int = Field(default=1 << 20, ge=1)
 
 
-class LogNormal(_Model):
+class LogNormal(Strict):
     """Log-normal with the given mean and coefficient of variation (std/mean), clamped."""
 
     dist: Literal["lognormal"]
@@ -94,7 +91,7 @@ class LogNormal(_Model):
     max: int = Field(default=1 << 20, ge=1)
 
 
-class FromTrace(_Model):
+class FromTrace(Strict):
     """Drawn from the rows of the scenario's trace (prompt and output from the same row)."""
 
     dist: Literal["trace"]
@@ -119,7 +116,7 @@ def draw_length(d: Constant | Uniform | Exponential | LogNormal, rng: random.Ran
 
 
 # ------------------------------------------------------------------------------ streams
-class Stream(_Model):
+class Stream(Strict):
     """One kind of traffic in the mix: who sends it, with which QoS inputs, how long it is."""
 
     share: float = Field(gt=0, description="relative weight of this stream among arrivals")
@@ -133,7 +130,7 @@ class Stream(_Model):
     prompt: LengthDist | None = None
     output: LengthDist | None = None
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)  # and Strict's
 
     def label(self) -> str:
         if self.name:
@@ -151,7 +148,7 @@ class Stream(_Model):
         return "/".join(parts) or "default"
 
 
-class Lengths(_Model):
+class Lengths(Strict):
     prompt: LengthDist = LogNormal(dist="lognormal", mean=1000, cv=1.0, max=8192)
     output: LengthDist = LogNormal(dist="lognormal", mean=200, cv=1.0, max=2048)
 

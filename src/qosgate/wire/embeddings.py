@@ -1,9 +1,10 @@
 """OpenAI's embeddings wire format: the request read and checked, the response written.
 
-Shared by the gateway (``POST /v1/embeddings``), the engines that serve a batch of them and the
-stand-in. ``input`` is a string, a list of strings, a token array (list of ints) or a list of
-token arrays; ``encoding_format`` is ``float`` (default) or ``base64`` (little-endian float32,
-as OpenAI's); ``dimensions`` (optional) truncates and re-normalizes.
+Shared by the gateway (``POST /v1/embeddings``), the engines that serve a batch of them (their
+answer to each client: ``runtime/embeddings.py``) and the stand-in. ``input`` is a string, a
+list of strings, a token array (list of ints) or a list of token arrays; ``encoding_format`` is
+``float`` (default) or ``base64`` (little-endian float32, as OpenAI's); ``dimensions``
+(optional) truncates and re-normalizes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,7 @@ from typing import Any
 
 import msgspec
 
-from qosgate.runtime.ports import Call, Withdrawn
-
 Inputs = list[str] | list[list[int]]
-
-_JSON = [(b"content-type", b"application/json")]
-
 
 class BadEmbeddings(ValueError):
     def __init__(self, message: str, param: str | None, code: str = "invalid_body") -> None:
@@ -166,21 +162,6 @@ def response(model: str, vectors: Sequence[Sequence[float]], fmt: str, prompt_to
         "object": "list", "data": data, "model": model,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     })
-
-
-async def deliver(call: Call, model: str, vectors: Sequence[Sequence[float]],
-                  prompt_tokens: int) -> bool:
-    """Answer one client of a batch with its own vectors and usage; False if it was withdrawn
-    meanwhile (nothing sent)."""
-    job = call.job
-    body = response(model, vectors, job.encoding_format, prompt_tokens, job.dimensions)
-    try:
-        await call.sink.start(200, list(_JSON))
-    except Withdrawn:
-        return False
-    await call.sink.send(body, False)
-    call.done(0, prompt_tokens)
-    return True
 
 
 def pooled(v: object) -> list[float]:

@@ -1,4 +1,4 @@
-"""One registry of metric names (``server/metric_names.py``) that everything else agrees with.
+"""One registry of metric names (``metric_names.py``) that everything else agrees with.
 
 - a live gateway (two stand-ins, Redis, three tenants, a completion, a stream, an embeddings
   call) renders exactly the registered families on /metrics, each with its registered type and
@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from qosgate.config import Tenant, default_config
 from qosgate.core import Request, Scheduler, State
-from qosgate.server import metric_names as mn
+from qosgate import metric_names as mn
 from qosgate.server.metrics import GatewayMetrics, starvation_waits
 from tests.gateway.conftest import MODEL, http, metric_values
 from tests.gateway.test_observability import ADMIN, ROOT, Stack, qosgate_names
@@ -98,6 +98,16 @@ def test_live_metrics_are_the_registry(live: tuple[str, str, int]) -> None:
     # the output tokens counted for the tenant are those its responses' usage reported
     tokens = metric_values(first, "qosgate_tenant_tokens_total")
     assert tokens[(("kind", "output"), ("tenant", "acme"))] == served
+
+
+def test_live_help_texts_are_the_registrys(live: tuple[str, str, int]) -> None:
+    """The help text of every family on /metrics is its registered one: each family's text is
+    written once, in ``metric_names.py``, whichever module emits it."""
+    for fam in text_string_to_metric_families(live[0]):
+        if not fam.name.startswith("qosgate_") or fam.name.endswith("_created"):
+            continue
+        reg = mn.family_of(fam.name) or mn.family_of(fam.name + "_total")
+        assert reg is not None and fam.documentation == reg.help, fam.name
 
 
 def _names_in(path: Path) -> set[str]:

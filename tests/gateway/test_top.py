@@ -28,7 +28,7 @@ from openai import OpenAI, RateLimitError
 from rich.console import Console, RenderableType
 
 from qosgate import top as top_module
-from qosgate.server import metric_names
+from qosgate import metric_names
 from qosgate.top import (
     OUTCOME_HEADS,
     Scrape,

@@ -4,33 +4,9 @@ Counts come from one source of truth: a custom collector reads the core's ``outc
 the gateway's own ledger of requests refused before they reached the scheduler: bad JSON, bad key,
 unknown model, ...) at scrape time, so ``qosgate_requests_total`` equals the outcomes exactly.
 
-- ``qosgate_requests_total{class,tenant,outcome,reason}``: every terminal outcome;
-- ``qosgate_queue_wait_seconds{class}``, ``qosgate_ttft_seconds{class}``,
-  ``qosgate_e2e_seconds{class}``: histograms (arrival to dispatch / first token / completion);
-- ``qosgate_queue_depth{class}``, ``qosgate_queue_oldest_wait_seconds{class}``,
-  ``qosgate_inflight{class}``: gauges per class;
-- ``qosgate_tenant_queued{tenant}``, ``qosgate_tenant_inflight{tenant}``;
-- ``qosgate_replica_inflight{replica}``, ``qosgate_replica_capacity{replica}``,
-  ``qosgate_replica_up{replica}`` (its last probe answered), ``qosgate_replica_eligible{replica}``
-  (may take work now: up, not cooling, not ejected), ``qosgate_replica_breaker_open{replica}``,
-  ``qosgate_replica_cooling_seconds{replica}``, ``qosgate_replica_ejections_total{replica}``,
-  ``qosgate_replica_ttft_seconds{replica}`` (histogram);
-- ``qosgate_attempt_failures_total{class,replica,reason}``: engine calls that failed before the
-  first byte (``upstream_unreachable``, ``upstream_503``, ``first_byte_timeout``, ...), and
-  ``qosgate_retries_total{class,replica,reason}`` those of them retried elsewhere;
-- ``qosgate_preemptions_total{class}``: requests pulled back (paused or aborted) for a more
-  urgent one; ``qosgate_overtakes_total{replica}``: requests sent past a full window to overtake
-  unstarted work in an ordered engine;
-- for the board and the alert rules (``deploy/``): ``qosgate_tpot_seconds{class}`` (histogram),
-  ``qosgate_slo_requests_total{class,slo}`` (completed requests judged against the class's
-  budgets), ``qosgate_class_ttft_budget_seconds{class}`` and
-  ``qosgate_class_starvation_seconds{class}`` (the config, as gauges, so rules need no numbers of
-  their own), ``qosgate_tenant_tokens_total{tenant,kind}`` and ``qosgate_tenant_weight{tenant}``
-  (share of service against fair share), ``qosgate_replica_signals_age_seconds{replica}``, and
-  the gateway's own cost: ``qosgate_process_cpu_seconds_total``,
-  ``qosgate_event_loop_lag_seconds``, ``qosgate_metrics_render_seconds``.
-
-Every family's name, type, unit and labels come from ``server/metric_names.py``.
+Every family -- name, type, unit, labels and help text -- is declared once, in
+``metric_names.py``; this module builds its families from there (``docs/`` lists them for
+operators).
 
 Timeouts are outcomes: ``qosgate_requests_total{outcome="timed_out", reason=...}`` with reason
 ``queue_timeout``, ``first_byte_timeout``, ``idle_timeout`` or ``total_timeout``.
@@ -49,10 +25,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
+from qosgate import metric_names as mn
 from qosgate.config import QosConfig
 from qosgate.core import Request, Scheduler, State
 from qosgate.runtime.batching import SIZE_BUCKETS, BatchingEngine
-from qosgate.server import metric_names as mn
 
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0

@@ -33,9 +33,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from qosgate import metric_names as mn
 from qosgate.server.asgi import BODY_TIMEOUT
 from qosgate.wire.errors import error_json
 
@@ -59,18 +60,14 @@ class ConnectionStats:
         self.open = 0
 
     def collect(self) -> Iterator[Metric]:
-        refused = CounterMetricFamily(
-            "qosgate_connections_refused",
-            "Connections closed before a request reached the gateway: too_many_connections, "
-            "header_timeout, headers_too_large, invalid_http.",
-            labels=["reason"],
-        )
+        refused = mn.CONNECTIONS_REFUSED.counter()
         for reason in ("too_many_connections", "header_timeout", "headers_too_large",
                        "invalid_http"):
             refused.add_metric([reason], self.refused[reason])
         yield refused
-        yield GaugeMetricFamily("qosgate_open_connections", "Open client connections.",
-                                value=self.open)
+        open_ = mn.OPEN_CONNECTIONS.gauge()
+        open_.add_metric([], self.open)
+        yield open_
 
 
 def _status_line(status: int) -> bytes:

@@ -96,6 +96,7 @@ from qosgate.wire.embeddings import response as embeddings_response
 from qosgate.wire.errors import error_object
 from qosgate.wire.job import Job, Route
 from qosgate.wire.responses import model_card, models_list
+from qosgate.wire.sse import EVENT_END
 
 log = logging.getLogger("qosgate.standin")
 
@@ -223,12 +224,12 @@ async def _hang() -> None:
 def _cut_stream(data: bytes, left: int) -> tuple[bytes, int, bool]:
     """Keep the SSE events of ``data`` up to ``left`` content chunks (the role chunk is free):
     (what to send, chunks left, stop after it)."""
-    events = data.split(b"\n\n")
+    events = data.split(EVENT_END)
     kept: list[bytes] = []
     for ev in events[:-1]:  # the last element is what follows the final separator (b"")
         if b'"role":' not in ev:
             if left <= 0:
-                return b"".join(e + b"\n\n" for e in kept), 0, True
+                return b"".join(e + EVENT_END for e in kept), 0, True
             left -= 1
         kept.append(ev)
     return data, left, False
@@ -363,8 +364,7 @@ class StandIn:
         dim = b.dimensions or self.embed_dim
         vectors = [text_vector(x, dim) for x in b.inputs]
         await send_bytes(send, 200, embeddings_response(self.model, vectors, b.encoding_format,
-                                                        sum(tokens)),
-                         [(b"content-type", b"application/json")])
+                                                        sum(tokens)))
 
     async def _generate(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         try:

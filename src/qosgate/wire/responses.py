@@ -50,11 +50,11 @@ class Formatter:
             }
         )[:-1]
         if route == "chat":
-            self._pre = b"data: " + head + b',"choices":[{"index":0,"delta":{"content":'
-            self._suf = b'},"logprobs":null,"finish_reason":null}]}\n\n'
+            self._pre = sse.DATA + head + b',"choices":[{"index":0,"delta":{"content":'
+            self._suf = b'},"logprobs":null,"finish_reason":null}]}' + sse.EVENT_END
         else:
-            self._pre = b"data: " + head + b',"choices":[{"index":0,"text":'
-            self._suf = b',"logprobs":null,"finish_reason":null}]}\n\n'
+            self._pre = sse.DATA + head + b',"choices":[{"index":0,"text":'
+            self._suf = b',"logprobs":null,"finish_reason":null}]}' + sse.EVENT_END
 
     # ------------------------------------------------------------------ streaming
     def opening(self) -> bytes:
@@ -75,9 +75,8 @@ class Formatter:
             choice = {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
         out = self._chunk(choice)
         if self.include_usage:
-            out += b"data: " + _enc(
-                {**self._head(), "choices": [], "usage": _usage(prompt, completion)}
-            ) + b"\n\n"
+            out += sse.json_event(
+                _enc({**self._head(), "choices": [], "usage": _usage(prompt, completion)}))
         return out + sse.DONE
 
     def error_event(self, message: str, type_: str, code: str | int) -> bytes:
@@ -117,7 +116,7 @@ class Formatter:
         }
 
     def _chunk(self, choice: dict[str, object]) -> bytes:
-        return b"data: " + _enc({**self._head(), "choices": [choice]}) + b"\n\n"
+        return sse.json_event(_enc({**self._head(), "choices": [choice]}))
 
 
 ModelCard = dict[str, Any]

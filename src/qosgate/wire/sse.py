@@ -13,14 +13,23 @@ SSE_HEADERS: Headers = [
     (b"cache-control", b"no-cache"),
 ]
 
-DONE = b"data: [DONE]\n\n"
-KEEPALIVE = b": keep-alive\n\n"
+DATA = b"data: "  # a data line's field name, before its payload
+EVENT_END = b"\n\n"  # ends an event (its last line, then an empty one)
+DONE_LINE = DATA + b"[DONE]"
+DONE = DONE_LINE + EVENT_END
+KEEPALIVE = b": keep-alive" + EVENT_END
 
 
 def event(data: bytes) -> bytes:
     """One event carrying ``data`` (a JSON document; each of its lines a ``data:`` line)."""
     lines = data.strip().splitlines() or [b"{}"]
-    return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+    return b"".join(DATA + line + b"\n" for line in lines) + b"\n"
+
+
+def json_event(payload: bytes) -> bytes:
+    """One event carrying a one-line payload (a JSON document as msgspec encodes it, with no
+    newline in it): ``event`` without its line split, for the per-token path."""
+    return DATA + payload + EVENT_END
 
 
 def error_end(body: bytes) -> bytes:

@@ -38,8 +38,6 @@ class UpstreamEmbeddings:
             groups.setdefault((j.model, j.dimensions, kind), []).append(c)
         await asyncio.gather(*(self._embed(g) for g in groups.values()))
 
-        await asyncio.gather(*(self._embed(g) for g in groups.values()))
-
     async def _embed(self, calls: list[Call]) -> None:
         first = calls[0].job
         inputs: list[Any] = []

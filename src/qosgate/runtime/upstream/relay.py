@@ -17,6 +17,7 @@ from typing import Any
 from qosgate.runtime.ports import Call
 from qosgate.runtime.upstream.transport import Connection, UpstreamError
 from qosgate.runtime.upstream.watchdog import Watchdog
+from qosgate.wire.sse import DONE_LINE
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
@@ -239,7 +240,7 @@ def token_events(data: bytes) -> int:
         return 0
     return events - (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
                      + data.count(b'"text":""') + data.count(b'"choices":[]')
-                     + data.count(b"data: [DONE]"))
+                     + data.count(DONE_LINE))
 
 
 def usage_counts(data: bytes) -> tuple[int, int | None] | None:

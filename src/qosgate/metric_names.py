@@ -1,10 +1,14 @@
-"""Every ``qosgate_*`` metric family the gateway exports, in one place: name, type, unit, labels.
+"""Every ``qosgate_*`` metric family the gateway exports, in one place: name, type, unit, labels
+and help text.
 
-The code that emits metrics in ``server/metrics.py`` builds its families from these entries; the
-families emitted elsewhere (``runtime/shared_state.py``, ``server/protocol.py``) are listed here
-too, and ``tests/gateway/test_observability_names.py`` checks that a live gateway's ``/metrics``,
-the Grafana board (``deploy/grafana/qosgate.json``), the Prometheus rules (``deploy/prometheus/``)
-and the docs name only what is registered here, with exactly these labels.
+The code that emits metrics builds its families from these entries (``Family.counter``,
+``.gauge``, ``.histogram``): ``server/metrics.py``, ``server/protocol.py`` and
+``runtime/shared_state.py``. It sits at the top of the package, beside ``config.py``, so that
+every layer that emits or reads metrics (``runtime``, ``server``, ``top.py``) can import it.
+``tests/gateway/test_observability_names.py`` checks that a live gateway's ``/metrics`` carries
+exactly these families, types, labels and help texts, and that the Grafana board
+(``deploy/grafana/qosgate.json``), the Prometheus rules (``deploy/prometheus/``), ``top.py`` and
+the docs name only what is registered here.
 
 Naming follows Prometheus' conventions: base units (``_seconds``), the unit before the type
 suffix, counters exposed with ``_total`` (``name`` below is the exposition name), histograms as
@@ -162,14 +166,16 @@ LOOP_LAG = _f("qosgate_event_loop_lag_seconds", "gauge", "seconds", (),
 RENDER = _f("qosgate_metrics_render_seconds", "gauge", "seconds", (),
             "Time the previous /metrics render took.")
 CONNECTIONS_REFUSED = _f("qosgate_connections_refused_total", "counter", "", ("reason",),
-                         "Connections closed before a request reached the gateway.",
-                         _PROTOCOL)
+                         "Connections closed before a request reached the gateway: "
+                         "too_many_connections, header_timeout, headers_too_large, "
+                         "invalid_http.", _PROTOCOL)
 OPEN_CONNECTIONS = _f("qosgate_open_connections", "gauge", "", (), "Open client connections.",
                       _PROTOCOL)
 INSTANCE_INFO = _f("qosgate_instance_info", "gauge", "", ("instance", "shared_state"),
                    "This gateway instance (1); shared_state: redis or none.", _SHARED)
 SHARED_DEGRADED = _f("qosgate_shared_state_degraded", "gauge", "", ("instance",),
-                     "1 while the shared-state store is unreachable.", _SHARED)
+                     "1 while the shared-state store is unreachable (local state at each limit "
+                     "/ live instances, or limited tenants refused).", _SHARED)
 SHARED_LIVE = _f("qosgate_shared_state_live_instances", "gauge", "", ("instance",),
                  "Gateway instances alive in the shared state at the last sync.", _SHARED)
 SHARED_SYNCS = _f("qosgate_shared_state_syncs_total", "counter", "", ("instance", "outcome"),

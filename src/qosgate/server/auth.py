@@ -1,0 +1,87 @@
+"""Who is asking: the API key of a request (``Authorization: Bearer``, else ``x-api-key``) and
+its QoS headers (``x-qos-class``, ``x-qos-priority``), and the messages of a refused key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qosgate.core import QosInputError
+from qosgate.server.asgi import Scope, header
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    """The request headers the gateway reads for a completion, found in one pass."""
+
+    api_key: str | None  # Authorization: Bearer KEY, else x-api-key: KEY
+    qos_class: bytes | None  # x-qos-class
+    qos_priority: bytes | None  # x-qos-priority
+
+
+def read_headers(scope: Scope) -> RequestHeaders:
+    """The headers of ``RequestHeaders`` in one pass over the request's (the first of each
+    counts)."""
+    authorization: bytes | None = None
+    api_key: bytes | None = None
+    qos_class: bytes | None = None
+    qos_priority: bytes | None = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"x-qos-class":
+            if qos_class is None:
+                qos_class = value
+        elif name == b"x-qos-priority":
+            if qos_priority is None:
+                qos_priority = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    key = key_of(authorization)
+    if key is None:
+        key = plain_key(api_key)
+    return RequestHeaders(key, qos_class, qos_priority)
+
+
+def key_of(auth: bytes | None) -> str | None:
+    """The API key of an ``Authorization: Bearer`` header value."""
+    if auth is None:
+        return None
+    if auth[:7].lower() == b"bearer ":
+        return auth[7:].strip().decode("latin-1") or None
+    return None
+
+
+def request_key(scope: Scope) -> str | None:
+    """The request's API key: ``Authorization: Bearer KEY``, else ``x-api-key: KEY``."""
+    key = key_of(header(scope, b"authorization"))
+    if key is None:
+        key = plain_key(header(scope, b"x-api-key"))
+    return key
+
+
+def plain_key(value: bytes | None) -> str | None:
+    """The API key of an ``x-api-key`` header value."""
+    if value is None:
+        return None
+    return value.strip().decode("latin-1") or None
+
+
+def denied_message(exc: QosInputError, scope: Scope) -> str:
+    """A refused key's message; an ``Authorization`` header sent without the ``Bearer`` scheme
+    (or with no key after it) says so, rather than that no key was sent."""
+    if exc.code == "invalid_api_key" and request_key(scope) is None:
+        auth = header(scope, b"authorization")
+        if auth is not None and auth.strip():
+            return ("The Authorization header must be 'Bearer <key>' (the API key after the "
+                    "word Bearer and a space).")
+    return exc.message
+
+
+def input_param(exc: QosInputError, class_header: bytes | None) -> str | None:
+    """The ``param`` of a refused QoS input: the header when the class came from it."""
+    if exc.param == "qos_class" and class_header is not None:
+        return "x-qos-class"
+    return exc.param
+
+

@@ -72,3 +72,18 @@ def test_banner_of_an_upstream_from_the_config_with_flags(standin: Server,
     finally:
         gw.stop()
     assert line.endswith("window 5"), line
+
+
+def test_sim_capacity_is_a_deprecated_alias_of_window(tmp_path: Path) -> None:
+    """``--window`` owns the in-process engine's window; ``--sim-capacity``, its old name for
+    sim, still sets it (with a warning) unless ``--window`` is given too."""
+    for args, window in ((["--sim-capacity", "3"], "3"),
+                         (["--sim-capacity", "3", "--window", "5"], "5")):
+        gw = start_gateway(tmp_path, "--engine", "sim", *args)
+        try:
+            log = gw.log.read_text()
+        finally:
+            gw.stop()
+        assert "--sim-capacity is deprecated: use --window" in log, log
+        line = next(ln for ln in log.splitlines() if "window" in ln and "replica" in ln)
+        assert f"window {window}" in line, line

@@ -227,10 +227,11 @@ def serve(
         _opt("sim: multiply every modelled step time (0.1 = 10x faster).",
              "QOSGATE_SIM_TIME_SCALE", "--sim-time-scale", panel=BUILT_IN, metavar="X"),
     ] = None,
-    capacity: Annotated[
+    sim_capacity: Annotated[
         int | None,
-        _opt("sim: in-flight window (same as --window).",
-             "QOSGATE_SIM_CAPACITY", "--sim-capacity", panel=BUILT_IN, metavar="N"),
+        _opt("Deprecated: use --window (this is its old name for sim; --window wins if both "
+             "are given).", "QOSGATE_SIM_CAPACITY", "--sim-capacity", panel=BUILT_IN,
+             metavar="N"),
     ] = None,
     served_model_name: Annotated[
         str | None,
@@ -285,7 +286,11 @@ def serve(
             srv["reuse_port"] = True
         if admin_key:
             srv["admin_keys"] = [k for arg in admin_key for k in arg.split(",") if k]
-        for k, v in (("profile", profile), ("time_scale", time_scale), ("capacity", capacity),
+        if sim_capacity is not None:
+            err.print("[yellow]--sim-capacity is deprecated: use --window[/yellow]")
+            if window is None:
+                window = sim_capacity
+        for k, v in (("profile", profile), ("time_scale", time_scale),
                      ("served_model_name", served_model_name), ("kind", engine),
                      ("model", str(model) if model is not None else None),
                      ("capacity", window), ("max_num_seqs", max_num_seqs), ("n_ctx", n_ctx),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from qosgate.standin.calls import cut_stream as _cut_stream
 from qosgate.standin.faults import (
     KINDS,
     Fault,
@@ -13,7 +14,6 @@ from qosgate.standin.faults import (
     fault_from_json,
     parse_fault,
 )
-from qosgate.standin.server import _cut_stream
 
 
 class Clock:

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from qosgate import metric_names as mn
 from qosgate.config import Tenant, default_config
 from qosgate.core import Request, Scheduler, State
-from qosgate import metric_names as mn
 from qosgate.server.metrics import GatewayMetrics, starvation_waits
 from tests.gateway.conftest import MODEL, http, metric_values
 from tests.gateway.test_observability import ADMIN, ROOT, Stack, qosgate_names

@@ -27,8 +27,8 @@ import pytest
 from openai import OpenAI, RateLimitError
 from rich.console import Console, RenderableType
 
-from qosgate import top as top_module
 from qosgate import metric_names
+from qosgate import top as top_module
 from qosgate.top import (
     OUTCOME_HEADS,
     Scrape,

@@ -1,3 +1,3 @@
-from qosgate.standin.server import main
+from qosgate.standin.cli import main
 
 main()

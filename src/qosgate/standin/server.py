@@ -48,7 +48,6 @@ with different ``--served-model-name`` make a fleet serving several models.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import itertools
@@ -57,7 +56,6 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
@@ -65,7 +63,6 @@ import msgspec
 from qosgate.models.simmodel import Policy, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
 from qosgate.runtime.inprocess import InProcessEngine
-from qosgate.runtime.ports import Sink
 from qosgate.server.asgi import (
     BodyTooLarge,
     Receive,
@@ -78,13 +75,14 @@ from qosgate.server.asgi import (
     send_json,
     wait_disconnect,
 )
+from qosgate.standin.calls import StandInCall, StandInSink
+from qosgate.standin.exposition import vllm_metrics_text
 from qosgate.standin.faults import (
     Fault,
     FaultError,
     FaultSwitch,
     Listener,
     fault_from_json,
-    parse_fault,
 )
 from qosgate.wire.embeddings import (
     BadEmbeddings,
@@ -96,7 +94,6 @@ from qosgate.wire.embeddings import response as embeddings_response
 from qosgate.wire.errors import error_object
 from qosgate.wire.job import Job, Route
 from qosgate.wire.responses import model_card, models_list
-from qosgate.wire.sse import EVENT_END
 
 log = logging.getLogger("qosgate.standin")
 
@@ -128,111 +125,6 @@ class _Body(msgspec.Struct):
 
 _decode = msgspec.json.Decoder(_Body).decode
 
-
-class _Call:
-    """The stand-in serves a request directly: no scheduler above the engine."""
-
-    __slots__ = ("finished", "job", "sink", "success")
-
-    def __init__(
-        self, job: Job, sink: Sink, finished: dict[str, int], success: dict[str, int]
-    ) -> None:
-        self.job = job
-        self.sink = sink
-        self.finished = finished
-        self.success = success
-
-    def order(self) -> int:
-        return 0
-
-    def levels(self) -> int:
-        return 1
-
-    def level(self) -> int:
-        return 0
-
-    def progress(self, tokens: int) -> None:
-        pass
-
-    def first_token(self) -> None:
-        pass
-
-    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
-        cap = self.job.max_tokens
-        reason = "length" if cap is not None and output_tokens >= cap else "stop"
-        self.finished[reason] += 1
-        self.success[reason] += 1
-
-    def failed(self, reason: str, output_tokens: int = 0) -> None:
-        pass
-
-    def attempt_failed(
-        self,
-        reason: str,
-        *,
-        retryable: bool = True,
-        unreachable: bool = False,
-        backpressure: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
-        pass
-
-    def timed_out(self, reason: str) -> None:
-        pass
-
-    def refused(self, status: int, body: bytes) -> None:
-        pass
-
-
-class _Sink:
-    __slots__ = ("_send", "complete", "stall_after", "started", "stream")
-
-    def __init__(self, send: Send, stall_after: int | None = None, stream: bool = True) -> None:
-        self._send = send
-        self.started = False
-        self.complete = False
-        # fault hang-mid-stream: content chunks still to send before the stream hangs
-        self.stall_after = stall_after
-        self.stream = stream
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        if self.stall_after is not None and not self.stream:
-            await _hang()  # a whole answer is its own first byte: it never comes
-        self.started = True
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def send(self, data: bytes, more: bool = True) -> None:
-        left = self.stall_after
-        if left is not None and self.stream:
-            data, left, stop = _cut_stream(data, left)
-            self.stall_after = left
-            if stop:
-                if data:
-                    await self._send({"type": "http.response.body", "body": data,
-                                      "more_body": True})
-                await _hang()
-        if not more:
-            self.complete = True
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
-
-
-async def _hang() -> None:
-    """Never return (the request's task is cancelled when its client leaves)."""
-    await asyncio.get_running_loop().create_future()
-
-
-def _cut_stream(data: bytes, left: int) -> tuple[bytes, int, bool]:
-    """Keep the SSE events of ``data`` up to ``left`` content chunks (the role chunk is free):
-    (what to send, chunks left, stop after it)."""
-    events = data.split(EVENT_END)
-    kept: list[bytes] = []
-    for ev in events[:-1]:  # the last element is what follows the final separator (b"")
-        if b'"role":' not in ev:
-            if left <= 0:
-                return b"".join(e + EVENT_END for e in kept), 0, True
-            left -= 1
-        kept.append(ev)
-    return data, left, False
 
 
 class StandIn:
@@ -441,7 +333,7 @@ class StandIn:
             include_usage=bool(b.stream_options and b.stream_options.include_usage),
         )
         stall = self.faults.take_mid_stream() if self.faults.armed else None
-        sink = _Sink(send, stall, bool(b.stream))
+        sink = StandInSink(send, stall, bool(b.stream))
         # no cap asked: the model stops by itself (finish_reason "stop") if that comes first
         asked = asked if asked is not None or route == "chat" else max_tokens
         spec = SeqSpec(
@@ -449,7 +341,7 @@ class StandIn:
             target_output_tokens=None if asked is not None or b.ignore_eos else self.eos_after,
             engine_priority=priority,
         )
-        call = _Call(job, sink, self.finished, self.success)
+        call = StandInCall(job, sink, self.finished, self.success)
         gen = asyncio.ensure_future(self.engine.generate(call, spec))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
@@ -484,7 +376,7 @@ class StandIn:
             listener = self.listener
             if listener is None:
                 raise FaultError("refuse needs the stand-in's own server (python -m "
-                                 "qosgate.standin.server)")
+                                 "qosgate.standin)")
             log.warning("fault: %s", fault.spec())
             loop.call_later(max(delay, fault.at_s), listener.refuse, fault.for_s)
             return
@@ -559,129 +451,4 @@ class StandIn:
 
     def metrics_text(self) -> str:
         itl = self._fold_itl()
-        m = self.sim.metrics()
-        lbl = f'engine="0",model_name="{self.model}"'
-        lines = [
-            "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{lbl}}} {m.num_running}",
-            "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{lbl}}} {m.num_waiting}",
-            "# TYPE vllm:kv_cache_usage_perc gauge",
-            f"vllm:kv_cache_usage_perc{{{lbl}}} {m.kv_usage}",
-            "# TYPE vllm:prompt_tokens_total counter",
-            f"vllm:prompt_tokens_total{{{lbl}}} {m.prompt_tokens_total}",
-            "# TYPE vllm:generation_tokens_total counter",
-            f"vllm:generation_tokens_total{{{lbl}}} {m.generation_tokens_total}",
-            "# TYPE vllm:num_preemptions_total counter",
-            f"vllm:num_preemptions_total{{{lbl}}} {m.preemptions_total}",
-            # vLLM has buckets too; the gateway reads the sum and the count
-            "# TYPE vllm:inter_token_latency_seconds histogram",
-            f'vllm:inter_token_latency_seconds_bucket{{{lbl},le="+Inf"}} {m.itl_tokens_total}',
-            f"vllm:inter_token_latency_seconds_sum{{{lbl}}} {itl}",
-            f"vllm:inter_token_latency_seconds_count{{{lbl}}} {m.itl_tokens_total}",
-            "# TYPE vllm:request_success_total counter",
-        ]
-        for reason, n in self.success.items():
-            lines.append(
-                f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {n}'
-            )
-        return "\n".join(lines) + "\n"
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m qosgate.standin",
-        description="OpenAI-compatible stand-in for vLLM (simulated GPU engine; not vLLM).",
-    )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8001)
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
-                   help="as vLLM: 'priority' handles a smaller priority value first")
-    p.add_argument("--profile", default="default", help="simulated engine profile (name or path)")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="multiply every modelled step duration (0.1 = ten times faster)")
-    p.add_argument("--served-model-name", default=None, help="model id (default: the profile's)")
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--default-max-tokens", type=int, default=None,
-                   help="as vLLM's generation-config max_new_tokens: the cap of a request that "
-                   "sets none (default: the rest of the context, as vLLM's)")
-    p.add_argument("--eos-after", type=int, default=256,
-                   help="the filler model's answer length when a request sets no cap (its EOS)")
-    p.add_argument("--max-model-len", type=int, default=32768,
-                   help="as vLLM's: a larger max_tokens is a 400 (default: Qwen2.5-7B's 32768)")
-    p.add_argument("--record", default=None, help="append every request body here (JSON lines)")
-    p.add_argument("--fault", action="append", default=[], type=_fault_arg, metavar="SPEC",
-                   help="switch a fault on at start (repeatable): die[:after=S], refuse[:for=S], "
-                   "hang-first-byte, hang-mid-stream[:after=N], slow:factor=F, "
-                   "429|503[:retry-after=S]; options for=S, at=S, count=N "
-                   "(see qosgate.standin.faults)")
-    p.add_argument("--slow", type=float, default=None, metavar="FACTOR",
-                   help="every engine step takes FACTOR times as long (the fault slow:factor=F)")
-    p.add_argument("--embed-overhead-ms", type=float, default=20.0,
-                   help="/v1/embeddings: fixed cost of one call (a batch)")
-    p.add_argument("--embed-token-us", type=float, default=50.0,
-                   help="/v1/embeddings: cost per input token (characters / 4)")
-    p.add_argument("--embed-dim", type=int, default=384)
-    p.add_argument("--log-level", default="warning")
-    return p
-
-
-def _fault_arg(spec: str) -> Fault:
-    try:
-        return parse_fault(spec)
-    except FaultError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
-    args = build_parser().parse_args(argv)
-    faults: list[Fault] = list(args.fault)
-    if args.slow is not None:
-        if args.slow <= 0:
-            build_parser().error("--slow must be > 0")
-        faults.append(Fault("slow", factor=args.slow))
-    app = StandIn(
-        profile=args.profile,
-        policy=args.scheduling_policy,
-        time_scale=args.time_scale,
-        served_model_name=args.served_model_name,
-        max_num_seqs=args.max_num_seqs,
-        default_max_tokens=args.default_max_tokens,
-        eos_after=args.eos_after,
-        record=args.record,
-        max_model_len=args.max_model_len,
-        faults=faults,
-        embed_overhead_ms=args.embed_overhead_ms,
-        embed_token_us=args.embed_token_us,
-        embed_dim=args.embed_dim,
-    )
-    kwargs: dict[str, Any] = {}
-    try:
-        import uvloop  # noqa: F401
-
-        kwargs["loop"] = "uvloop"
-    except ImportError:  # pragma: no cover
-        kwargs["loop"] = "asyncio"
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        http="httptools",
-        log_level=args.log_level,
-        access_log=False,
-        lifespan="on",
-        backlog=4096,
-        proxy_headers=False,
-        server_header=False,
-        date_header=False,
-        **kwargs,
-    )
-    server = uvicorn.Server(config)
-    app.listener = Listener(server)  # what the ``refuse`` fault stops and restarts
-    server.run()
-
-
-if __name__ == "__main__":
-    main()
+        return vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success)

@@ -18,15 +18,14 @@ from qosgate.core import QosInputs, Scheduler
 from qosgate.server.asgi import AsgiSink, Message
 from qosgate.server.errors import outcome_error
 from qosgate.server.metrics import GatewayMetrics
-from qosgate.wire.parse import (
+from qosgate.wire.json_guards import (
     MAX_JSON_DEPTH,
     BadBody,
     check_depth,
-    estimate_prompt_tokens,
     json_depth,
-    parse_body,
     top_level_keys,
 )
+from qosgate.wire.parse import estimate_prompt_tokens, parse_body
 from qosgate.wire.splice import set_member, set_priority
 from qosgate.wire.textreq import BadTextRequest, parse_text_request
 

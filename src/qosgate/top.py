@@ -3,8 +3,8 @@
 It reads only what an operator can read from outside (``GET /v1/qos/status`` and ``GET /metrics``
 with the admin key), so it works against any running gateway, local or remote, and shows exactly
 what Prometheus would scrape. The view is built by pure functions from the scraped data
-(:func:`frame`), so that the tests check the rendering from canned scrapes; :func:`run` is the
-fetch loop around them.
+(:func:`frame`), so that the tests check the rendering from canned scrapes; ``top_fetch.run`` is
+the fetch loop around them.
 
 Rates need two scrapes: TTFT quantiles and outcome counts are computed over the interval since the
 previous scrape *of the same instance* (several ``--workers`` behind one URL answer in turn, and
@@ -14,26 +14,16 @@ frame (always with ``--once``); the frame says which.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import re
-import socket
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from qosgate.tables import FitTable
@@ -156,7 +146,8 @@ def _count(total: float, window: float | None) -> str:
     return f"+{_n(window)}/{_n(total)}"
 
 
-def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
+def get_in(d: Mapping[str, Any] | None, *path: str) -> Any:
+    """``d[path[0]][path[1]]...``, or None where a step is missing or not a mapping."""
     cur: Any = d
     for p in path:
         if not isinstance(cur, Mapping):
@@ -261,26 +252,26 @@ def instances_table(scrapes: list[Scrape]) -> RenderableType:
         else:
             errors += [Text(f"  {s.url} {what}: {e}", style="red") for what, e in
                        (("/v1/qos/status", s.status_error), ("/metrics", s.metrics_error)) if e]
-        shared = _get(st, "shared_state") or {}
+        shared = get_in(st, "shared_state") or {}
         if shared.get("store") == "redis":
             sh = (f"redis, {shared.get('live_instances', '?')} live"
                   + (", DEGRADED" if shared.get("degraded") else ""))
         else:
             sh = str(shared.get("store", "-"))
-        who = _get(st, "instance")
+        who = get_in(st, "instance")
         mine = s.instance
         if who is None:
             who = mine or "-"
         elif mine is not None and mine != who:  # two workers behind one port answered
             who = f"{who} (metrics: {mine})"
-        t.add_row(s.url, str(who), _state(s), str(_get(st, "policy") or "-"),
-                  _fmt_opt(_get(st, "queued_total")), _fmt_opt(_inflight_total(st)),
-                  _fmt_opt(_get(st, "free_slots")), sh)
+        t.add_row(s.url, str(who), _state(s), str(get_in(st, "policy") or "-"),
+                  _fmt_opt(get_in(st, "queued_total")), _fmt_opt(_inflight_total(st)),
+                  _fmt_opt(get_in(st, "free_slots")), sh)
     return Group(t, *errors) if errors else t
 
 
 def _inflight_total(st: Mapping[str, Any] | None) -> int | None:
-    classes = _get(st, "classes")
+    classes = get_in(st, "classes")
     if not isinstance(classes, Mapping):
         return None
     return sum(int(c.get("inflight", 0)) for c in classes.values())
@@ -295,11 +286,11 @@ def fleet_table(scrapes: list[Scrape]) -> FitTable | None:
     ``--workers N`` behind one port, how to see the workers the URL did not route to."""
     fleet: dict[str, tuple[dict[str, Any], str]] = {}
     for s in scrapes:
-        for inst, info in (_get(s.status, "shared_state", "fleet") or {}).items():
+        for inst, info in (get_in(s.status, "shared_state", "fleet") or {}).items():
             fleet.setdefault(inst, (info if isinstance(info, dict) else {}, s.url))
     if not fleet:
         return None
-    answering = {s.instance for s in scrapes} | {_get(s.status, "instance") for s in scrapes}
+    answering = {s.instance for s in scrapes} | {get_in(s.status, "instance") for s in scrapes}
     t = _table("fleet (shared state, as last synced)", "instance", "queued", "inflight",
                "seen via", "answered this frame")
     for inst, (info, url) in sorted(fleet.items()):
@@ -315,7 +306,7 @@ def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
     oldest: dict[str, float] = defaultdict(float)
     order: list[str] = []
     for s in scrapes:
-        for name, c in (_get(s.status, "classes") or {}).items():
+        for name, c in (get_in(s.status, "classes") or {}).items():
             if name not in order:
                 order.append(name)
             queued[name] += int(c.get("queued", 0))
@@ -357,7 +348,7 @@ def tenants_table(scrapes: list[Scrape], w: Window) -> FitTable:
     inflight: dict[str, int] = defaultdict(int)
     classes: dict[str, set[str]] = defaultdict(set)
     for s in scrapes:
-        for name, tt in (_get(s.status, "tenants") or {}).items():
+        for name, tt in (get_in(s.status, "tenants") or {}).items():
             queued[name] += int(tt.get("queued", 0))
             inflight[name] += int(tt.get("inflight", 0))
             classes[name].update(tt.get("classes", {}))
@@ -382,7 +373,7 @@ def replicas_table(scrapes: list[Scrape], w: Window) -> FitTable:
             "TTFT p50"]
     t = _table("replicas", *cols, keys=2 if several else 1)
     for s in scrapes:
-        reps = _get(s.status, "replicas") or {}
+        reps = get_in(s.status, "replicas") or {}
         names = list(reps)
         for lab, _ in (s.metrics or {}).get("qosgate_replica_capacity", []):
             if lab.get("replica") and lab["replica"] not in names:
@@ -406,7 +397,7 @@ def replicas_table(scrapes: list[Scrape], w: Window) -> FitTable:
             cap = _pick(r, "capacity", gauges["qosgate_replica_capacity"], name)
             cool = _pick(r, "cooling_s", gauges["qosgate_replica_cooling_seconds"], name)
             ej = _pick(r, "ejections", gauges["qosgate_replica_ejections_total"], name)
-            gw = _get(s.status, "instance") or s.instance or s.url
+            gw = get_in(s.status, "instance") or s.instance or s.url
             row: list[str | Text] = [name, *([str(gw)] if several else [])]
             row += [
                 _yes(up), _yes(elig),
@@ -467,187 +458,3 @@ def frame(scrapes: list[Scrape], previous: Mapping[str, Scrape] | None = None,
         parts += [classes_table(scrapes, w), tenants_table(scrapes, w),
                   replicas_table(scrapes, w)]
     return Group(*parts)
-
-
-# ---------------------------------------------------------------- fetching
-def normalize_url(url: str) -> str:
-    """``host:port`` or a full base URL -> ``http://host:port`` (no trailing slash)."""
-    if "://" not in url:
-        url = "http://" + url
-    return url.rstrip("/")
-
-
-def _metrics_url(base: str, metrics_port: int | None) -> str:
-    if metrics_port is None:
-        return base + "/metrics"
-    p = urlsplit(base)
-    return urlunsplit((p.scheme, f"{p.hostname}:{metrics_port}", "/metrics", "", ""))
-
-
-def _why(exc: BaseException, timeout: float) -> str:
-    """A one-line reason an operator can act on, not a traceback."""
-    if isinstance(exc, urllib.error.HTTPError):
-        msg = ""
-        with contextlib.suppress(Exception):
-            msg = str(json.loads(exc.read())["error"]["message"])
-        hint = " (check --key / QOSGATE_ADMIN_KEY)" if exc.code in (401, 403) else ""
-        return f"HTTP {exc.code}{': ' + msg if msg else ''}{hint}"
-    if isinstance(exc, urllib.error.URLError):
-        exc = exc.reason if isinstance(exc.reason, BaseException) else exc
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return f"no answer within {timeout:g}s"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, socket.gaierror):
-        return f"unknown host ({exc.strerror})"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
-
-
-def _get_url(url: str, key: str | None, timeout: float) -> bytes:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    req = urllib.request.Request(url, headers=headers)
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        body: bytes = r.read()
-        return body
-
-
-class Fetcher:
-    """Scrapes every URL's status and metrics in parallel, each call with its own timeout."""
-
-    def __init__(self, urls: list[str], key: str | None, timeout: float,
-                 metrics_port: int | None = None) -> None:
-        self.urls = [normalize_url(u) for u in urls]
-        self.key = key
-        self.timeout = timeout
-        self.metrics_port = metrics_port
-        self.pool = ThreadPoolExecutor(max_workers=min(32, len(self.urls)))
-
-    def _status(self, url: str) -> tuple[dict[str, Any] | None, str | None]:
-        try:
-            out = json.loads(_get_url(url + "/v1/qos/status", self.key, self.timeout))
-        except Exception as exc:
-            return None, _why(exc, self.timeout)
-        if not isinstance(out, dict):
-            return None, "not a qosgate status"
-        return out, None
-
-    def _metrics(self, url: str) -> tuple[Samples | None, str | None]:
-        try:
-            text = _get_url(_metrics_url(url, self.metrics_port), self.key, self.timeout)
-            return parse_metrics(text.decode()), None
-        except Exception as exc:
-            return None, _why(exc, self.timeout)
-
-    def _one(self, url: str, at: float, want: str | None = None, tries: int = 16
-             ) -> Scrape | None:
-        """Status and metrics of one worker behind ``url``: ``want``, or whichever answers.
-        Each connection may reach another worker of a port that several share (the kernel
-        spreads them), so ask again, a new connection each time, up to ``tries`` times for the
-        status of ``want`` and for the metrics of the worker whose status we have. None if
-        ``want`` never answered."""
-        for _ in range(tries):
-            status, serr = self._status(url)
-            if want is None or (status is not None and status.get("instance") == want):
-                break
-        else:
-            return None
-        metrics, merr = self._metrics(url)
-        sc = Scrape(url, at, status, serr, metrics, merr)
-        for _ in range(tries - 1):
-            if status is None or sc.metrics is None or sc.instance == status.get("instance"):
-                break
-            sc.metrics, sc.metrics_error = self._metrics(url)
-        return sc
-
-    def _url(self, url: str, at: float) -> list[Scrape]:
-        """Every worker behind ``url``: with ``--workers`` and Redis the status lists the fleet,
-        and new connections reach the workers the first one was not. Only the answering
-        instance's siblings (``<id>-w<i>``) are looked for: other gateways that share the Redis
-        are not behind this URL."""
-        first = self._one(url, at)
-        assert first is not None  # want=None: the first answer, whatever it is
-        me = _get(first.status, "instance")
-        if not isinstance(me, str) or first.instance != me:
-            return [first]
-        sibling = re.compile(re.escape(re.sub(r"-w\d+$", "", me)) + r"-w\d+")
-        if not sibling.fullmatch(me):
-            return [first]
-        fleet = sorted(i for i in _get(first.status, "shared_state", "fleet") or {}
-                       if i != me and sibling.fullmatch(i))
-        got = {me: first}
-        for inst in fleet:  # a worker that did not answer is left out of this frame
-            sc = self._one(url, at, want=inst, tries=max(16, 4 * (len(fleet) + 1)))
-            if sc is not None and sc.instance == inst:
-                got[inst] = sc
-        return [got[k] for k in sorted(got)]
-
-    def scrape(self) -> list[Scrape]:
-        at = time.monotonic()
-        futures = [self.pool.submit(self._url, u, at) for u in self.urls]
-        return [sc for f in futures for sc in f.result()]
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def run(urls: list[str], key: str | None, interval: float = 1.0, timeout: float = 2.0,
-        once: bool = False, width: int | None = None, metrics_port: int | None = None) -> int:
-    """The command: 0 once stopped (Ctrl-C) or after ``--once`` if a gateway answered, else 1."""
-    tty = sys.stdout.isatty()
-    console = Console(width=width if width or tty else 120, highlight=False,
-                      no_color=not tty, force_terminal=tty if tty else None)
-    fetcher = Fetcher(urls, key, timeout, metrics_port)
-    try:
-        if once or not tty:
-            return _print_frames(fetcher, console, interval, once)
-        return _live(fetcher, console, interval)
-    finally:
-        fetcher.close()
-
-
-def _no_answer(scrapes: list[Scrape]) -> str:
-    return "qosgate top: no gateway answered: " + "; ".join(
-        f"{s.url}: {s.status_error}" for s in scrapes)
-
-
-def _print_frames(fetcher: Fetcher, console: Console, interval: float, once: bool) -> int:
-    """Plain frames one after another (``--once``, or stdout not a terminal: a log)."""
-    previous: dict[str, Scrape] = {}
-    try:
-        while True:
-            t0 = time.monotonic()
-            scrapes = fetcher.scrape()
-            if console.is_terminal:
-                console.print(frame(scrapes, previous))
-            else:  # a file or a pipe: no trailing padding for scripts to strip
-                with console.capture() as cap:
-                    console.print(frame(scrapes, previous))
-                print("\n".join(ln.rstrip() for ln in cap.get().splitlines()), flush=True)
-            if once:
-                if not any(s.answered for s in scrapes):
-                    print(_no_answer(scrapes), file=sys.stderr)
-                    return 1
-                return 0
-            print(flush=True)
-            previous.update({s.key: s for s in scrapes if s.metrics is not None})
-            time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-    except KeyboardInterrupt:
-        return 0
-
-
-def _live(fetcher: Fetcher, console: Console, interval: float) -> int:
-    from rich.live import Live
-
-    previous: dict[str, Scrape] = {}
-    try:
-        with Live(console=console, screen=True, auto_refresh=False) as live:
-            while True:
-                t0 = time.monotonic()
-                scrapes = fetcher.scrape()
-                live.update(frame(scrapes, previous), refresh=True)
-                previous.update({s.key: s for s in scrapes if s.metrics is not None})
-                time.sleep(max(0.0, interval - (time.monotonic() - t0)))
-    except KeyboardInterrupt:
-        return 0

@@ -35,9 +35,9 @@ from qosgate.top import (
     frame,
     histogram_quantile,
     increase,
-    normalize_url,
     parse_metrics,
 )
+from qosgate.top_fetch import normalize_url
 from tests.gateway.conftest import (
     MODEL,
     QOSGATE,

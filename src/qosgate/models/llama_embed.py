@@ -26,6 +26,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+from qosgate.models.llama_text import tokenize
 from qosgate.models.llamacpp import _lib, default_model_path
 
 Pooling = Literal["mean", "cls", "last", "model"]
@@ -96,14 +97,8 @@ class LlamaEmbedder:
         self._lib = lib
 
     def tokenize(self, text: str) -> list[int]:
-        raw = text.encode("utf-8")
-        cap = len(raw) + 8
-        while True:
-            buf = (self._lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(self._vocab, raw, len(raw), buf, cap, True, False)
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n
+        """Token ids of ``text`` (special tokens in it are text, not parsed)."""
+        return tokenize(self._lib, self._vocab, text, add_special=True, parse_special=False)
 
     def embed(self, items: list[str | list[int]]) -> tuple[list[list[float]], list[int]]:
         """Unit vectors for ``items`` (texts or token ids), and each one's token count. An input

@@ -25,6 +25,12 @@ logits move by up to ~1.1 as soon as another sequence shares the buffer (the sam
 switching flash attention on/off): greedy text survived 32 tokens in our prompt, but seeded
 sampling diverged at token 4 and, without flash attention, greedy at token 16.
 
+Layout: the tokenizer and the GGUF's chat template are ``models/llama_text.py``, a sequence's
+sampler chain ``models/llama_sampling.py``. What stays here (~580 lines) is one state machine --
+the slots, the waiting queue, pause / evict / resume and the step that feeds them to
+``llama_decode`` -- whose invariant (a slot's KV cells are exactly its sequence's first
+``n_past`` tokens) every method keeps: split further, each part would reach into the others.
+
 The llama_cpp bindings are imported lazily so that this module imports (and type-checks) without
 the compiled library; only constructing an engine needs it.
 """
@@ -33,7 +39,6 @@ from __future__ import annotations
 
 import codecs
 import contextlib
-import ctypes
 import importlib
 import importlib.util
 import itertools
@@ -46,8 +51,9 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from qosgate.models.llama_sampling import make_sampler
+from qosgate.models.llama_text import ChatTemplate, token_piece, tokenize
 from qosgate.models.step import (
     BadTextRequest,
     EvictEvent,
@@ -200,8 +206,7 @@ class LlamaCppEngine:
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._batch_owned = True
 
-        self._chat_template = self._read_chat_template()
-        self._template: jinja2.Template | None = None
+        self._chat = ChatTemplate(lib, self._model, self._vocab)
         self._lock = threading.RLock()
         self._seqs: dict[str, _Seq] = {}
         self._slots: list[str | None] = [None] * max_num_seqs
@@ -249,74 +254,26 @@ class LlamaCppEngine:
         with contextlib.suppress(Exception):
             self.close()
 
-    # -- tokenizer and chat template -----------------------------------------------------------
+    # -- tokenizer and chat template (``models/llama_text.py``) ---------------------------------
 
     def tokenize(
         self, text: str, *, add_special: bool = True, parse_special: bool = True
     ) -> list[int]:
         """Token ids of ``text`` with the model's own tokenizer (what usage counts are based on)."""
-        raw = text.encode("utf-8")
-        cap = len(raw) + 8
-        while True:
-            buf = (self._lib.llama_token * cap)()
-            n = self._lib.llama_tokenize(
-                self._vocab, raw, len(raw), buf, cap, add_special, parse_special
-            )
-            if n >= 0:
-                return list(buf[:n])
-            cap = -n
+        return tokenize(self._lib, self._vocab, text, add_special=add_special,
+                        parse_special=parse_special)
 
     def token_piece(self, token: int) -> bytes:
         """Raw bytes of one token (may be an incomplete UTF-8 sequence); control tokens -> b''."""
-        buf = ctypes.create_string_buffer(64)
-        n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
-        if n < 0:
-            buf = ctypes.create_string_buffer(-n)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-        return buf.raw[:n]
+        return token_piece(self._lib, self._vocab, token)
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.token_piece(t) for t in tokens).decode("utf-8", errors="replace")
 
-    def _token_text(self, token: int) -> str:
-        if token < 0:
-            return ""
-        raw: bytes | None = self._lib.llama_vocab_get_text(self._vocab, token)
-        return raw.decode("utf-8", errors="replace") if raw else ""
-
-    def _read_chat_template(self) -> str | None:
-        raw: bytes | None = self._lib.llama_model_chat_template(self._model, None)
-        return raw.decode("utf-8") if raw else None
-
-    def _compiled_chat_template(self) -> jinja2.Template:
-        """Compile once, the way llama-cpp-python's Jinja2ChatFormatter sets jinja2 up."""
-        if self._chat_template is None:
-            raise ValueError("this model has no tokenizer.chat_template; send a plain prompt")
-        if self._template is None:
-            env = ImmutableSandboxedEnvironment(
-                loader=jinja2.BaseLoader(),
-                trim_blocks=True,
-                lstrip_blocks=True,
-                extensions=[jinja2.ext.loopcontrols],
-            )
-            self._template = env.from_string(self._chat_template)
-        return self._template
-
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Render ``messages`` with the GGUF's own ``tokenizer.chat_template`` (generation prompt
         on), so the model sees exactly the format it was tuned on."""
-
-        def raise_exception(message: str) -> None:
-            raise ValueError(message)
-
-        lib = self._lib
-        return self._compiled_chat_template().render(
-            messages=messages,
-            bos_token=self._token_text(lib.llama_vocab_bos(self._vocab)),
-            eos_token=self._token_text(lib.llama_vocab_eos(self._vocab)),
-            add_generation_prompt=True,
-            raise_exception=raise_exception,
-        )
+        return self._chat.render(messages)
 
     def prompt_token_ids(self, spec: SeqSpec) -> list[int]:
         """Tokens the engine will prefill for ``spec``: chat-rendered messages or the raw prompt.
@@ -330,70 +287,11 @@ class LlamaCppEngine:
             return self.tokenize(spec.prompt, add_special=True)
         raise ValueError(f"sequence {spec.seq_id!r} has neither prompt nor messages")
 
-    # -- sampling --------------------------------------------------------------------------
 
-    def _make_sampler(self, sampling: Sampling, prompt: list[int]) -> Any:
-        """One sampler chain per sequence, so its RNG, penalty and grammar state survive pauses
-        and evictions.
-
-        Order: logit bias, penalties and the grammar shape the logits first (greedy sampling
-        included, as vLLM does), then llama.cpp's own truncation order (top-k, top-p, min-p,
-        temperature) and the seeded draw. Penalties follow vLLM: ``repetition_penalty`` counts
-        the prompt and the output, presence/frequency only the output, so they are two samplers
-        and only the first is shown the prompt. Raises BadTextRequest if llama.cpp cannot parse
-        the grammar (nothing leaks: the chain is freed).
-        """
-        lib = self._lib
-        params = lib.llama_sampler_chain_default_params()
-        params.no_perf = True
-        chain = lib.llama_sampler_chain_init(params)
-        n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        history = self.n_ctx_per_seq  # penalties look back over the whole sequence
-
-        def add(sampler: Any) -> None:
-            lib.llama_sampler_chain_add(chain, sampler)
-
-        if sampling.logit_bias:
-            biases = (lib.llama_logit_bias * len(sampling.logit_bias))()
-            for i, (token, bias) in enumerate(sampling.logit_bias):
-                biases[i].token = token
-                biases[i].bias = bias
-            add(lib.llama_sampler_init_logit_bias(n_vocab, len(sampling.logit_bias), biases))
-        if sampling.repetition_penalty != 1.0:
-            rep = lib.llama_sampler_init_penalties(
-                n_vocab, history, sampling.repetition_penalty, 0.0, 0.0
-            )
-            for token in prompt:
-                lib.llama_sampler_accept(rep, token)
-            add(rep)
-        if sampling.presence_penalty != 0.0 or sampling.frequency_penalty != 0.0:
-            add(lib.llama_sampler_init_penalties(
-                n_vocab, history, 1.0, sampling.frequency_penalty, sampling.presence_penalty
-            ))
-        if sampling.grammar is not None:
-            grammar = lib.llama_sampler_init_grammar(
-                self._vocab, sampling.grammar.encode(), b"root"
-            )
-            if not grammar:
-                lib.llama_sampler_free(chain)
-                raise BadTextRequest(
-                    "llama.cpp could not parse the grammar built from response_format.",
-                    "response_format",
-                )
-            add(grammar)
-        if sampling.temperature <= 0.0:
-            add(lib.llama_sampler_init_greedy())
-            return chain
-        if sampling.top_k > 0:
-            add(lib.llama_sampler_init_top_k(sampling.top_k))
-        if sampling.top_p < 1.0:
-            add(lib.llama_sampler_init_top_p(sampling.top_p, 1))
-        if sampling.min_p > 0.0:
-            add(lib.llama_sampler_init_min_p(sampling.min_p, 1))
-        add(lib.llama_sampler_init_temp(sampling.temperature))
-        seed = lib.LLAMA_DEFAULT_SEED if sampling.seed is None else sampling.seed & 0xFFFFFFFF
-        add(lib.llama_sampler_init_dist(seed))
-        return chain
+    def _sampler(self, sampling: Sampling, prompt: list[int]) -> Any:
+        """A sequence's own sampler chain (``models/llama_sampling.py``); penalties look back over
+        the whole sequence."""
+        return make_sampler(self._lib, self._vocab, self.n_ctx_per_seq, sampling, prompt)
 
     # -- checks before admission -------------------------------------------------------------
 
@@ -433,7 +331,7 @@ class LlamaCppEngine:
                 "logit_bias",
             )
         if spec.sampling.grammar is not None:
-            self._lib.llama_sampler_free(self._make_sampler(spec.sampling, []))
+            self._lib.llama_sampler_free(self._sampler(spec.sampling, []))
 
     # -- StepEngine commands ------------------------------------------------------------------
 
@@ -466,7 +364,7 @@ class LlamaCppEngine:
                 tokens=tokens,
                 n_prompt=len(tokens),
                 limit=limit,
-                sampler=self._make_sampler(spec.sampling, tokens),
+                sampler=self._sampler(spec.sampling, tokens),
             )
             self._seqs[spec.seq_id] = seq
             self._waiting.append(spec.seq_id)

@@ -25,6 +25,10 @@ under "priority") loses its KV and goes back to the head of the waiting queue; o
 re-prefills prompt + generated tokens and its next token continues the index. As in vLLM V1, no
 waiting seq is admitted in a step that preempted. Under "priority", a waiting seq that does not fit
 also preempts running seqs with a strictly larger value (vLLM V0 ``_schedule_priority_preemption``).
+
+One module (~520 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
+running set, KV accounting and preemption -- is one step function's state; apart, each piece
+would reach into the others' counters.
 """
 
 from __future__ import annotations

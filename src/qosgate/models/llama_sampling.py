@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qosgate.models.step import Sampling
-from qosgate.wire.textreq import BadTextRequest
+from qosgate.models.step import BadTextRequest, Sampling
 
 
 def make_sampler(lib: Any, vocab: Any, history: int, sampling: Sampling, prompt: list[int]) -> Any:

@@ -19,7 +19,7 @@ log = logging.getLogger("qosgate.upstream")
 
 
 class UpstreamEmbeddings:
-    """Serves batches of embeddings requests (``runtime/batches.py``) at one upstream."""
+    """Serves batches of embeddings requests (``runtime/batching.py``) at one upstream."""
 
     def __init__(self, pool: Pool, head: bytes, total_timeout_s: float, base: str) -> None:
         self.pool = pool

@@ -199,7 +199,7 @@ class OpenAIUpstream:
         return coro if sent is None else _SentCall(coro, sent)
 
     async def run_batch(self, calls: list[Call]) -> None:
-        """Serve a batch of embeddings requests (``runtime/batches.py``): see
+        """Serve a batch of embeddings requests (``runtime/batching.py``): see
         ``UpstreamEmbeddings``."""
         await self._embeddings.run_batch(calls)
 

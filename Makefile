@@ -20,6 +20,7 @@ serve: $(BIN)/.installed
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the layer contracts in pyproject.toml
 
 test: lint vllm-env redis-env prometheus-env
 	$(BIN)/pytest -q $(PYTEST_ARGS)

@@ -99,8 +99,9 @@ def stop_all(servers: list[Server]) -> None:
         s.stop()
 
 
-# each phase's fleet section: static (before issue 9), adaptive (the defaults), and the opt-in
-# router and TPOT guard on top of the defaults (docs/fleet.md, docs/tpot_guard.md)
+# each phase's fleet section: static (before adaptive windows), adaptive (the defaults), and the
+# opt-in router and TPOT guard on top of the defaults (docs/guides/fleet.md,
+# docs/experiments/tpot-guard.md)
 PHASES: dict[str, dict[str, Any]] = {
     "static": {"window": {"mode": "fixed"}, "router": "most-free"},
     "adaptive": {"window": {"mode": "adaptive"}, "router": "least-load"},

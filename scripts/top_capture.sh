@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The captures in docs/top.md (docs/img/top-*.txt): two vLLM stand-ins, one gateway and two workers
+# The captures in docs/guides/top.md (docs/img/top-*.txt): two vLLM stand-ins, one gateway and two workers
 # sharing Redis under a mixed load, `qosgate top` in a 160x45 tmux pane, engine-b switched to 503.
 # Run from anywhere with the venv installed (make test or make serve did it); takes about 40 s.
 set -u

@@ -497,7 +497,7 @@ def top(
         help="Read /metrics on this port of each URL's host (server.metrics_port).")] = None,
 ) -> None:
     """A live view of one gateway or several: classes, tenants and replicas, from
-    /v1/qos/status and /metrics (see docs/top.md)."""
+    /v1/qos/status and /metrics (see docs/guides/top.md)."""
     from qosgate.top_fetch import run
 
     raise typer.Exit(run(urls, key.split(",")[0] if key else None, interval, timeout, once,
@@ -521,7 +521,7 @@ def simulate_embeddings_command(
     target_ms: Annotated[float, typer.Option(help="adaptive: per-batch latency target")] = 150.0,
 ) -> None:
     """Embeddings batching in virtual time: window off, fixed 10/50/100 ms and adaptive, at each
-    rate, with the gateway's own batcher and scheduler (see docs/embeddings.md)."""
+    rate, with the gateway's own batcher and scheduler (see docs/guides/embeddings.md)."""
     from qosgate.sim.embeddings import compare, table
 
     res = compare([float(r) for r in rates.split(",")], seconds=seconds, seed=seed,

@@ -123,7 +123,7 @@ class Aging(Strict):
 
 class ImageTokens(Strict):
     """How many prompt tokens an image counts for admission and fair shares, from its size as
-    its header gives it (docs/gateway.md, "Images and audio"). ``patches`` is Qwen2-VL /
+    its header gives it (docs/reference/http-api.md, "Images and audio"). ``patches`` is Qwen2-VL /
     Qwen2.5-VL's count in vLLM: the image is resized to multiples of ``patch_px`` (14 px
     patches merged 2x2) with its pixels kept between ``min_tokens`` and ``max_tokens`` such
     squares, one token each. ``tiles`` is OpenAI's: ``base_tokens`` plus ``tile_tokens`` per
@@ -239,7 +239,7 @@ class Fleet(Strict):
         "(they wait in qosgate's queue, not elsewhere): an engine fills each step's token "
         "budget with whatever is waiting, so their prompts would share realtime's prefill "
         "steps and lengthen them. Helps a pool of one GPU type; costs a fleet that mixes GPU "
-        "generations (docs/tpot_guard.md). Not under fifo")
+        "generations (docs/experiments/tpot-guard.md). Not under fifo")
     tpot_guard: Annotated[float, Field(gt=0)] | Literal["auto"] | None = Field(
         default=None, description="while a replica streams to a strict (realtime) class, "
         "an engine inter-token latency (its mean between two scrapes, from "
@@ -247,7 +247,7 @@ class Fleet(Strict):
         "the other classes' new requests from that replica until it is back under 3/4 of that "
         "point. auto = a fraction per replica between 0.5 and 1.5, learned from the TPOT its "
         "strict streams got: it starts at 1.5 and tightens only while they miss their budget "
-        "(core.tpot_guard.LearnedGuard). None = off (the default: docs/tpot_guard.md)")
+        "(core.tpot_guard.LearnedGuard). None = off (the default: docs/experiments/tpot-guard.md)")
     retries: Retries = Retries()
     outlier: Outlier = Outlier()
     cooldown_s: float = Field(

@@ -194,7 +194,7 @@ class EngineSettings(Strict):
 
 class EmbeddingsSettings(Strict):
     """``POST /v1/embeddings``: limits on the input and the per-replica dynamic batcher
-    (``core/batching.py``, ``docs/embeddings.md``)."""
+    (``core/batching.py``, ``docs/guides/embeddings.md``)."""
 
     max_inputs: int = Field(default=2048, ge=1, description="items in one request's input")
     max_input_tokens: int = Field(
@@ -230,7 +230,8 @@ class EmbeddingsSettings(Strict):
 
 class RedisSettings(Strict):
     """Tenant limits and fair-share counters shared by several gateway instances through Redis
-    (docs/shared-state.md). Without ``url`` each instance keeps its own (no Redis needed)."""
+    (docs/guides/several-instances.md). Without ``url`` each instance keeps its own (no Redis
+    needed)."""
 
     url: str | None = Field(default=None, description="redis://host:port/db; default: no Redis")
     prefix: str = "qosgate:"

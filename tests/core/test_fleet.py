@@ -608,7 +608,7 @@ def test_a_waiting_realtime_prompt_holds_the_other_classes_off_its_replica() -> 
 def test_the_prompt_hold_keeps_the_others_queued_rather_than_sent_elsewhere() -> None:
     """The router still picks the replica; if the one it picks holds, the request waits in
     qosgate for it rather than going to another (sending them all to the replicas with no
-    realtime prompt cost the fleets more, docs/tpot_guard.md)."""
+    realtime prompt cost the fleets more, docs/experiments/tpot-guard.md)."""
     s = _sched(ReplicaSpec("a", 8), ReplicaSpec("b", 8), fleet=Fleet(strict_prompt_hold=True))
     for i in range(4):  # spread over both
         assert _dispatched(_submit(s, f"old{i}")) == {f"old{i}": "ab"[i % 2]}

@@ -23,7 +23,7 @@ real gateway in front of two real stand-in upstreams, with Redis for shared stat
 Conditions are polled with deadlines (Prometheus evaluates rules every second here).
 
 The helpers (``Stack``, ``Prometheus``, ``drive_mixed_load``) are reused by
-``bench/board_capture.py``, which renders the board's data for docs/operations.md.
+``bench/board_capture.py``, which renders the board's data for docs/guides/operations.md.
 """
 
 from __future__ import annotations

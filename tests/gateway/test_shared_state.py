@@ -141,7 +141,7 @@ def test_a_rate_limit_over_4_instances_admits_r_not_4r(fleet: Fleet) -> None:
     elapsed = time.monotonic() - t0
     admitted = codes.count(200)
     refill = r * elapsed / 60
-    # a lease is spent once; the documented overshoot (docs/shared-state.md) is what the
+    # a lease is spent once; the documented overshoot (docs/guides/several-instances.md) is what the
     # instances held leased while the bucket refilled to full when idle: max(1, R/60/live) each,
     # here 1 per instance; and up to one per instance may still be leased, unspent, at the end
     assert set(codes) <= {200, 429}, Counter(codes)
@@ -239,7 +239,7 @@ def test_fairness_when_tenants_reach_different_instances(
     4 instances started without --redis). Jain >= 0.9 here, not the 0.95 of the even spread:
     closed-loop clients on a shared machine make a skewed flood noisier. Before VTC's lifts
     were kept out of the synced counters, runs of this file after its other tests starved one
-    tenant (Jain 0.27-0.78); since, 0.968-0.997 (docs/shared-state.md)."""
+    tenant (Jain 0.27-0.78); since, 0.968-0.997 (docs/guides/several-instances.md)."""
     shared = skewed_flood(fleet)
     alone = Fleet(tmp_path, 4, capacity=2, redis=False)
     try:

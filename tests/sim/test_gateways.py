@@ -160,8 +160,8 @@ def test_one_outcome_per_request_across_gateways(tmp_path: Path, plan: GatewayPl
 
 @pytest.mark.parametrize("delay", [0.0, 0.02])
 def test_a_rate_limit_over_4_gateways_admits_r_not_4r(tmp_path: Path, delay: float) -> None:
-    """docs/shared-state.md: over a span T, admitted <= R + R T / 60 + the stock the instances
-    hold (max(live, R/60) requests); without shared state each instance its own R."""
+    """docs/guides/several-instances.md: over a span T, admitted <= R + R T / 60 + the stock the
+    instances hold (max(live, R/60) requests); without shared state each instance its own R."""
     prep = _prep(tmp_path)
     rpm = 20.0
     shared = _run(prep, GatewayPlan(4, "round-robin", shared=True, sync_delay=delay))
@@ -188,7 +188,7 @@ def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) ->
     """Tenant a reaches gateway 0 only, b gateways 0-1, c and d all four: with the shared
     fair-share counters the four equal-weight api tenants get close to even service; each
     instance on its own gives a and b less. (Jain 0.999; 0.939 while VTC's lifts were synced
-    as service, docs/shared-state.md.)"""
+    as service, docs/guides/several-instances.md.)"""
     prep = _prep(tmp_path, UNLIMITED, gateways={
         "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]}})
     on = run_scenario(prep).runs[0]

@@ -362,7 +362,7 @@ class Fleet:
                 and _strict_prompt_waits(rep)):
             # held here, not sent elsewhere: as a filter before the router (sending them to
             # the replicas with no realtime prompt) it cost fleet-faults and fleet-mixed more
-            # (docs/tpot_guard.md)
+            # (docs/experiments/tpot-guard.md)
             return None
         return rep
 
@@ -534,7 +534,7 @@ class Fleet:
                     r.others_held for r in self.usable):
                 # what a held replica does not take must not pile onto one close to its own
                 # guard (without this, on fleet-mixed the H100s took what the slower A100s were
-                # held off, and evicted from their KV caches: see docs/tpot_guard.md)
+                # held off, and evicted from their KV caches: see docs/experiments/tpot-guard.md)
                 return False
         budget = self.prefill_budget
         if budget is None:

@@ -165,7 +165,7 @@ class EngineLimit:
             # as the engine's whole batch and together they would overfill it. (Any queue in
             # the engine beyond the allowance counts, whoever sent it: the conservative side,
             # which keeps realtime's TTFT; counting only its share let four gateways queue
-            # four allowances in the engine, see docs/simulator.md.)
+            # four allowances in the engine, see docs/experiments/adaptive-windows.md.)
             target = max(self.min_limit, int(signals.share(inflight) * (running + allowance)))
             if target < self.limit and now - self._last_change >= self.cooldown_s:
                 self.limit = target

@@ -46,7 +46,7 @@ class LeastLoadRouter:
     ``stale_s`` counts as saturated; a saturated replica (its queue past ``waiting_saturated``
     per window slot, or its KV cache past ``kv_saturated``) is taken only if every candidate
     is. (Weighing replicas by their recent dispatch-to-first-byte time was tried and reverted:
-    the average lags a growing queue and herded traffic onto one replica, docs/fleet.md.)"""
+    the average lags a growing queue and herded traffic onto one replica, docs/guides/fleet.md.)"""
 
     name = "least-load"
 
@@ -100,7 +100,7 @@ class SpreadStrictRouter(LeastLoadRouter):
     budget (it would miss there). Why: with the prefill budget, a replica streaming to realtime
     keeps the other classes' prompts off and so looks least loaded to the next realtime request;
     realtime piles onto one replica by itself, and that replica's death cuts all its streams
-    (docs/simulator.md, ``fleet-faults``)."""
+    (docs/experiments/simulator-fleet.md, ``fleet-faults``)."""
 
     name = "least-load-spread"
 

@@ -1,5 +1,6 @@
 """The shared-state sync protocol, sans I/O: what one gateway instance asks a shared store, and
-how it applies the answers to its ``LeasedLedger`` and fair-share counters (docs/shared-state.md).
+how it applies the answers to its ``LeasedLedger`` and fair-share counters
+(docs/guides/several-instances.md).
 
 - requests/min and tokens/min: one token bucket per tenant and limit *in the store*, refilled by
   the store's own clock; each instance leases stock from it (about twice its demand of the last

@@ -6,8 +6,9 @@ algorithm; each replica has its own, since engines of one fleet differ.
 Why a learned one: the guard reads the engine's *mean* time per token, while the SLO is judged
 per request. How far the slowest realtime streams sit above that mean depends on the traffic, so
 a fixed fraction either over-protects at moderate load (the other classes pay for TPOT headroom
-realtime does not need) or under-protects at heavy load (docs/tpot_guard.md). The learned guard
-closes that loop on what the SLO judges: the TPOT the strict streams that ended here actually got.
+realtime does not need) or under-protects at heavy load (docs/experiments/tpot-guard.md). The
+learned guard closes that loop on what the SLO judges: the TPOT the strict streams that ended
+here actually got.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class LearnedGuard:
     starts at ``highest``, past the budget itself: until realtime's streams miss, it holds only
     an engine whose mean time per token already fails realtime, and moderate load runs exactly
     as without it. The defaults were picked from a dozen variants tried in the simulator;
-    docs/tpot_guard.md has what they give, and where they lose."""
+    docs/experiments/tpot-guard.md has what they give, and where they lose."""
 
     __slots__ = ("_batch", "batch", "fraction", "high", "highest", "loosen", "low", "lowest",
                  "quantile", "tighten")

@@ -88,7 +88,7 @@ class Gateway:
         self.settings = settings
         self.engines = engines
         self.clock = time.monotonic
-        # shared tenant state (docs/shared-state.md): leased budgets synced with Redis
+        # shared tenant state (docs/guides/several-instances.md): leased budgets synced with Redis
         rs = settings.redis
         self.instance = rs.instance_id or new_instance_id()
         ledger = LeasedLedger() if rs.url else None

@@ -133,12 +133,14 @@ def simulate_command(
     tpot_guard: Annotated[
         str | None,
         typer.Option("--tpot-guard", help="fleet.tpot_guard: off (the default), auto, or a "
-                     "fraction of realtime's TPOT budget such as 0.6 (docs/tpot_guard.md)."),
+                     "fraction of realtime's TPOT budget such as 0.6 "
+                     "(docs/experiments/tpot-guard.md)."),
     ] = None,
     prefill_budget: Annotated[
         str | None,
         typer.Option("--prefill-budget", help="fleet.prefill_budget_tokens: a token count "
-                     f"(default {_DEFAULT_PREFILL_BUDGET}) or off (docs/tpot_guard.md)."),
+                     f"(default {_DEFAULT_PREFILL_BUDGET}) or off "
+                     "(docs/experiments/tpot-guard.md)."),
     ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")

@@ -61,7 +61,7 @@ SPREADS: tuple[str, ...] = ("round-robin", "hash", "skewed")
 
 @dataclass(slots=True, frozen=True)
 class GatewayPlan:
-    """N gateway instances in front of the one fleet (see ``docs/simulator.md``).
+    """N gateway instances in front of the one fleet (see ``docs/guides/simulator.md``).
 
     ``spread``: how arrivals reach them -- ``round-robin`` (arrival k to gateway k mod N, as a
     load balancer), ``hash`` (every request of a tenant to gateway crc32(tenant) mod N, as a

@@ -1,5 +1,5 @@
 """What the embedded engine does with each request member: the one list, read by the request
-parser (``textreq.py``) and documented in docs/engine.md (a test keeps the two equal).
+parser (``textreq.py``) and documented in docs/guides/engine.md (a test keeps the two equal).
 
 ``honoured``: the engine does what the member asks (``textreq.py`` checks its value).
 ``refused``: the engine cannot do it, so a request that asks for it is a 400 naming it, instead of

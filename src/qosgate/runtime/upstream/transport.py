@@ -4,7 +4,7 @@ per upstream (``Pool``).
 A lean client of its own (an ``asyncio.Protocol`` around httptools' C parser, the same parser
 uvicorn uses), not aiohttp: the gateway relays every streamed event, and aiohttp's per-request and
 per-chunk machinery (request/response objects, multidicts, stream readers, tracing hooks) cost
-more CPU than the rest of the gateway together (``docs/gateway.md``, "Measured"). It speaks just
+more CPU than the rest of the gateway together (``docs/experiments/gateway.md``). It speaks just
 what an engine needs: a request written in one go (prebuilt head + body), the response parsed as
 it arrives, and every body part received in one socket read handed on as one piece, so an
 upstream write becomes one downstream write.

@@ -19,8 +19,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
+from qosgate import metric_names as mn
 from qosgate.core import shared
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import (
@@ -326,19 +327,13 @@ class SharedState:
     def collect(self) -> Iterator[Metric]:
         p = self.protocol
         inst = p.instance
-        g = GaugeMetricFamily("qosgate_shared_state_degraded",
-                              "1 while the shared-state store is unreachable (local state at "
-                              "each limit / live instances, or limited tenants refused).",
-                              labels=["instance"])
+        g = mn.SHARED_DEGRADED.gauge()
         g.add_metric([inst], 1.0 if self.degraded else 0.0)
         yield g
-        live = GaugeMetricFamily("qosgate_shared_state_live_instances",
-                                 "Gateway instances alive in the shared state at the last sync.",
-                                 labels=["instance"])
+        live = mn.SHARED_LIVE.gauge()
         live.add_metric([inst], float(self.live))
         yield live
-        c = CounterMetricFamily("qosgate_shared_state_syncs", "Syncs with the shared state.",
-                                labels=["instance", "outcome"])
+        c = mn.SHARED_SYNCS.counter()
         c.add_metric([inst, "ok"], float(p.syncs))
         c.add_metric([inst, "error"], float(p.errors))
         yield c
@@ -352,9 +347,7 @@ class InstanceInfo:
         self.shared = shared
 
     def collect(self) -> Iterator[Metric]:
-        g = GaugeMetricFamily("qosgate_instance_info",
-                              "This gateway instance (1); shared_state: redis or none.",
-                              labels=["instance", "shared_state"])
+        g = mn.INSTANCE_INFO.gauge()
         g.add_metric([self.instance, self.shared], 1.0)
         yield g
 

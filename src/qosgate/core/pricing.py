@@ -13,8 +13,8 @@ from qosgate.config import QosConfig, ServiceClass
 
 
 class Pricing:
-    __slots__ = ("_classes", "_max_output", "_out_est", "_tenant_caps", "output_weight",
-                 "prompt_weight")
+    __slots__ = ("_ceilings", "_classes", "_max_output", "_out_est", "_tenant_caps",
+                 "output_weight", "prompt_weight")
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass]) -> None:
         self.prompt_weight = cfg.fairness.prompt_weight
@@ -23,6 +23,9 @@ class Pricing:
         self._out_est = [256.0] * len(classes)  # each class's learned mean output length
         self._classes = classes  # the scheduler's own list: shared, not copied
         self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
+        # (level, tenant) -> its ceiling, remembered: the config does not change, and a
+        # request's tenant is a configured one or the default (the classifier's), so few keys
+        self._ceilings: dict[tuple[int, str], int | None] = {}
 
     def output_cap(self, level: int, tenant: str, max_tokens: int | None, prompt_tokens: int,
                    context: int | None) -> tuple[int, int | None]:
@@ -42,10 +45,16 @@ class Pricing:
 
     def _ceiling(self, level: int, tenant: str) -> int | None:
         """The smaller of the class's and the tenant's configured output ceilings."""
+        key = (level, tenant)
+        try:
+            return self._ceilings[key]
+        except KeyError:
+            pass
         caps = [self._classes[level].max_output_tokens]
         if tenant in self._tenant_caps:
             caps.append(self._tenant_caps[tenant])
-        return min((v for v in caps if v is not None), default=None)
+        ceiling = self._ceilings[key] = min((v for v in caps if v is not None), default=None)
+        return ceiling
 
     def estimated_output(self, level: int, max_tokens: int) -> float:
         """The output a request of class ``level`` capped at ``max_tokens`` is charged for."""

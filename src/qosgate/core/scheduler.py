@@ -91,6 +91,9 @@ class Scheduler:
         self._preemptible: dict[str, Request] = self.fleet.preemptible
         self.requests: dict[str, Request] = {}  # every live (non-terminal) request
         self._retrying = 0  # live requests on a retry (for the retry budget)
+        # per level: whether an arrival there may pull a less urgent request back for room
+        self._preempts = [c.can_preempt and self.policy.preemptive for c in self.classes]
+        self._class_aware = class_aware
         self._overtake = cfg.fleet.window.overtake
         self._limiters: dict[str, Limiter] = {}
         # (class, replica, reason) -> count of attempts that failed before the first byte, and of
@@ -195,7 +198,9 @@ class Scheduler:
         heap = self.timers.heap
         if (heap and heap[0][0] <= now) or now >= self.fleet.next_change:
             self._advance(now, out)
-        limiter = self._limiter(req.tenant, now)
+        limiter = self._limiters.get(req.tenant)
+        if limiter is None:
+            limiter = self._limiter(req.tenant, now)
         verdict = self.admission.verdict(req, limiter, now)
         if verdict is not None:
             if not isinstance(verdict, Displace):
@@ -218,10 +223,11 @@ class Scheduler:
         fleet = self.fleet
         if fleet.free_slots:
             self._fill(now, out)
-        elif self.classes[req.level].can_preempt and self.policy.preemptive:
+        elif self._preempts[req.level]:
             self._preempt_for(req, now, out)
             self._fill(now, out)
-        if self._overtake and not fleet.free_slots and self.policy.root.n:
+        if (self._overtake and fleet.ordered_usable and not fleet.free_slots
+                and self.policy.root.n):
             self._overtake_unstarted(now, out)
         if req.state is QUEUED:  # a request dispatched at once needs no timer
             self.timers.arm(req, self.backlog.total)
@@ -556,7 +562,7 @@ class Scheduler:
             # a stream paused after its first byte goes on: no new first byte will come
             req.move(RUNNING)
             self.policy.started(req)
-        else:
+        elif self._class_aware:  # (only a class-aware admission reads the served rates)
             self.admission.served(req, now)
         if over:
             self.overtakes[rep.name] += 1
@@ -647,9 +653,12 @@ class Scheduler:
             self.admission.completions.add(now)
             self.pricing.learn(req.class_level, output_tokens)
         req.move(state, reason)
-        self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)
+        lim = self._limiters.get(req.tenant)  # (``_release_tenant``, inline: on every end)
+        if lim is not None:
+            lim.release(req.charged_tpm, req.prompt_tokens + output_tokens if started else 0,
+                        req.id)
         self._record(req, now, out)
-        if state is COMPLETED:
+        if state is COMPLETED and self.fleet.guard_mode is not None:
             self.fleet.stream_ended(req)
         self._fill(now, out)
         return out

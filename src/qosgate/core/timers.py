@@ -20,27 +20,29 @@ from qosgate.core.request import QUEUED, Request
 
 
 class Timers:
-    __slots__ = ("_aging", "_ceiling", "_classes", "_seq", "heap")
+    __slots__ = ("_aging_after", "_seq", "_timeout", "heap")
 
     def __init__(self, classes: list[ServiceClass], aging: bool, ceiling: int) -> None:
-        self._classes = classes  # the scheduler's own list: shared, not copied
-        self._aging = aging  # aging on (and the policy has levels to age through)
-        self._ceiling = ceiling  # the level aging stops at
+        """``aging``: aging is on (and the policy has levels to age through); ``ceiling``: the
+        level it stops at."""
+        # per level (tables, not attribute chains, on every submit): the queue timeout, and
+        # after how long a request waiting there ages (None: never; always None without aging
+        # and at or above the ceiling)
+        self._timeout = [c.queue_timeout_s for c in classes]
+        self._aging_after = [
+            c.aging_after_s if aging and c.level > ceiling else None for c in classes]
         self._seq = 0
         # (when, seq, request, its gen when armed); the hot handlers read heap[0] directly
         self.heap: list[tuple[float, int, Request, int]] = []
 
     def expiry(self, req: Request, now: float) -> float:
         """When ``req``, queued at ``now``, times out."""
-        return now + self._classes[req.class_level].queue_timeout_s
+        return now + self._timeout[req.class_level]
 
     def ages_at(self, req: Request, now: float) -> float:
         """When ``req``, waiting at its level since ``now``, moves up a level (inf: never)."""
-        if self._aging and req.level > self._ceiling:
-            after = self._classes[req.level].aging_after_s
-            if after is not None:
-                return now + after
-        return math.inf
+        after = self._aging_after[req.level]
+        return math.inf if after is None else now + after
 
     def arm(self, req: Request, queued: int) -> None:
         """A timer for ``req``'s next promotion or timeout; ``queued``: requests queued now

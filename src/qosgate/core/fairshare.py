@@ -29,12 +29,15 @@ class FairShare(Generic[K]):
     The heap holds one live row per backlogged key, ``(counter, order, version, key)``. A row may
     show a counter *lower* than the key's current one: charging only raises the counter, and
     ``pick`` re-files a row whose counter is out of date before trusting the top, so the common
-    charge costs no heap operation at all. A *decrease* (a refund or a correction downwards)
-    could hide a key under others, so it files a fresh row and retires the old one (version).
+    charge costs no heap operation at all. (The top row then shows the least counter: every
+    other row shows no more than its key's, and orders are unique, so ``pick`` is exactly the
+    backlogged key with the least ``(counter, order)``, however the rows were filed.) A
+    *decrease* (a refund or a correction downwards) could hide a key under others, so it files a
+    fresh row and retires the old one (version).
     """
 
-    __slots__ = ("_active", "_heap", "_held", "_held_heap", "_held_n", "_last_left", "_order",
-                 "_rank", "_version", "_weight", "counter", "lifted")
+    __slots__ = ("_active", "_heap", "_heap_cap", "_held", "_last_left", "_order", "_rank",
+                 "_version", "_weight", "counter", "lifted")
 
     def __init__(self, rank: Callable[[K], int] | None = None) -> None:
         # who goes first on equal counters: ``rank`` (lower first), else the first activated
@@ -45,16 +48,17 @@ class FairShare(Generic[K]):
         self._order: dict[K, int] = {}
         # (counter, order, version, key): order makes ties deterministic; version marks stale rows
         self._heap: list[tuple[float, int, int, K]] = []
+        self._heap_cap = 64  # past this many rows, the retired ones are dropped (O(keys))
         self._active: set[K] = set()
         self._last_left = 0.0
         # what the lifts added to each counter: not service, so not for other instances to
         # merge (each lifts on its own; summed across instances, lifts starved a tenant)
         self.lifted: dict[K, float] = {}
-        # tags of requests picked and not started yet: token -> the number of its live row in a
-        # lazy min-heap of (tag, number, token)
-        self._held: dict[object, int] = {}
-        self._held_heap: list[tuple[float, int, object]] = []
-        self._held_n = 0
+        # tags of requests picked and not started yet: token -> tag. Only a lift asks for the
+        # oldest (a key back from idle), every pop holds one and every start releases it: a
+        # scan of the few held (those the engines have not started) on a lift costs less than
+        # a heap kept in order on every pop
+        self._held: dict[object, float] = {}
 
     def set_weight(self, key: K, weight: float) -> None:
         self._weight[key] = weight
@@ -66,8 +70,8 @@ class FairShare(Generic[K]):
         c = 0.0 if known is None else known
         floor = (self._min_active() if self._active else self._last_left) if lift else c
         if lift and self._held:
-            oldest = self._min_held()
-            if oldest is not None and oldest - 1.0 < floor:
+            oldest = min(self._held.values())
+            if oldest - 1.0 < floor:
                 floor = oldest - 1.0  # just before it: a tie would go to the one held
         if known is None and lift:
             c = min(c, floor)  # a new key starts at the floor, whichever side of 0 it is
@@ -77,6 +81,7 @@ class FairShare(Generic[K]):
         self.counter[key] = c
         if key not in self._order:
             self._order[key] = len(self._order) if self._rank is None else self._rank(key)
+            self._heap_cap = 4 * len(self._order) + 64
         self._active.add(key)
         self._push(key)
 
@@ -112,29 +117,33 @@ class FairShare(Generic[K]):
                 return key
         return None
 
-    def hold(self, token: object, tag: float) -> None:
-        """A request picked at counter ``tag`` was dispatched and has not started yet."""
-        self._held_n += 1
-        self._held[token] = n = self._held_n
-        heap = self._held_heap
-        heappush(heap, (tag, n, token))
-        if len(heap) > 2 * len(self._held) + 64:
-            live = [row for row in heap if self._held.get(row[2]) == row[1]]
-            heapify(live)
-            self._held_heap = live
+    def served(self, key: K, payer: K, cost: float, emptied: bool, token: object) -> float:
+        """``key``, just picked, was served a request of ``cost``, paid by ``payer`` (an aged
+        request may wait under another key than its own); ``emptied``: nothing of ``key`` waits
+        now. With a ``token`` (not None) the counter it was picked at, its tag, is *held* until
+        ``release(token)``: the request was dispatched and has not started yet. Returns the tag.
+        (What ``pick``'s caller does with the key it got, in one call: every pop does it.)"""
+        counter = self.counter
+        tag = counter[key]
+        if token is not None:
+            self._held[token] = tag
+        if emptied:
+            self.deactivate(key)
+        # ``charge``, inline
+        c = counter[payer] = counter.get(payer, 0.0) + cost / self._weight.get(payer, 1.0)
+        if payer == key and not emptied:
+            # its row is on top (``pick`` just checked it): re-filed now, at its new counter,
+            # the next ``pick`` can trust the top at once
+            heap = self._heap
+            _, order, v, _ = heap[0]
+            heapreplace(heap, (c, order, v, key))
+        elif cost < 0 and payer in self._active:
+            self._push(payer)
+        return tag
 
     def release(self, token: object) -> None:
         """It started (or left without starting): its tag no longer bounds a lift."""
         self._held.pop(token, None)
-
-    def _min_held(self) -> float | None:
-        heap, held = self._held_heap, self._held
-        while heap:
-            tag, n, token = heap[0]
-            if held.get(token) == n:
-                return tag
-            heappop(heap)
-        return None
 
     def _min_active(self) -> float:
         key = self.pick()
@@ -145,7 +154,7 @@ class FairShare(Generic[K]):
         self._version[key] = v
         heap = self._heap
         heappush(heap, (self.counter[key], self._order[key], v, key))
-        if len(heap) > 4 * len(self._active) + 64:  # drop retired rows so memory stays O(k)
+        if len(heap) > self._heap_cap:  # drop retired rows so memory stays O(k)
             live = [row for row in heap if row[2] == self._version[row[3]]]
             heapify(live)
             self._heap = live

@@ -55,10 +55,6 @@ class KeyedQueue:
         heap = self._heap
         heappush(heap, (self._key(req), s, req))
         self.n += 1
-        if len(heap) > 2 * self.n + 64:
-            live = [row for row in heap if row[1] == row[2].seq]
-            heapify(live)
-            self._heap = live
 
     def pop(self) -> Request | None:
         heap = self._heap
@@ -72,7 +68,12 @@ class KeyedQueue:
 
     def remove(self, req: Request) -> None:
         self.n -= 1
-        req.seq = 0
+        req.seq = 0  # its row is stale: the only way one is left behind (pop takes its own)
+        heap = self._heap
+        if len(heap) > 2 * self.n + 64:
+            live = [row for row in heap if row[1] == row[2].seq]
+            heapify(live)
+            self._heap = live
 
     def settle(self, req: Request, delta_cost: float) -> None:
         pass
@@ -185,12 +186,10 @@ class FairSplit:
         self.n -= 1
         share = self.share
         if self._tags:
-            req.tag = tag = share.counter[key]
-            share.hold(req, tag)
+            req.tag = share.served(key, self._charge_of(req), req.cost, not child.n, req)
             req.tagged_by = share
-        if child.n == 0:
-            share.deactivate(key)
-        share.charge(self._charge_of(req), req.cost)
+        else:
+            share.served(key, self._charge_of(req), req.cost, not child.n, None)
         return req
 
     def remove(self, req: Request) -> None:

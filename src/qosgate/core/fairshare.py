@@ -114,30 +114,6 @@ class FairShare(Generic[K]):
         rows = self._rows
         return rows[0][2] if rows else None
 
-    def served(self, key: K, payer: K, cost: float, emptied: bool, token: object) -> float:
-        """``key``, just picked, was served a request of ``cost``, paid by ``payer`` (an aged
-        request may wait under another key than its own); ``emptied``: nothing of ``key`` waits
-        now. With a ``token`` (not None) the counter it was picked at, its tag, is *held* until
-        ``release(token)``: the request was dispatched and has not started yet. Returns the tag.
-        (What ``pick``'s caller does with the key it got, in one call: every pop does it.)"""
-        counter = self.counter
-        tag = counter[key]
-        if token is not None:
-            self._held[token] = tag
-        if payer == key and not emptied:
-            # the common case: its row is the first (``pick`` named it), and moves back
-            c = counter[key] = tag + cost / self._weight.get(key, 1.0)
-            if c != tag:
-                rows = self._rows
-                order = rows[0][1]
-                del rows[0]
-                insort(rows, (c, order, key))
-            return tag
-        if emptied:
-            self.deactivate(key)
-        self.charge(payer, cost)
-        return tag
-
     def release(self, token: object) -> None:
         """It started (or left without starting): its tag no longer bounds a lift."""
         self._held.pop(token, None)

@@ -146,17 +146,16 @@ class Scheduler:
         """Classify and build a request; raises QosInputError for unusable QoS inputs.
 
         ``max_tokens`` is the output cap the client asked for (None: none; see
-        ``Pricing.output_cap``). Either way admission charges the class's learned output length
+        ``Pricing.price``). Either way admission charges the class's learned output length
         within that bound, and the real usage is settled at completion."""
         c = self.classifier.classify(inputs)
-        pricing = self.pricing
-        cap, ceiling = pricing.output_cap(c.level, c.tenant, max_tokens, prompt_tokens, context)
-        est = pricing.estimated_output(c.level, cap)
+        cap, ceiling, est, cost = self.pricing.price(c.level, c.tenant, max_tokens,
+                                                     prompt_tokens, context)
         req = Request(
             rid, c.tenant, c.service_class, c.level, now, now + c.budget_s, prompt_tokens, cap,
             requested_class=c.requested_class, est_output_tokens=int(est), model=model,
         )
-        req.cost = pricing.cost(prompt_tokens, est)
+        req.cost = cost
         req.ceiling = ceiling
         return req
 
@@ -645,7 +644,9 @@ class Scheduler:
         if output_tokens < req.streamed:  # a cancel or failure mid-stream: what was sent counts
             output_tokens = req.streamed
         req.output_tokens = output_tokens
-        self._release_slot(req)
+        if self.fleet.release(req):  # (``_release_slot``, inline: on every end)
+            self.policy.started(req)
+        req.lent = NOT_LENT
         started = req.first_token_at is not None
         used = self.pricing.used(req.prompt_tokens, output_tokens, started)
         self.policy.settle(req, used - req.cost)

@@ -63,8 +63,12 @@ class DecayingRate:
         """One event (of ``amount``: a rate of cost rather than of events)."""
         if self._first is None:
             self._first = now
-        tau = self.tau  # (``_decayed`` inline: the same float expression, one call less)
-        self._value = self._value * math.exp(-max(0.0, now - self._stamp) / tau) + amount / tau
+        # (``_decayed`` inline, and max(0.0, elapsed) as a test: the same floats, without two
+        # calls, one of them a builtin that parses keywords)
+        tau = self.tau
+        elapsed = now - self._stamp
+        self._value = (self._value * math.exp(-(elapsed if elapsed > 0.0 else 0.0) / tau)
+                       + amount / tau)
         self._stamp = now
         self._count += 1
 
@@ -94,7 +98,8 @@ class ServedRate(DecayingRate):
         if self._first is None:
             self._first = now
         tau = self.tau
-        decay = math.exp(-max(0.0, now - self._stamp) / tau)
+        elapsed = now - self._stamp  # (max(0.0, elapsed) as a test, as in ``add``)
+        decay = math.exp(-(elapsed if elapsed > 0.0 else 0.0) / tau)
         self._value = self._value * decay + 1.0 / tau
         self._cost = self._cost * decay + cost / tau
         self._stamp = now

@@ -47,7 +47,8 @@ class Pricing:
                 max_tokens = max(1, min(context - prompt_tokens, most))
             else:
                 max_tokens = most
-        est = min(float(max_tokens), self._out_est[level])
+        cap, learned = float(max_tokens), self._out_est[level]
+        est = learned if learned < cap else cap  # (min(cap, learned), without the builtin call)
         return (max_tokens, ceiling, est,
                 self.prompt_weight * prompt_tokens + self.output_weight * est)
 

@@ -20,7 +20,7 @@ from qosgate.core.request import QUEUED, Request
 
 
 class Timers:
-    __slots__ = ("_aging_after", "_seq", "_timeout", "heap")
+    __slots__ = ("_aging_after", "_seq", "_timeout", "due", "heap")
 
     def __init__(self, classes: list[ServiceClass], aging: bool, ceiling: int) -> None:
         """``aging``: aging is on (and the policy has levels to age through); ``ceiling``: the
@@ -32,8 +32,12 @@ class Timers:
         self._aging_after = [
             c.aging_after_s if aging and c.level > ceiling else None for c in classes]
         self._seq = 0
-        # (when, seq, request, its gen when armed); the hot handlers read heap[0] directly
+        # (when, seq, request, its gen when armed)
         self.heap: list[tuple[float, int, Request, int]] = []
+        # when the first timer in the heap is due (inf: none), live or stale: what the hot
+        # handlers compare ``now`` with before asking for anything (one attribute, not a look
+        # at the heap's first row)
+        self.due = math.inf
 
     def expiry(self, req: Request, now: float) -> float:
         """When ``req``, queued at ``now``, times out."""
@@ -51,9 +55,12 @@ class Timers:
         heap = self.heap
         when = req.ages_at if req.ages_at < req.expires_at else req.expires_at
         heapq.heappush(heap, (when, self._seq, req, req.gen))
+        if when < self.due:
+            self.due = when
         if len(heap) > 2 * queued + 1024:
             heap[:] = [t for t in heap if t[2].gen == t[3] and t[2].state is QUEUED]
             heapq.heapify(heap)
+            self.due = heap[0][0] if heap else math.inf
 
     def pop_due(self, now: float) -> Request | None:
         """The next queued request whose timer is due at ``now`` (its timer is gone: re-arm it
@@ -61,6 +68,7 @@ class Timers:
         heap = self.heap
         while heap and heap[0][0] <= now:
             _, _, req, gen = heapq.heappop(heap)
+            self.due = heap[0][0] if heap else math.inf
             if req.gen == gen and req.state is QUEUED:
                 return req
         return None
@@ -73,4 +81,5 @@ class Timers:
             if req.gen == gen and req.state is QUEUED:
                 return when
             heapq.heappop(heap)
+            self.due = heap[0][0] if heap else math.inf
         return None

@@ -87,6 +87,9 @@ class Fleet:
         # replicas that may take work now; free_slots counts only their room
         self.usable: list[Replica] = []
         self.usable_names: set[str] = set()
+        # a usable replica's engine runs its queue in our order (only then may a request
+        # overtake: the scheduler asks nothing more of the fleet on a submit without one)
+        self.ordered_usable = False
         self._any_model = True  # every usable replica serves every model: no model filter
         self.one_pool = True  # every usable replica serves the same models: classes share slots
         # models some up replica serves (None: one serves any model, or there is no replica)
@@ -179,6 +182,7 @@ class Fleet:
         usable = [r for r in self.replicas.values() if r.eligible(now)]
         self.usable = usable
         self.usable_names = {r.name for r in usable}
+        self.ordered_usable = any(r.ordered for r in usable)
         self._any_model = all(not r.models for r in usable)
         self.one_pool = len({r.models for r in usable}) <= 1
         up = [r for r in self.replicas.values() if r.up]
@@ -303,8 +307,9 @@ class Fleet:
     def release(self, req: Request) -> bool:
         """``req`` leaves its replica (or is pulled back): its slot and any loan are returned.
         True if it left unstarted (it held a slot, and had sent no first byte)."""
-        self._unmark_preemptible(req)
         rep = self.replicas.get(req.replica or "")
+        if self.preemptible.pop(req.id, None) is not None and rep is not None:
+            rep.preemptible -= 1
         if req.lent and rep is not None:  # the loan is repaid: the slot is the reserve's again
             rep.loans -= 1
             if req.lent == LENT_STREAMING:
@@ -326,12 +331,6 @@ class Fleet:
             self.free_slots += 1
         return unstarted
 
-    def _unmark_preemptible(self, req: Request) -> None:
-        if self.preemptible.pop(req.id, None) is not None:
-            rep = self.replicas.get(req.replica or "")
-            if rep is not None:
-                rep.preemptible -= 1
-
     # ---------------------------------------------------------------- placement queries
     def choose(self, req: Request, now: float) -> Replica | None:
         """The replica ``req`` goes to now, or None (it waits)."""
@@ -351,8 +350,10 @@ class Fleet:
             others = [r for r in usable if r.name != req.avoid]
             if others:
                 usable = others
-        if any(r.failing for r in self.usable):
-            usable = [r for r in usable if not (r.failing and r.pending)]
+        for suspect in self.usable:  # (a loop, not any(): no generator on every dispatch)
+            if suspect.failing:
+                usable = [r for r in usable if not (r.failing and r.pending)]
+                break
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
             rep = only if only.free > 0 else None

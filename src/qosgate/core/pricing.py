@@ -13,8 +13,8 @@ from qosgate.config import QosConfig, ServiceClass
 
 
 class Pricing:
-    __slots__ = ("_classes", "_max_output", "_out_est", "_tenant_caps", "output_weight",
-                 "prompt_weight")
+    __slots__ = ("_ceilings", "_classes", "_max_output", "_out_est", "_tenant_caps",
+                 "output_weight", "prompt_weight")
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass]) -> None:
         self.prompt_weight = cfg.fairness.prompt_weight
@@ -23,13 +23,22 @@ class Pricing:
         self._out_est = [256.0] * len(classes)  # each class's learned mean output length
         self._classes = classes  # the scheduler's own list: shared, not copied
         self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
+        # (level, tenant) -> its ceiling (``_ceiling``)
+        self._ceilings: dict[tuple[int, str], int | None] = {}
 
-    def output_cap(self, level: int, tenant: str, max_tokens: int | None, prompt_tokens: int,
-                   context: int | None) -> tuple[int, int | None]:
-        """(the request's output cap, its configured ceiling). ``max_tokens`` is what the client
-        asked for; None: none, so the engine runs to its own end, within its ``context``
-        (prompt and output, as the engine reports it) unless a configured ceiling applies."""
-        ceiling = self._ceiling(level, tenant)
+    def price(self, level: int, tenant: str, max_tokens: int | None, prompt_tokens: int,
+              context: int | None) -> tuple[int, int | None, float, float]:
+        """A new request's (output cap, configured ceiling, estimated output, cost), in one call
+        (one per request).
+
+        ``max_tokens`` is what the client asked for; None: none, so the engine runs to its own
+        end, within its ``context`` (prompt and output, as the engine reports it) unless a
+        configured ceiling applies. The output charged is the class's learned mean within the
+        cap."""
+        try:
+            ceiling = self._ceilings[(level, tenant)]
+        except KeyError:
+            ceiling = self._ceiling(level, tenant)
         if max_tokens is None:
             most = self._max_output
             if ceiling is not None:
@@ -38,21 +47,21 @@ class Pricing:
                 max_tokens = max(1, min(context - prompt_tokens, most))
             else:
                 max_tokens = most
-        return max_tokens, ceiling
+        cap, learned = float(max_tokens), self._out_est[level]
+        est = learned if learned < cap else cap  # (min(cap, learned), without the builtin call)
+        return (max_tokens, ceiling, est,
+                self.prompt_weight * prompt_tokens + self.output_weight * est)
 
     def _ceiling(self, level: int, tenant: str) -> int | None:
-        """The smaller of the class's and the tenant's configured output ceilings."""
+        """The smaller of the class's and the tenant's configured output ceilings (remembered:
+        the config does not change, and a request's tenant is a configured one or the default,
+        so there are few)."""
         caps = [self._classes[level].max_output_tokens]
         if tenant in self._tenant_caps:
             caps.append(self._tenant_caps[tenant])
-        return min((v for v in caps if v is not None), default=None)
-
-    def estimated_output(self, level: int, max_tokens: int) -> float:
-        """The output a request of class ``level`` capped at ``max_tokens`` is charged for."""
-        return min(float(max_tokens), self._out_est[level])
-
-    def cost(self, prompt_tokens: int, output_tokens: float) -> float:
-        return self.prompt_weight * prompt_tokens + self.output_weight * output_tokens
+        ceiling = self._ceilings[(level, tenant)] = min(
+            (v for v in caps if v is not None), default=None)
+        return ceiling
 
     def used(self, prompt_tokens: int, output_tokens: int, started: bool) -> float:
         """The cost a request actually used (one that never started used no prompt)."""

@@ -10,6 +10,7 @@ outnumber live ones, so insert/pop/cancel are O(log n) amortised and memory stay
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Protocol
@@ -55,10 +56,6 @@ class KeyedQueue:
         heap = self._heap
         heappush(heap, (self._key(req), s, req))
         self.n += 1
-        if len(heap) > 2 * self.n + 64:
-            live = [row for row in heap if row[1] == row[2].seq]
-            heapify(live)
-            self._heap = live
 
     def pop(self) -> Request | None:
         heap = self._heap
@@ -72,7 +69,12 @@ class KeyedQueue:
 
     def remove(self, req: Request) -> None:
         self.n -= 1
-        req.seq = 0
+        req.seq = 0  # its row is stale: the only way one is left behind (pop takes its own)
+        heap = self._heap
+        if len(heap) > 2 * self.n + 64:
+            live = [row for row in heap if row[1] == row[2].seq]
+            heapify(live)
+            self._heap = live
 
     def settle(self, req: Request, delta_cost: float) -> None:
         pass
@@ -122,8 +124,10 @@ class StrictBands:
         self.n += 1
 
 
-class FairSplit:
-    """Children by key (class or tenant), served by weighted virtual counters (see FairShare).
+class FairSplit(FairShare[Hashable]):
+    """Children by key (class or tenant), served by weighted virtual counters: it is the
+    ``FairShare`` of its keys (so a pop reads and moves the counters' rows itself, one Python
+    call per level of the tree; ``share`` names the counters for those that read them).
 
     The estimated cost ``req.cost`` is charged when a request is popped; ``settle`` corrects it
     with the real usage (or refunds it when a request is pulled back before its first token).
@@ -140,7 +144,7 @@ class FairSplit:
     """
 
     __slots__ = ("_charge_of", "_children", "_key_of", "_make", "_nested", "_tags", "_weight_of",
-                 "n", "share")
+                 "n")
 
     def __init__(
         self,
@@ -151,6 +155,7 @@ class FairSplit:
         rank: Callable[[Hashable], int] | None = None,
         tags: bool = False,
     ) -> None:
+        super().__init__(rank)
         self.n = 0
         self._tags = tags
         self._children: dict[Hashable, Node] = {}
@@ -161,7 +166,11 @@ class FairSplit:
         self._charge_of = charge_of or key_of
         self._weight_of = weight_of
         self._make = make_child
-        self.share: FairShare[Hashable] = FairShare(rank)
+
+    @property
+    def share(self) -> FairShare[Hashable]:
+        """The counters of its keys (itself): what the shared state merges across instances."""
+        return self
 
     def push(self, req: Request) -> None:
         key = self._key_of(req)
@@ -169,28 +178,40 @@ class FairSplit:
         if child is None:
             child = self._children[key] = self._make()
             self._nested = not isinstance(child, KeyedQueue)
-            self.share.set_weight(key, self._weight_of(key))
+            self.set_weight(key, self._weight_of(key))
         child.push(req)
         if child.n == 1:
-            self.share.activate(key)
+            self.activate(key)
         self.n += 1
 
     def pop(self) -> Request | None:
-        key = self.share.pick()
-        if key is None:
+        rows = self._rows
+        if not rows:
             return None
+        key = rows[0][2]  # (``pick``, inline)
         child = self._children[key]
         req = child.pop()
         assert req is not None, "a backlogged key always has a live request"
         self.n -= 1
-        share = self.share
+        counter = self.counter
+        tag = counter[key]
         if self._tags:
-            req.tag = tag = share.counter[key]
-            share.hold(req, tag)
-            req.tagged_by = share
-        if child.n == 0:
-            share.deactivate(key)
-        share.charge(self._charge_of(req), req.cost)
+            self._held[req] = tag  # (held until it starts: ``release``)
+            req.tag = tag
+            req.tagged_by = self
+        payer = self._charge_of(req)
+        if child.n and payer == key:
+            # the common case: the key's row is the first, and moves back at its new counter
+            # (``charge``, inline)
+            c = counter[key] = tag + req.cost / self._weight.get(key, 1.0)
+            if c != tag:
+                order = rows[0][1]
+                del rows[0]
+                insort(rows, (c, order, key))
+        else:
+            if not child.n:
+                self.deactivate(key)
+            self.charge(payer, req.cost)
         return req
 
     def remove(self, req: Request) -> None:
@@ -199,12 +220,21 @@ class FairSplit:
         child.remove(req)
         self.n -= 1
         if child.n == 0:
-            self.share.deactivate(key)
+            self.deactivate(key)
 
     def settle(self, req: Request, delta_cost: float) -> None:
         if not delta_cost:
             return
-        self.share.charge(self._charge_of(req), delta_cost)
+        # (``charge``, inline: every completion settles once per level)
+        key = self._charge_of(req)
+        counter = self.counter
+        old = counter.get(key, 0.0)
+        c = counter[key] = old + delta_cost / self._weight.get(key, 1.0)
+        if c != old and key in self._active:
+            rows = self._rows
+            order = self._order[key]
+            del rows[bisect_left(rows, (old, order))]
+            insort(rows, (c, order, key))
         if self._nested:
             child = self._children.get(self._key_of(req))
             if child is not None:
@@ -214,13 +244,13 @@ class FairSplit:
         # a key that a hold emptied did not go idle: lifting it would cost it the credit it
         # had (a class held on every fill would lose its share to the classes it waits beside)
         key = self._key_of(req)
-        self.share.charge(self._charge_of(req), -req.cost)
+        self.charge(self._charge_of(req), -req.cost)
         if self._tags:
             release(req)  # it was not dispatched: nothing of it waits in an engine
         child = self._children[key]
         child.restore(req)
         if child.n == 1:
-            self.share.activate(key, lift=False)
+            self.activate(key, lift=False)
         self.n += 1
 
 

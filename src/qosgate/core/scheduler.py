@@ -59,6 +59,8 @@ from qosgate.core.timers import Timers
 __all__ = ["ReplicaSpec", "Scheduler"]
 
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
+# (an alias: ``Reason.X`` is a metaclass lookup, ~10x a global's, and every request completes)
+_COMPLETED = Reason.COMPLETED
 
 
 class Scheduler:
@@ -91,6 +93,9 @@ class Scheduler:
         self._preemptible: dict[str, Request] = self.fleet.preemptible
         self.requests: dict[str, Request] = {}  # every live (non-terminal) request
         self._retrying = 0  # live requests on a retry (for the retry budget)
+        # per level: whether an arrival there may pull a less urgent request back for room
+        self._preempts = [c.can_preempt and self.policy.preemptive for c in self.classes]
+        self._class_aware = class_aware
         self._overtake = cfg.fleet.window.overtake
         self._limiters: dict[str, Limiter] = {}
         # (class, replica, reason) -> count of attempts that failed before the first byte, and of
@@ -143,17 +148,16 @@ class Scheduler:
         """Classify and build a request; raises QosInputError for unusable QoS inputs.
 
         ``max_tokens`` is the output cap the client asked for (None: none; see
-        ``Pricing.output_cap``). Either way admission charges the class's learned output length
+        ``Pricing.price``). Either way admission charges the class's learned output length
         within that bound, and the real usage is settled at completion."""
         c = self.classifier.classify(inputs)
-        pricing = self.pricing
-        cap, ceiling = pricing.output_cap(c.level, c.tenant, max_tokens, prompt_tokens, context)
-        est = pricing.estimated_output(c.level, cap)
+        cap, ceiling, est, cost = self.pricing.price(c.level, c.tenant, max_tokens,
+                                                     prompt_tokens, context)
         req = Request(
             rid, c.tenant, c.service_class, c.level, now, now + c.budget_s, prompt_tokens, cap,
             requested_class=c.requested_class, est_output_tokens=int(est), model=model,
         )
-        req.cost = pricing.cost(prompt_tokens, est)
+        req.cost = cost
         req.ceiling = ceiling
         return req
 
@@ -192,10 +196,11 @@ class Scheduler:
     # ---------------------------------------------------------------- events
     def submit(self, req: Request, now: float) -> list[Decision]:
         out: list[Decision] = []
-        heap = self.timers.heap
-        if (heap and heap[0][0] <= now) or now >= self.fleet.next_change:
+        if now >= self.timers.due or now >= self.fleet.next_change:
             self._advance(now, out)
-        limiter = self._limiter(req.tenant, now)
+        limiter = self._limiters.get(req.tenant)
+        if limiter is None:
+            limiter = self._limiter(req.tenant, now)
         verdict = self.admission.verdict(req, limiter, now)
         if verdict is not None:
             if not isinstance(verdict, Displace):
@@ -218,10 +223,11 @@ class Scheduler:
         fleet = self.fleet
         if fleet.free_slots:
             self._fill(now, out)
-        elif self.classes[req.level].can_preempt and self.policy.preemptive:
+        elif self._preempts[req.level]:
             self._preempt_for(req, now, out)
             self._fill(now, out)
-        if self._overtake and not fleet.free_slots and self.policy.root.n:
+        if (self._overtake and fleet.ordered_usable and not fleet.free_slots
+                and self.policy.root.n):
             self._overtake_unstarted(now, out)
         if req.state is QUEUED:  # a request dispatched at once needs no timer
             self.timers.arm(req, self.backlog.total)
@@ -263,8 +269,7 @@ class Scheduler:
         """``first_byte`` for drivers with no client (the simulator, tests): the first token is
         the first byte."""
         out: list[Decision] = []
-        heap = self.timers.heap
-        if (heap and heap[0][0] <= now) or now >= self.fleet.next_change:
+        if now >= self.timers.due or now >= self.fleet.next_change:
             self._advance(now, out)
         self.first_byte(rid, now)
         if now >= self.fleet.next_change:  # it changed a window: the room goes to the queue
@@ -369,7 +374,7 @@ class Scheduler:
         self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None
     ) -> list[Decision]:
         return self._end_running(
-            rid, now, COMPLETED, Reason.COMPLETED, output_tokens, prompt_tokens
+            rid, now, COMPLETED, _COMPLETED, output_tokens, prompt_tokens
         )
 
     def fail(self, rid: str, now: float, reason: str, output_tokens: int = 0) -> list[Decision]:
@@ -484,7 +489,8 @@ class Scheduler:
         self.backlog.remove(req)
 
     def _advance(self, now: float, out: list[Decision]) -> None:
-        """Fire the timers due at ``now`` (the hot handlers check ``heap[0]`` before calling)."""
+        """Fire the timers due at ``now`` (the hot handlers check ``Timers.due`` before
+        calling)."""
         if now >= self.fleet.next_change:
             self.fleet.refresh(now)
         timers = self.timers
@@ -556,7 +562,7 @@ class Scheduler:
             # a stream paused after its first byte goes on: no new first byte will come
             req.move(RUNNING)
             self.policy.started(req)
-        else:
+        elif self._class_aware:  # (only a class-aware admission reads the served rates)
             self.admission.served(req, now)
         if over:
             self.overtakes[rep.name] += 1
@@ -627,8 +633,7 @@ class Scheduler:
         prompt_tokens: int | None,
     ) -> list[Decision]:
         out: list[Decision] = []
-        heap = self.timers.heap
-        if (heap and heap[0][0] <= now) or now >= self.fleet.next_change:
+        if now >= self.timers.due or now >= self.fleet.next_change:
             self._advance(now, out)
         req = self.requests.get(rid)
         if req is None or req.state not in (DISPATCHED, RUNNING):
@@ -639,7 +644,9 @@ class Scheduler:
         if output_tokens < req.streamed:  # a cancel or failure mid-stream: what was sent counts
             output_tokens = req.streamed
         req.output_tokens = output_tokens
-        self._release_slot(req)
+        if self.fleet.release(req):  # (``_release_slot``, inline: on every end)
+            self.policy.started(req)
+        req.lent = NOT_LENT
         started = req.first_token_at is not None
         used = self.pricing.used(req.prompt_tokens, output_tokens, started)
         self.policy.settle(req, used - req.cost)
@@ -647,9 +654,12 @@ class Scheduler:
             self.admission.completions.add(now)
             self.pricing.learn(req.class_level, output_tokens)
         req.move(state, reason)
-        self._release_tenant(req, req.prompt_tokens + output_tokens if started else 0)
+        lim = self._limiters.get(req.tenant)  # (``_release_tenant``, inline: on every end)
+        if lim is not None:
+            lim.release(req.charged_tpm, req.prompt_tokens + output_tokens if started else 0,
+                        req.id)
         self._record(req, now, out)
-        if state is COMPLETED:
+        if state is COMPLETED and self.fleet.guard_mode is not None:
             self.fleet.stream_ended(req)
         self._fill(now, out)
         return out

@@ -28,15 +28,12 @@ this module needs the clock, and it is handed in.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from qosgate.core.ledger import LeasedLedger, LeasedLimiter, fair_shares, merge_counter
-
-log = logging.getLogger("qosgate.shared_state")
 
 
 class StoreDown(Exception):
@@ -215,6 +212,7 @@ class SyncProtocol:
         self.syncs = 0
         self.errors = 0
         self.degraded_events = 0
+        self.recoveries = 0  # the driver tells of each change (the core does no I/O)
         # fair-share counters: (path, key) -> local counter after the last sync, store total seen
         # each counter and its lifts at the last sync: what changed since, less the lifts, is
         # the service this instance gave (a lift is local: VTC's floor among *its* backlog)
@@ -268,17 +266,12 @@ class SyncProtocol:
         self.degraded = True
         self.degraded_events += 1
         self.ledger.degrade(self.live, self.fail_open)
-        log.warning(
-            "shared state unreachable (%s): degraded, %s at each limit / %d live instance(s)",
-            why, "serving on local state" if self.fail_open else "refusing limited tenants",
-            self.live,
-        )
 
     def _recover(self) -> None:
         self.degraded = False
         self.ledger.recover()
         self._baseline = True  # the store may have restarted empty: counters start over
-        log.warning("shared state reachable again: re-synced")
+        self.recoveries += 1
 
     def _sync_limiter(self, lim: LeasedLimiter) -> Generator[StoreCall, Any, None]:
         limits = lim.limits

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.engine_order import order_value
+from qosgate.core.reasons import upstream
 from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog
 from qosgate.runtime.timer import DeadlineTimer
@@ -142,7 +143,7 @@ class Ticket:
         d = self._driver
         self.task = None
         self.answer = (status, body)
-        d.apply(d.scheduler.engine_refused(self.req.id, d.clock(), f"upstream_{status}"))
+        d.apply(d.scheduler.engine_refused(self.req.id, d.clock(), upstream(status)))
 
 
 class Driver:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
@@ -37,6 +38,8 @@ from qosgate.core.shared import (
 
 __all__ = ["InstanceInfo", "MemoryStore", "RedisStore", "SharedState", "Store", "StoreDown",
            "new_instance_id", "status_of"]
+
+log = logging.getLogger("qosgate.shared_state")
 
 
 def new_instance_id() -> str:
@@ -318,10 +321,22 @@ class SharedState:
             await self.sync()
 
     async def sync(self) -> None:
+        p = self.protocol
+        degrades, recoveries = p.degraded_events, p.recoveries
+        why = ""
         try:
-            await exchange(self.store, self.protocol.sync())
+            await exchange(self.store, p.sync())
         except StoreDown as exc:
-            self.protocol.sync_failed(self.clock(), str(exc))
+            why = str(exc)
+            p.sync_failed(self.clock(), why)
+        if p.recoveries > recoveries:
+            log.warning("shared state reachable again: re-synced")
+        if p.degraded_events > degrades:
+            log.warning(
+                "shared state unreachable (%s): degraded, %s at each limit / %d live instance(s)",
+                why, "serving on local state" if p.fail_open else "refusing limited tenants",
+                p.live,
+            )
 
     # ------------------------------------------------------------ metrics
     def collect(self) -> Iterator[Metric]:

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 from enum import StrEnum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from qosgate.core.prefix import Prefix
 
 
 class State(StrEnum):
@@ -122,6 +125,7 @@ class Request:
         "order",
         "output_tokens",
         "preemptions",
+        "prefix",
         "promotions",
         "prompt_tokens",
         "reason",
@@ -130,6 +134,7 @@ class Request:
         "retry_after",
         "seq",
         "service_class",
+        "session",
         "state",
         "streamed",
         "tag",
@@ -151,6 +156,8 @@ class Request:
         requested_class: str | None = None,
         est_output_tokens: int | None = None,
         model: str = "",
+        prefix: Prefix | None = None,
+        session: str | None = None,
     ) -> None:
         self.id = id
         self.tenant = tenant
@@ -196,6 +203,10 @@ class Request:
         # the order the engine is asked to run it in (``engine_order``; smaller first), kept
         # through retries and aging (never later than when first dispatched); None until then
         self.order: int | None = None
+        # its prompt's block keys (None: unknown) and the conversation it belongs to (None:
+        # none named): where it is cheapest to run
+        self.prefix = prefix
+        self.session = session
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in _LEGAL[self.state]:

@@ -32,6 +32,7 @@ from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.limits import Limit
 from qosgate.core.policies import Policy, build_policy
+from qosgate.core.prefix import Prefix
 from qosgate.core.pricing import Pricing
 from qosgate.core.reasons import Reason, is_timeout
 from qosgate.core.replica import Replica, ReplicaSpec
@@ -144,6 +145,8 @@ class Scheduler:
         model: str = "",
         *,
         context: int | None = None,
+        prefix: Prefix | None = None,
+        session: str | None = None,
     ) -> Request:
         """Classify and build a request; raises QosInputError for unusable QoS inputs.
 
@@ -156,6 +159,7 @@ class Scheduler:
         req = Request(
             rid, c.tenant, c.service_class, c.level, now, now + c.budget_s, prompt_tokens, cap,
             requested_class=c.requested_class, est_output_tokens=int(est), model=model,
+            prefix=prefix, session=session,
         )
         req.cost = cost
         req.ceiling = ceiling

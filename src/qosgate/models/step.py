@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from qosgate.core.prefix import Prefix
+
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -66,6 +68,9 @@ class SeqSpec:
     target_output_tokens: int | None = None
     sampling: Sampling = field(default_factory=Sampling)
     engine_priority: int = 0
+    # the prompt's block keys (``core.prefix``): an engine model with a prefix cache computes
+    # only the blocks it does not hold
+    prefix: Prefix | None = None
 
 
 @dataclass(slots=True)

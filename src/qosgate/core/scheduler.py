@@ -375,8 +375,11 @@ class Scheduler:
         return self._end_running(rid, now, TIMED_OUT, reason, output_tokens, None)
 
     def complete(
-        self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None
+        self, rid: str, now: float, output_tokens: int, prompt_tokens: int | None = None,
+        cached_tokens: int | None = None,
     ) -> list[Decision]:
+        """``cached_tokens``: of the prompt, what the engine says it took from its prefix cache
+        (None: it did not say)."""
         return self._end_running(
             rid, now, COMPLETED, _COMPLETED, output_tokens, prompt_tokens
         )

@@ -89,6 +89,7 @@ class FinishEvent:
     reason: FinishReason
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt, taken from the engine's prefix cache
 
 
 @dataclass(slots=True)

@@ -220,12 +220,25 @@ class Window(Strict):
         "rather than in qosgate's behind them")
 
 
+class CacheRouting(Strict):
+    """Where a request is cheapest: prefix-cache affinity and sessions (routers ``cache-aware``
+    and ``session-affinity``)."""
+
+    session_header: str = Field(
+        default="x-session-id", min_length=1, description="the request header that names a "
+        "conversation: its turns stick to one replica while it is healthy and not overloaded")
+    session_from_user: bool = Field(
+        default=False, description="also take OpenAI's `user` field as the session when the "
+        "header is absent (opt-in: `user` often names a person, not a conversation)")
+
+
 class Fleet(Strict):
     router: Literal["least-load", "least-load-spread", "most-free"] = Field(
         default="least-load", description="how a replica is picked: least-load (measured "
         "load), least-load-spread (that, and strict requests spread over the replicas and "
         "steered off one slower than their TPOT budget) or most-free (the most free slots)")
     window: Window = Window()
+    cache: CacheRouting = CacheRouting()
     prefill_budget_tokens: int | None = Field(
         default=2048, ge=1, description="while a replica streams to a strict (realtime) "
         "request, the prompt tokens it has been sent and not yet answered stay within this "

@@ -16,8 +16,8 @@ from qosgate.core.prefix import Prefix
 
 BLOCK_TOKENS = 512  # the trace's block size (Mooncake's KV block)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
-# (seconds from the start, prompt tokens, output tokens, prompt blocks)
-MooncakeRow = tuple[float, int, int, Prefix]
+# (seconds from the start, prompt tokens, output tokens, prompt blocks: None if it lists none)
+MooncakeRow = tuple[float, int, int, Prefix | None]
 
 
 def looks_like_jsonl(path: Path) -> bool:
@@ -66,5 +66,6 @@ def parse_lines(lines: Iterable[str], source: str) -> list[MooncakeRow]:
             raise ValueError(f"{where}: hash_ids must be a list of integers")
         prompt = max(1, _count(rec, "input_length", where))
         output = max(1, _count(rec, "output_length", where))
-        rows.append((stamp / 1000.0, prompt, output, Prefix(tuple(ids), BLOCK_TOKENS)))
+        prefix = Prefix(tuple(ids), BLOCK_TOKENS) if ids else None
+        rows.append((stamp / 1000.0, prompt, output, prefix))
     return rows

@@ -395,6 +395,66 @@ def _sweep_table(res: ScenarioResult) -> Table:
     return t
 
 
+def _tokens(x: int) -> str:
+    """Compact token counts: 950, 12.3k, 4.56M."""
+    if x < 10_000:
+        return str(x)
+    if x < 1_000_000:
+        return f"{x / 1000:.1f}k"
+    return f"{x / 1_000_000:.2f}M"
+
+
+def _prefix_table(runs: Iterable[Run]) -> Table:
+    """Per run: the engines' prefix-cache hit rate against the trace's ideal, per replica, and
+    the prefill tokens the engines computed against those offered."""
+    t = Table(
+        title="prefix cache (hit rate = engine hits / queries, prompt tokens at first admission; "
+        "ideal = one infinite cache over the requests as offered)",
+        title_justify="left",
+    )
+    for col in ("policy", "hit rate", "ideal", "of ideal", "per replica", "prefill computed",
+                "offered", "computed/offered"):
+        t.add_column(col, justify="left" if col in ("policy", "per replica") else "right")
+    for run in runs:
+        pc = run.metrics.get("prefix_cache")
+        if not pc:
+            continue
+        each = "  ".join(f"{name} {_pct(r['hit_rate'])}" for name, r in pc["replicas"].items())
+        t.add_row(
+            run_label(run),
+            _pct(pc["hit_rate"]),
+            _pct(pc["ideal_hit_rate"]),
+            _num(pc["of_ideal"], ".2f"),
+            each,
+            _tokens(pc["prefill_tokens_computed"]),
+            _tokens(pc["prefill_tokens_offered"]),
+            _pct(pc["computed_of_offered"]),
+        )
+    return t
+
+
+def _ttft_mean_table(runs: Iterable[Run], classes: tuple[str, ...]) -> Table:
+    """Per run: TTFT mean and p99 of each class and of all, with goodput and output tokens/s
+    (the figures a router comparison is judged by)."""
+    t = Table(title="TTFT by class (mean / p99), goodput and output tokens/s",
+              title_justify="left")
+    t.add_column("policy", justify="left")
+    for c in (*classes, "all"):
+        t.add_column(c, justify="right")
+    for col in ("goodput", "tok/s"):
+        t.add_column(col, justify="right")
+    for run in runs:
+        m = run.metrics
+        groups = [m["classes"].get(c, {}) for c in classes] + [m["totals"]]
+        t.add_row(
+            run_label(run),
+            *[f"{_ms(g.get('ttft_mean_ms'))} / {_ms(g.get('ttft_p99_ms'))}" for g in groups],
+            _num(m["totals"]["goodput_rps"], ".2f"),
+            _num(m["totals"]["output_tok_s"], ".0f"),
+        )
+    return t
+
+
 def _fault_text(res: ScenarioResult) -> str | None:
     s = res.scenario
     if not s.faults:
@@ -464,6 +524,9 @@ def print_report(res: ScenarioResult, console: Console) -> None:
             pt = _phases_table(res.runs)
             if pt is not None:
                 console.print(pt)
+    if any(r.metrics.get("prefix_cache") for r in res.runs):
+        console.print(_ttft_mean_table(res.runs, res.runs[0].result.classes))
+        console.print(_prefix_table(res.runs))
     if any(r.gateways > 1 for r in res.runs):
         console.print(_gateway_table(res))
     if any(r.metrics.get("limits") for r in res.runs):

@@ -17,9 +17,15 @@ from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 from qosgate.sim.setup import PASSTHROUGH_WINDOW
 
 
+def policy_label(run: Run) -> str:
+    """The run's policy, with its router when several routers are compared."""
+    return run.policy if run.routers == 1 else f"{run.policy} {run.router}"
+
+
 def run_label(run: Run) -> str:
-    """The run's policy, with its gateway count when there are several."""
-    return run.policy if run.gateways == 1 else f"{run.policy} {run.gateways}gw"
+    """``policy_label``, with the gateway count when there are several."""
+    label = policy_label(run)
+    return label if run.gateways == 1 else f"{label} {run.gateways}gw"
 
 
 def _ms(x: float | None) -> str:
@@ -287,7 +293,7 @@ def _gateway_table(res: ScenarioResult) -> Table:
         g = m["totals"]
         rt = m["classes"].get(top, {})
         t.add_row(
-            run.policy, str(run.gateways), "fleet", str(g["count"]), str(g["completed"]),
+            policy_label(run), str(run.gateways), "fleet", str(g["count"]), str(g["completed"]),
             _ms(rt.get("ttft_p99_ms")), _pct(rt.get("slo_attainment")),
             *[_num((m["fairness"].get(c) or {}).get("jain"), ".3f") for c in fair],
             f"{run.result.engine.get('kv_evictions', 0):.0f}",
@@ -315,7 +321,7 @@ def _limits_table(res: ScenarioResult) -> Table:
     for run in res.runs:
         for tenant, x in run.metrics.get("limits", {}).items():
             t.add_row(
-                run.policy, str(run.gateways), tenant, f"{x['requests_per_minute']:g}",
+                policy_label(run), str(run.gateways), tenant, f"{x['requests_per_minute']:g}",
                 str(x["offered"]), str(x["admitted"]), f"{x['allowed']:.1f}",
                 f"{x['overshoot']:+.1f}", " ".join(str(a) for a in x["admitted_per_gateway"]),
             )
@@ -337,7 +343,7 @@ def _retries_table(res: ScenarioResult) -> Table:
             if not x["refused_first"]:
                 continue
             t.add_row(
-                run.policy, cls, str(x["refused_first"]), str(x["served_later"]),
+                policy_label(run), cls, str(x["refused_first"]), str(x["served_later"]),
                 str(x["served_within_slo"]), str(x["gave_up"]), _num(x["attempts_mean"], ".2f"),
                 _ms(x["ttft_from_first_p50_ms"]), _ms(x["ttft_from_first_p99_ms"]),
             )
@@ -386,6 +392,66 @@ def _sweep_table(res: ScenarioResult) -> Table:
             str(g["timed_out"] + g["rejected"]),
         )
         last = run.load
+    return t
+
+
+def _tokens(x: int) -> str:
+    """Compact token counts: 950, 12.3k, 4.56M."""
+    if x < 10_000:
+        return str(x)
+    if x < 1_000_000:
+        return f"{x / 1000:.1f}k"
+    return f"{x / 1_000_000:.2f}M"
+
+
+def _prefix_table(runs: Iterable[Run]) -> Table:
+    """Per run: the engines' prefix-cache hit rate against the trace's ideal, per replica, and
+    the prefill tokens the engines computed against those offered."""
+    t = Table(
+        title="prefix cache (hit rate = engine hits / queries, prompt tokens at first admission; "
+        "ideal = one infinite cache over the requests as offered)",
+        title_justify="left",
+    )
+    for col in ("policy", "hit rate", "ideal", "of ideal", "per replica", "prefill computed",
+                "offered", "computed/offered"):
+        t.add_column(col, justify="left" if col in ("policy", "per replica") else "right")
+    for run in runs:
+        pc = run.metrics.get("prefix_cache")
+        if not pc:
+            continue
+        each = "  ".join(f"{name} {_pct(r['hit_rate'])}" for name, r in pc["replicas"].items())
+        t.add_row(
+            run_label(run),
+            _pct(pc["hit_rate"]),
+            _pct(pc["ideal_hit_rate"]),
+            _num(pc["of_ideal"], ".2f"),
+            each,
+            _tokens(pc["prefill_tokens_computed"]),
+            _tokens(pc["prefill_tokens_offered"]),
+            _pct(pc["computed_of_offered"]),
+        )
+    return t
+
+
+def _ttft_mean_table(runs: Iterable[Run], classes: tuple[str, ...]) -> Table:
+    """Per run: TTFT mean and p99 of each class and of all, with goodput and output tokens/s
+    (the figures a router comparison is judged by)."""
+    t = Table(title="TTFT by class (mean / p99), goodput and output tokens/s",
+              title_justify="left")
+    t.add_column("policy", justify="left")
+    for c in (*classes, "all"):
+        t.add_column(c, justify="right")
+    for col in ("goodput", "tok/s"):
+        t.add_column(col, justify="right")
+    for run in runs:
+        m = run.metrics
+        groups = [m["classes"].get(c, {}) for c in classes] + [m["totals"]]
+        t.add_row(
+            run_label(run),
+            *[f"{_ms(g.get('ttft_mean_ms'))} / {_ms(g.get('ttft_p99_ms'))}" for g in groups],
+            _num(m["totals"]["goodput_rps"], ".2f"),
+            _num(m["totals"]["output_tok_s"], ".0f"),
+        )
     return t
 
 
@@ -458,6 +524,9 @@ def print_report(res: ScenarioResult, console: Console) -> None:
             pt = _phases_table(res.runs)
             if pt is not None:
                 console.print(pt)
+    if any(r.metrics.get("prefix_cache") for r in res.runs):
+        console.print(_ttft_mean_table(res.runs, res.runs[0].result.classes))
+        console.print(_prefix_table(res.runs))
     if any(r.gateways > 1 for r in res.runs):
         console.print(_gateway_table(res))
     if any(r.metrics.get("limits") for r in res.runs):

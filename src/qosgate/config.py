@@ -231,13 +231,17 @@ class CacheRouting(Strict):
         default=False, description="also take OpenAI's `user` field as the session when the "
         "header is absent (opt-in: `user` often names a person, not a conversation)")
     replica_cache_tokens: int = Field(
-        default=400_000, ge=1, description="an estimate of each replica's prefix cache, in "
+        default=1_000_000, ge=1, description="an estimate of each replica's prefix cache, in "
         "tokens: the approximate index of the blocks a replica holds (learned from where "
         "requests were sent) forgets the least recently used beyond it, as the engine evicts")
     prefill_tokens_per_s: float = Field(
         default=20_000.0, gt=0, description="an estimate of a replica's prefill rate: turns "
         "the uncached prompt tokens queued on a replica into seconds (cache-aware's cost, and "
         "whether a strict request's TTFT budget holds on a warm replica)")
+    recompute_weight: float = Field(
+        default=1.0, ge=0, description="cache-aware's cost counts the prompt's uncached "
+        "tokens this many times more than its own wait: prefill a cold replica redoes is work "
+        "the fleet's other requests wait behind too, which the request's own TTFT omits")
     decode_load_s: float = Field(
         default=0.5, ge=0, description="seconds cache-aware's cost adds for a replica's whole "
         "window in use (its running decodes and engine queue slow a new prompt down)")

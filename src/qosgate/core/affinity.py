@@ -116,6 +116,7 @@ class CacheAwareRouter(SessionAffinityRouter):
         self.index = PrefixIndex(cache.replica_cache_tokens)
         self.prefill_rate = cache.prefill_tokens_per_s
         self.decode_load_s = cache.decode_load_s
+        self.own_weight = 1.0 + cache.recompute_weight
         self.warm_wait_s = cache.warm_wait_s
         self.strict_ttft_s = dict(ctx.strict_ttft_s)
         self.strict_tpot_s = dict(ctx.strict_tpot_s)
@@ -140,12 +141,14 @@ class CacheAwareRouter(SessionAffinityRouter):
             return None
         warm = dict(zip([r.name for r in candidates], cached, strict=True))
         bound = self.release_bound(rows)
+        # a warm replica past the release is passed over (while another has room)
+        kept = [row for row in rows if not (warm[row[0].name] and row[2] > bound)] or rows
         best: Replica | None = None
         best_key = (True, _INF)
-        for rep, saturated, score in rows:
+        for rep, saturated, score in kept:
             hit = warm[rep.name]
             if hit and (saturated or score > bound or not self._qos_holds(req, rep, hit)):
-                hit = 0  # released, or where the request's budgets would not hold
+                hit = 0  # no affinity where the request's budgets would not hold
             key = (saturated, self.cost(req, rep, hit))
             if key < best_key:
                 best, best_key = rep, key
@@ -165,8 +168,11 @@ class CacheAwareRouter(SessionAffinityRouter):
 
     def cost(self, req: Request, rep: Replica, hit: int) -> float:
         """Seconds ``req`` is expected to cost on ``rep``: queued and own uncached prefill at
-        the prefill rate, plus the replica's window in use weighed by ``decode_load_s``."""
-        prefill = self.queued_uncached.get(rep.name, 0) + req.prompt_tokens - hit
+        the prefill rate (its own counted ``1 + recompute_weight`` times: what it recomputes
+        delays the fleet's other requests too), plus the replica's window in use weighed by
+        ``decode_load_s``."""
+        own = req.prompt_tokens - hit
+        prefill = self.queued_uncached.get(rep.name, 0) + own * self.own_weight
         sig = rep.signals
         busy = len(rep.inflight) + 1
         if sig is not None and sig.waiting:

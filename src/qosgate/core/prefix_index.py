@@ -100,7 +100,10 @@ class PrefixIndex:
 
     def observe(self, name: str, stored: Sequence[int], removed: Sequence[int],
                 cleared: bool) -> None:
-        """The engine's own KV events for ``name`` (precise mode)."""
+        """The engine's own KV events for ``name`` (precise mode; ignored for a replica
+        whose index is learned from placements)."""
+        if name not in self._precise:
+            return
         lru = self._replicas.get(name)
         if lru is None:
             lru = self._replicas[name] = BlockLru(1 << 62)  # bounded by the engine's events

@@ -11,23 +11,28 @@ pile every tenant onto the replica that first ran it).
 blocks less overlap plus decode blocks) or filter by a match threshold then balance (llm-d,
 SMG). This one costs each replica in *time*, the quantity TTFT is made of:
 
-    (uncached prompt tokens queued on it + this prompt's uncached part) / prefill rate
-    + decode_load_s x its window in use (running decodes and engine queue)
+    (uncached prompt tokens queued on it + (1 + recompute_weight) x this prompt's uncached
+     part) / prefill rate + decode_load_s x its window in use (running decodes, engine queue)
 
 where the cached part is what the per-replica index says (``core.prefix_index``) and the
 queued part counts only what each earlier request was expected *not* to find cached (a warm
-replica with a long queue of cache hits is not busy). It does better than the anchors in
-four ways: (1) when no candidate is warm for the prompt it is exactly ``least-load`` (so it
-cannot lose where little is shared, the failure of sglang #21199); (2) the release is relative
-to the fleet's mean, not an absolute count; (3) QoS: a strict (realtime) request takes a warm
-replica only where its TTFT budget holds (the predicted queued prefill there fits the class's
-budget) and its TPOT holds (the engine's time per token within the class's budget, as
-``least-load-spread`` steers); the reserve, prefill budget and TPOT guard filter before any
-router; (4) a request of a class with a long TTFT budget (batch, offline) may wait briefly for
-its warm replica while that one is full, no longer than ``warm_wait_s`` nor than the prefill
-it would save (then it goes anywhere; the scheduler wakes at that bound, ``wake_at``).
-Sessions are a strong hint: a session's last turn's prompt counts as cached where it ran when
-the request carries no block keys.
+replica with a long queue of cache hits is not busy). The prompt's own uncached part counts
+more than once: its TTFT alone would send it to the replica with the shortest queue, but the
+prefill a cold replica redoes delays every request behind it, fleet-wide (near capacity that
+extra work tipped the engines into KV preemptions and recomputation).
+
+It does better than the anchors in four ways: (1) when no candidate is warm for the prompt it
+is exactly ``least-load`` (so it cannot lose where little is shared, the failure of sglang
+#21199); (2) the release is relative to the fleet's mean, not an absolute count, and a
+released replica is passed over, not merely costed as cold; (3) QoS: a strict (realtime)
+request takes a warm replica only where its TTFT budget holds (the predicted queued prefill
+there fits the class's budget) and its TPOT holds (the engine's time per token within the
+class's budget, as ``least-load-spread`` steers); the reserve, prefill budget and TPOT guard
+filter before any router; (4) a request of a class with a long TTFT budget (batch, offline)
+may wait briefly for its warm replica while that one is full, no longer than ``warm_wait_s``
+nor than the prefill it would save (then it goes anywhere; the scheduler wakes at that bound,
+``wake_at``). Sessions are a strong hint: a session's last turn's prompt counts as cached
+where it ran when the request carries no block keys.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ import msgspec
 import xxhash
 
 from qosgate.core.prefix import Prefix
-from qosgate.wire.parse import CHARS_PER_TOKEN, Body
+from qosgate.wire.parse import CHARS_PER_TOKEN, RENDERED, Body
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _ROOT_KEY = _xxh3(b"qosgate-prefix-v1")
@@ -110,6 +110,21 @@ def rendered_context(members: Iterable[tuple[str, bytes]]) -> bytes:
         name.encode() + b"=" + raw + b"\x00"
         for name, raw in members if raw and raw != b"null"
     )
+
+
+_Rendered = msgspec.defstruct(
+    "_Rendered", [(name, msgspec.Raw, msgspec.Raw(b"")) for name in RENDERED])
+_rendered_decoder = msgspec.json.Decoder(_Rendered)
+
+
+def body_context(body: bytes) -> bytes:
+    """``rendered_context`` of a whole body, for a server that does not read it with
+    ``parse_body`` (the stand-in); b"" for a body that is not a JSON object."""
+    try:
+        r = _rendered_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return b""
+    return rendered_context((name, bytes(getattr(r, name))) for name in RENDERED)
 
 
 def body_prefix(b: Body) -> Prefix | None:

@@ -3,17 +3,24 @@ gateway, one multi-turn chat workload (``bench/multiturn.py``), the same traffic
 router in one run.
 
     .venv/bin/python bench/cache_routing.py [--routers least-load,cache-aware,session-affinity]
-        [--sessions 16] [--turns 8] [--time-scale 1.0] [--seed 1]
+        [--sessions 24] [--turns 8] [--think-s 0.3] [--time-scale 6] [--seed 1]
+
+The defaults load the fleet near what it sustains without a cache's help (``--time-scale 6``:
+every engine step takes six times the profile's H100 time, so the fleet saturates at a rate a
+2-core machine drives without the client becoming the bottleneck).
 
 Per router, on fresh processes (every cache cold): 3 stand-ins (``--enable-prompt-tokens-details``,
-prefix caching on, vLLM's 16-token blocks) and a gateway with ``fleet.router`` set to it; the
+prefix caching on, vLLM's 16-token blocks) and a gateway with ``fleet.router`` set to it (and
+``fleet.cache.prefill_tokens_per_s`` to the stand-ins' prefill rate); the
 workload's sessions share one system prompt, and each turn resends the conversation so far with
 the streamed answer and a new user message appended (seeded: every router sees the same
 sessions, user messages and think times). Printed per router:
 
-- TTFT p50 / p99 of the turns (client side, to the first content chunk), and mean;
+- TTFT p50 / p99 of the turns (client side, to the first content chunk);
 - hit rate: ``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` summed over the
-  stand-ins' ``/metrics`` (prompt tokens found cached / looked up), and each replica's;
+  stand-ins' ``/metrics`` (prompt tokens found cached / looked up), and each replica's; and
+  the ideal (one infinite cache: every turn finds its session's previous prompt, a session's
+  first turn the system prompt once any turn has run), from the turns' reported prompt tokens;
 - output tokens/s over the run, turns completed, refused (HTTP 4xx/5xx) and failed;
 - how the turns spread: per replica, the prompt tokens it was offered (the gateway's
   ``qosgate_replica_prompt_tokens_total{kind="offered"}``), and how many sessions had their
@@ -37,8 +44,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
 
-from bench.multiturn import MultiTurn, prefix_cache_counts, run_sessions, summarize  # noqa: E402
+from bench.multiturn import (  # noqa: E402
+    MultiTurn,
+    Turn,
+    prefix_cache_counts,
+    run_sessions,
+    summarize,
+)
 from qosgate import config as qconfig  # noqa: E402
+from qosgate.models.simmodel import load_profile  # noqa: E402
+from qosgate.wire.parse import CHARS_PER_TOKEN  # noqa: E402
 from tests.gateway.conftest import Server, metric_values, start_gateway, start_standin  # noqa: E402
 
 ROUTERS = ("least-load", "cache-aware", "session-affinity")
@@ -46,10 +61,29 @@ REPLICAS = 3
 CAPACITY = 32  # each upstream's window
 
 
+def ideal_hit_rate(turns: list[Turn], system_tokens: int) -> float:
+    """The hit rate of one infinite cache: a turn finds its session's previous prompt (a
+    prefix of its own), a session's first turn the system prompt unless it is the very first
+    turn of the run."""
+    last: dict[int, int] = {}
+    hits = total = 0
+    for t in sorted(turns, key=lambda t: t.sent):
+        if t.prompt_tokens is None:
+            continue
+        total += t.prompt_tokens
+        if t.session in last:
+            hits += last[t.session]
+        elif total > t.prompt_tokens:
+            hits += min(system_tokens, t.prompt_tokens)
+        last[t.session] = t.prompt_tokens
+    return hits / total if total else float("nan")
+
+
 @dataclass
 class Outcome:
     router: str
     summary: dict[str, float]
+    ideal: float = float("nan")
     queries: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
     offered: dict[str, float] = field(default_factory=dict)
@@ -57,12 +91,15 @@ class Outcome:
     seconds: float = 0.0
 
 
-def gateway(tmp: Path, urls: list[str], router: str) -> Server:
+def gateway(tmp: Path, urls: list[str], router: str, time_scale: float) -> Server:
+    """A gateway over ``urls`` with ``router``, told the stand-ins' prefill rate (the
+    profile's at ``time_scale``), as an operator tells it their engines'."""
+    rate = 1.0 / (load_profile("default").prefill_s_per_token * time_scale)
     cfg: dict[str, Any] = {
         "classes": [c.model_dump(exclude_none=True) for c in qconfig.default_config().classes],
         "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
-        "fleet": {"router": router},
+        "fleet": {"router": router, "cache": {"prefill_tokens_per_s": round(rate)}},
     }
     path = tmp / f"gateway-{router}.json"
     path.write_text(json.dumps(cfg, indent=1))
@@ -88,11 +125,12 @@ async def one_router(router: str, tmp: Path, w: MultiTurn, time_scale: float) ->
     sis = [start_standin(tmp, "--time-scale", str(time_scale), "--enable-prompt-tokens-details")
            for _ in range(REPLICAS)]
     urls = [s.url for s in sis]
-    gw = gateway(tmp, urls, router)
+    gw = gateway(tmp, urls, router, time_scale)
     try:
         t0 = time.monotonic()
         turns = await run_sessions(gw.url, w)
-        out = Outcome(router, summarize(turns), seconds=time.monotonic() - t0)
+        out = Outcome(router, summarize(turns), seconds=time.monotonic() - t0,
+                      ideal=ideal_hit_rate(turns, w.system_chars // CHARS_PER_TOKEN))
         for u in urls:
             q, h = prefix_cache_counts(u)
             out.queries.append(q)
@@ -116,7 +154,7 @@ def report(results: list[Outcome], w: MultiTurn) -> None:
     print(f"\n{w.sessions} sessions x {w.turns} turns, system prompt {w.system_chars} chars, "
           f"user {w.user_chars[0]}-{w.user_chars[1]} chars, answers {w.max_tokens} tokens, "
           f"think {w.think_s} s, seed {w.seed}; {REPLICAS} stand-ins")
-    head = (f"{'router':<18}{'TTFT p50':>10}{'TTFT p99':>10}{'hit rate':>10}"
+    head = (f"{'router':<18}{'TTFT p50':>10}{'TTFT p99':>10}{'hit rate':>10}{'ideal':>7}"
             f"{'tok/s':>9}{'done':>6}{'refused':>8}{'failed':>7}{'split':>7}  per replica: hit "
             "rate / offered prompt tokens")
     print(head)
@@ -127,7 +165,7 @@ def report(results: list[Outcome], w: MultiTurn) -> None:
             f"r{k} {hk / qk if qk else float('nan'):.2f}/{o.offered.get(f'r{k}', 0):.0f}"
             for k, (qk, hk) in enumerate(zip(o.queries, o.hits, strict=True)))
         print(f"{o.router:<18}{s['ttft_p50'] * 1000:>8.0f}ms{s['ttft_p99'] * 1000:>8.0f}ms"
-              f"{h / q if q else float('nan'):>10.3f}{s['tokens_per_s']:>9.0f}"
+              f"{h / q if q else float('nan'):>10.3f}{o.ideal:>7.3f}{s['tokens_per_s']:>9.0f}"
               f"{s['completed']:>6.0f}{s['refused']:>8.0f}{s['failed']:>7.0f}"
               f"{o.split_sessions:>7}  {per}")
     base = next((o for o in results if o.router == "least-load"), None)
@@ -159,14 +197,14 @@ async def main_async(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--routers", default=",".join(ROUTERS))
-    p.add_argument("--sessions", type=int, default=16)
+    p.add_argument("--sessions", type=int, default=24)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--system-chars", type=int, default=4000)
     p.add_argument("--user-chars", type=int, default=1600, help="mean user message length")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--think-s", type=float, default=0.5)
+    p.add_argument("--think-s", type=float, default=0.3)
     p.add_argument("--ramp-s", type=float, default=2.0)
-    p.add_argument("--time-scale", type=float, default=1.0)
+    p.add_argument("--time-scale", type=float, default=6.0)
     p.add_argument("--seed", type=int, default=1)
     asyncio.run(main_async(p.parse_args(argv)))
 

@@ -23,29 +23,18 @@ from collections.abc import Callable, Iterable
 from hashlib import blake2b
 
 import msgspec
+from multiturn import words
 
 from qosgate.wire.parse import parse_body
 from qosgate.wire.prefix import byte_blocks, canonical_messages, chain, request_prefix
 
-WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "on", "be",
-         "tokens", "cache", "prefix", "replica", "engine", "request")
-
 
 def conversation(size: int, rng: random.Random) -> bytes:
     """A chat body of about ``size`` bytes: a system prompt, then user/assistant turns."""
-    def text(n: int) -> str:
-        out: list[str] = []
-        length = 0
-        while length < n:
-            w = rng.choice(WORDS)
-            out.append(w)
-            length += len(w) + 1
-        return " ".join(out)
-
-    msgs = [{"role": "system", "content": text(min(size // 4, 2000))}]
+    msgs = [{"role": "system", "content": words(rng, min(size // 4, 2000))}]
     role = "user"
     while len(msgspec.json.encode(msgs)) < size:
-        msgs.append({"role": role, "content": text(min(600, size // 8))})
+        msgs.append({"role": role, "content": words(rng, min(600, size // 8))})
         role = "assistant" if role == "user" else "user"
     return msgspec.json.encode({"model": "m", "messages": msgs, "max_tokens": 16})
 

@@ -141,6 +141,7 @@ class Gateway:
         self.driver = Driver(
             self.scheduler, {name: batched.get(name, e) for name, e in engines.items()},
             clock=self.clock, on_finished=self._on_finished,
+            on_cached=self.metrics.prompt_cache,
         )
         self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,
                                 self.metrics, self.models, self._context)

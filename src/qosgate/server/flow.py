@@ -22,6 +22,7 @@ from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, Request, Scheduler, State
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Engine
+from qosgate.runtime.precise import PreciseCache
 from qosgate.server.asgi import (
     AsgiSink,
     BodyTimeout,
@@ -63,6 +64,7 @@ class RequestFlow:
         metrics: GatewayMetrics,
         models: Callable[[], list[str]],
         context: Callable[[str], int | None],
+        precise: PreciseCache | None = None,
     ) -> None:
         self.cfg = cfg
         self.engines = engines
@@ -72,6 +74,7 @@ class RequestFlow:
         self.clock = driver.clock
         self.models = models  # the model ids served
         self.context = context  # a model's context length, as its engines report it
+        self.precise = precise  # replicas whose index follows their engine's KV events
         srv = settings.server
         self.max_body = srv.max_body_bytes
         self.body_timeout_s = srv.body_timeout_s
@@ -150,6 +153,8 @@ class RequestFlow:
         # first; none stays none (the engine's own default: vLLM's is the rest of the context)
         asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
         prompt_tokens = estimate_prompt_tokens(b)
+        # precise mode: the keys of the prompt's token ids, as the engines' events name blocks
+        prefix = None if self.precise is None else await self.precise.prefix_of(body, route, model)
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(
@@ -166,6 +171,7 @@ class RequestFlow:
                 asked,
                 model,
                 context=self.context(model),
+                prefix=prefix,
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message,

@@ -45,6 +45,7 @@ from qosgate.wire.job import Job, Route, Unservable
 from qosgate.wire.responses import model_card
 from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority, set_streamed
 from qosgate.wire.sse import JSON_HEADERS
+from qosgate.wire.tokenize import token_ids
 
 log = logging.getLogger("qosgate.upstream")
 
@@ -71,6 +72,7 @@ class OpenAIUpstream:
         self._heads = {route: self._pool.head("POST", path) for route, path in _PATHS.items()}
         self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
         self._metrics_head = self._pool.head("GET", "/metrics", json_body=False)
+        self._tokenize_head = self._pool.head("POST", "/tokenize")
         self._healthy = False
         self._cards: list[dict[str, Any]] = []
         self._created = int(time.time())
@@ -154,6 +156,26 @@ class OpenAIUpstream:
                 conn.close()
         empty = (sig.running, sig.waiting, sig.kv_usage, sig.preemptions_total)
         return None if empty == (None, None, None, None) else sig
+
+    async def tokenize(self, request: bytes) -> list[int] | None:
+        """The token ids of ``request`` (a ``/tokenize`` body: ``wire/tokenize.py``) as this
+        engine renders it, within ``tokenize_timeout_s``; None on any failure (the caller
+        falls back to the keys hashed from the text)."""
+        conn: Connection | None = None
+        try:
+            async with asyncio.timeout(self.cfg.tokenize_timeout_s):
+                conn = await self._pool.request(self._tokenize_head, request)
+                data = await conn.read_all()
+            status = conn.status
+            self._pool.release(conn)
+            conn = None
+        except (TimeoutError, OSError) as exc:
+            log.debug("upstream %s: /tokenize: %r", self.base, exc)
+            return None
+        finally:
+            if conn is not None:
+                conn.close()
+        return token_ids(data) if status == 200 else None
 
     async def check(self) -> bool:
         return (await self.probe()).up

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 
 from qosgate.runtime.kv_events import KVEventFeed
-from qosgate.wire.kv_events import CacheChange, EngineBlocks, decode_batch, request_prefix
+from qosgate.wire.kv_events import CacheChange, EngineBlocks, decode_batch, token_prefix
 from qosgate.wire.prefix import chain, token_blocks
 from qosgate.wire.tokenize import token_ids, tokenize_request
 
@@ -43,12 +43,12 @@ def test_stored_blocks_get_the_keys_a_request_with_those_tokens_gets() -> None:
     # the engine stores the first block, then two more under it (its hashes are its own)
     ch = eb.apply(decode_batch(batch(stored([b"h1"], None, PROMPT[:4]))))
     ch += eb.apply(decode_batch(batch(stored([b"h2", 7], b"h1", PROMPT[4:12]))))
-    keys = request_prefix(PROMPT, BS).keys
+    keys = token_prefix(PROMPT, BS).keys
     assert len(keys) == 3
     assert [k for c in ch for k in c.stored] == list(keys)
     assert eb.block_size == BS
     # another prompt sharing the first 5 tokens shares the first block's key only
-    other = request_prefix([*PROMPT[:5], 1, 2, 3, 4, 5, 6, 7], BS).keys
+    other = token_prefix([*PROMPT[:5], 1, 2, 3, 4, 5, 6, 7], BS).keys
     assert other[0] == keys[0] and other[1] != keys[1]
 
 
@@ -130,7 +130,7 @@ async def _feed_scenario() -> None:
             await publish(first)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(got.wait(), 0.05)
-        keys = request_prefix(PROMPT, BS).keys
+        keys = token_prefix(PROMPT, BS).keys
         assert changes[0].stored == [keys[0]]
         n = len(changes)
         got.clear()

@@ -24,7 +24,7 @@ from qosgate.runtime.driver import Driver
 from qosgate.runtime.kv_events import KVEventFeed
 from qosgate.settings import UpstreamSettings
 from qosgate.wire.job import Route
-from qosgate.wire.kv_events import CacheChange, request_prefix
+from qosgate.wire.kv_events import CacheChange, token_prefix
 from qosgate.wire.tokenize import tokenize_request
 
 log = logging.getLogger("qosgate.kv_events")
@@ -101,7 +101,7 @@ class PreciseCache:
         if ask is None:
             return None
         if isinstance(ask, list):
-            return request_prefix(ask, block)
+            return token_prefix(ask, block)
         t = self.clock()
         ids = await engine.tokenize(ask)
         self.tokenize_s += self.clock() - t
@@ -109,4 +109,4 @@ class PreciseCache:
             self.fallbacks += 1
             return None
         self.tokenized += 1
-        return request_prefix(ids, block)
+        return token_prefix(ids, block)

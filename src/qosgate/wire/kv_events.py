@@ -7,7 +7,7 @@ encoded) of tagged events (a map with ``"type"``): ``BlockStored`` (``block_hash
 hashes are its own (sha256 of its hash seed, the parent and the tokens); the gateway cannot make
 them from a request. So each stored block is re-keyed here as ``chain([its token ids],
 parent=our key of its parent block)``: the same key the gateway makes from the request's token
-ids (``request_prefix``), and a map engine hash -> our key resolves later parents and removals.
+ids (``token_prefix``), and a map engine hash -> our key resolves later parents and removals.
 
 Blocks that cannot be keyed are skipped, never guessed: a parent never seen (events missed, or
 published before the subscriber joined), or blocks whose engine hash covers more than the tokens
@@ -155,7 +155,7 @@ class EngineBlocks:
         return 0
 
 
-def request_prefix(token_ids: Sequence[int], block_size: int) -> Prefix:
+def token_prefix(token_ids: Sequence[int], block_size: int) -> Prefix:
     """A prompt's keys as the engine's events name its blocks (its token ids, as the engine
     tokenizes the prompt, in blocks of the engine's ``block_size``)."""
     return Prefix(chain(token_blocks(token_ids, block_size)), block_size)

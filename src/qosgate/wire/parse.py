@@ -268,7 +268,22 @@ class _Wire(msgspec.Struct):
     # raw spans: their length is the prompt estimate; messages are then checked on their own
     messages: Raw = Raw(b"")
     prompt: Raw = Raw(b"")
+    # members a chat template renders into the prompt (``RENDERED``): part of the prompt's
+    # identity (``wire.prefix``), kept raw
+    tools: Raw = Raw(b"")
+    documents: Raw = Raw(b"")
+    chat_template: Raw = Raw(b"")
+    chat_template_kwargs: Raw = Raw(b"")
+    add_generation_prompt: Raw = Raw(b"")
+    continue_final_message: Raw = Raw(b"")
+    add_special_tokens: Raw = Raw(b"")
+    reasoning_effort: Raw = Raw(b"")
 
+
+# request members a chat template renders into the prompt besides the messages
+RENDERED = ("tools", "documents", "chat_template", "chat_template_kwargs",
+             "add_generation_prompt", "continue_final_message", "add_special_tokens",
+             "reasoning_effort")
 
 _decoder = msgspec.json.Decoder(_Wire, dec_hook=_hook)
 _messages = msgspec.json.Decoder(list[ChatMessage], dec_hook=_media_hook)
@@ -286,7 +301,8 @@ class Body:
     __slots__ = (
         "has_max_completion_tokens", "has_max_tokens", "latency_budget_ms",
         "max_completion_tokens", "max_tokens", "media", "messages", "model", "priority",
-        "prompt", "prompt_chars", "qos_class", "stream", "stream_options", "task_type",
+        "prompt", "prompt_chars", "qos_class", "rendered", "stream", "stream_options",
+        "task_type",
     )
 
     def __init__(
@@ -308,6 +324,9 @@ class Body:
         self.stream_options: StreamOptions | None = _v(w.stream_options)
         self.messages: Raw = w.messages
         self.prompt: Raw = w.prompt
+        # (name, raw JSON) of the members a chat template renders, for the prefix keys
+        self.rendered: tuple[tuple[str, bytes], ...] = tuple(
+            (name, bytes(raw)) for name in RENDERED if len(raw := getattr(w, name)))
         self.prompt_chars = len(w.messages) or len(w.prompt)
         # image and audio parts: counted by their own rule, not as characters
         self.media: MediaCost | None = None

@@ -43,6 +43,7 @@ from qosgate.settings import GatewaySettings
 from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
 from qosgate.wire.job import Job, Route
 from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
+from qosgate.wire.prefix import body_prefix
 from qosgate.wire.splice import set_member
 from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
 
@@ -153,7 +154,8 @@ class RequestFlow:
         # first; none stays none (the engine's own default: vLLM's is the rest of the context)
         asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
         prompt_tokens = estimate_prompt_tokens(b)
-        # precise mode: the keys of the prompt's token ids, as the engines' events name blocks
+        # the prompt's keys: from its token ids where the replicas publish their KV events
+        # (precise mode: as the engines' events name blocks), else from its text
         prefix = None if self.precise is None else await self.precise.prefix_of(body, route, model)
         rid = self._id_prefix + str(next(self._ids))
         try:
@@ -171,7 +173,7 @@ class RequestFlow:
                 asked,
                 model,
                 context=self.context(model),
-                prefix=prefix,
+                prefix=prefix or body_prefix(b),
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message,

@@ -14,13 +14,10 @@ from typing import Any
 import msgspec
 
 from qosgate.wire.job import Route
+from qosgate.wire.parse import RENDERED
 
 # the members of a chat request that change its rendered prompt (vLLM's TokenizeChatRequest)
-_CHAT_RENDERING: tuple[str, ...] = (
-    "model", "messages", "tools", "chat_template", "chat_template_kwargs",
-    "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
-    "mm_processor_kwargs",
-)
+_CHAT_RENDERING: tuple[str, ...] = ("model", "messages", *RENDERED)
 _COMPLETION_RENDERING = ("model", "prompt", "add_special_tokens")
 _decoder = msgspec.json.Decoder(dict[str, Any])
 

@@ -151,6 +151,12 @@ OTHERS_HELD = _f("qosgate_replica_others_held", "gauge", "", R,
 TPOT_GUARD = _f("qosgate_replica_tpot_guard_seconds", "gauge", "seconds", R,
                 "The engine time per output token past which the TPOT guard holds it (learned "
                 "per replica under tpot_guard: auto; absent when the guard is off).")
+REPLICA_PROMPT_TOKENS = _f("qosgate_replica_prompt_tokens_total", "counter", "tokens",
+                           ("replica", "kind"),
+                           "Prompt tokens of the completed requests whose engine reported its "
+                           "prefix cache (vLLM: usage.prompt_tokens_details.cached_tokens): kind "
+                           "offered (their prompts) or cached (what the engine took from its "
+                           "prefix cache rather than computed).")
 ATTEMPT_FAILURES = _f("qosgate_attempt_failures_total", "counter", "", ("class", "replica",
                       "reason"), "Engine calls that failed before the first byte reached the "
                       "client.")

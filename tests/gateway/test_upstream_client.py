@@ -244,8 +244,10 @@ class FakeCall:
     def first_token(self) -> None:
         self.first_tokens += 1
 
-    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+    def done(self, output_tokens: int, prompt_tokens: int | None = None,
+             cached_tokens: int | None = None) -> None:
         self.outcome = ("done", (output_tokens, prompt_tokens))
+        self.cached_tokens = cached_tokens
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         self.outcome = ("failed", reason)

@@ -106,10 +106,15 @@ class Ticket:
         d = self._driver
         self.first_token_at = d.clock()
 
-    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+    def done(self, output_tokens: int, prompt_tokens: int | None = None,
+             cached_tokens: int | None = None) -> None:
         d = self._driver
         self.task = None  # the call is ending by itself: not to be cancelled
-        d.apply(d.scheduler.complete(self.req.id, d.clock(), output_tokens, prompt_tokens))
+        req = self.req
+        if cached_tokens is not None and d.on_cached is not None and req.replica is not None:
+            d.on_cached(req.replica, prompt_tokens or req.prompt_tokens, cached_tokens)
+        d.apply(d.scheduler.complete(req.id, d.clock(), output_tokens, prompt_tokens,
+                                     cached_tokens=cached_tokens))
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         d = self._driver
@@ -154,12 +159,16 @@ class Driver:
         *,
         clock: Callable[[], float] = time.monotonic,
         on_finished: Callable[[Request], None] | None = None,
+        on_cached: Callable[[str, int, int], None] | None = None,
         probe_interval_s: float = 1.0,
     ) -> None:
         self.scheduler = scheduler
         self.engines = engines
         self.clock = clock
         self.on_finished = on_finished
+        # an engine reported its prefix cache for a completed call: (replica, prompt tokens
+        # offered, of those cached)
+        self.on_cached = on_cached
         self.probe_interval_s = probe_interval_s
         self._probing: asyncio.Task[None] | None = None
         self._up: dict[str, bool] = {}

@@ -78,8 +78,12 @@ class InProcessEngine:
         pausable: bool = True,
         max_model_len: int | None = None,
         eos_after: int = 256,
+        prompt_tokens_details: bool = False,
     ) -> None:
         self.engine = engine
+        # report the prompt tokens taken from the engine's prefix cache in each usage, as vLLM's
+        # --enable-prompt-tokens-details
+        self.prompt_tokens_details = prompt_tokens_details
         # the context a sequence may fill (prompt and output); None: the engine sets no bound
         self.max_model_len = max_model_len
         self.eos_after = eos_after  # a simulated model's answer length when nothing caps it
@@ -326,23 +330,26 @@ class InProcessEngine:
                     finished = True
                     self._chans.pop(rid, None)
                     reason = "length" if fin.reason == "length" else "stop"
+                    cached = fin.cached_tokens if self.prompt_tokens_details else None
                     if job.stream:
                         if not sink.started:
                             await sink.start(200, SSE_HEADERS)
                             await sink.send(fmt.opening())
                         await sink.send(
-                            fmt.closing(reason, fin.prompt_tokens, fin.completion_tokens), False
+                            fmt.closing(reason, fin.prompt_tokens, fin.completion_tokens,
+                                        cached), False
                         )
                     else:
                         body = fmt.whole(
-                            "".join(texts), reason, fin.prompt_tokens, fin.completion_tokens
+                            "".join(texts), reason, fin.prompt_tokens, fin.completion_tokens,
+                            cached,
                         )
                         await sink.start(200, JSON_HEADERS)
                         await sink.send(body, False)
                     # paused while the end was being written (the send waited for the client):
                     # the core completes only a running request
                     await self._unpaused(rid)
-                    call.done(fin.completion_tokens, fin.prompt_tokens)
+                    call.done(fin.completion_tokens, fin.prompt_tokens, fin.cached_tokens)
                     return
         finally:
             paused.discard(rid)

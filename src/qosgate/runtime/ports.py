@@ -86,7 +86,11 @@ class Call(Protocol):
         or pulled back, as nothing reached its client)."""
         ...
 
-    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None: ...
+    def done(self, output_tokens: int, prompt_tokens: int | None = None,
+             cached_tokens: int | None = None) -> None:
+        """The call completed: its output tokens and, where the engine said, its prompt tokens
+        and how many of them it took from its prefix cache."""
+        ...
 
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         """The call failed after its first byte (or for good): the request ends ``failed``."""

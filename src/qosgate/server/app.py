@@ -146,6 +146,7 @@ class Gateway:
         self.driver = Driver(
             self.scheduler, {name: batched.get(name, e) for name, e in engines.items()},
             clock=self.clock, on_finished=self._on_finished,
+            on_cached=self.metrics.prompt_cache,
         )
         self.precise = PreciseCache.build(upstreams, self.scheduler, self.driver)
         self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,

@@ -1,5 +1,6 @@
-"""Who is asking: the API key of a request (``Authorization: Bearer``, else ``x-api-key``) and
-its QoS headers (``x-qos-class``, ``x-qos-priority``), and the messages of a refused key."""
+"""Who is asking: the API key of a request (``Authorization: Bearer``, else ``x-api-key``), its
+QoS headers (``x-qos-class``, ``x-qos-priority``), the conversation it belongs to (the session
+header, ``fleet.cache.session_header``), and the messages of a refused key."""
 
 from __future__ import annotations
 
@@ -16,19 +17,28 @@ class RequestHeaders:
     api_key: str | None  # Authorization: Bearer KEY, else x-api-key: KEY
     qos_class: bytes | None  # x-qos-class
     qos_priority: bytes | None  # x-qos-priority
+    session: bytes | None = None  # the session header's value, unchecked (``session_id``)
 
 
-def read_headers(scope: Scope) -> RequestHeaders:
+# a session id is a key the gateway keeps while the conversation lasts: bounded, printable
+MAX_SESSION_CHARS = 256
+
+
+def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> RequestHeaders:
     """The headers of ``RequestHeaders`` in one pass over the request's (the first of each
-    counts)."""
+    counts); ``session_header`` in lower case."""
     authorization: bytes | None = None
     api_key: bytes | None = None
     qos_class: bytes | None = None
     qos_priority: bytes | None = None
+    session: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             if authorization is None:
                 authorization = value
+        elif name == session_header:
+            if session is None:
+                session = value
         elif name == b"x-qos-class":
             if qos_class is None:
                 qos_class = value
@@ -40,7 +50,23 @@ def read_headers(scope: Scope) -> RequestHeaders:
     key = key_of(authorization)
     if key is None:
         key = plain_key(api_key)
-    return RequestHeaders(key, qos_class, qos_priority)
+    return RequestHeaders(key, qos_class, qos_priority, session)
+
+
+def session_id(value: bytes | str) -> str | None:
+    """A session header's (or ``user`` field's) value as a session id: printable ASCII (space
+    to ``~``), 1 to ``MAX_SESSION_CHARS`` characters after trimming spaces; None if it is not
+    one."""
+    text = value.strip() if isinstance(value, str) else value.strip().decode("latin-1")
+    if not 0 < len(text) <= MAX_SESSION_CHARS or not text.isascii() or not text.isprintable():
+        return None
+    return text
+
+
+def session_message(header: str) -> str:
+    """The message of a refused session header."""
+    return (f"The {header} header must be 1 to {MAX_SESSION_CHARS} printable ASCII characters "
+            "(it names the conversation the request belongs to).")
 
 
 def key_of(auth: bytes | None) -> str | None:

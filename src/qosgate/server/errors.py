@@ -85,6 +85,8 @@ _REASONS: dict[str, tuple[int, str, str]] = {
         "invalid_request_error",
         "A member the gateway acts on appears twice or with an escaped key.",
     ),
+    "invalid_session": (400, "invalid_request_error",
+                        "The session header must be a short printable ASCII string."),
     "body_timeout": (408, "timeout_error", "The request body did not arrive in time."),
     "internal_error": (500, "server_error", "The gateway failed on this request."),
 }

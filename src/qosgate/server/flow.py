@@ -3,7 +3,10 @@
 A completion (``complete``) or an embeddings request (``embeddings``): key -> tenant (401), body
 read with the fast partial parser (400), model (404), QoS inputs from the body (``priority``,
 ``latency_budget_ms``, ``task_type``, ``qos_class``) or the ``x-qos-class`` / ``x-qos-priority``
-headers, then the scheduler (413/429/503/504 refusals). While it waits, its task watches the
+headers, the conversation it belongs to (the session header, ``fleet.cache.session_header``:
+a bad value is a 400; else, with ``session_from_user``, the body's ``user``) and its prompt's
+prefix keys (``wire.prefix``: where its prompt may be cached), then the scheduler
+(413/429/503/504 refusals). While it waits, its task watches the
 client and cancels the request if the client goes away (queued: removed; running: aborted at the
 engine). Success bytes are written by the engine call itself; what ended otherwise is answered
 here (``_conclude``).
@@ -36,13 +39,20 @@ from qosgate.server.asgi import (
     send_bytes,
     wait_disconnect,
 )
-from qosgate.server.auth import denied_message, input_param, read_headers, request_key
+from qosgate.server.auth import (
+    denied_message,
+    input_param,
+    read_headers,
+    request_key,
+    session_id,
+    session_message,
+)
 from qosgate.server.errors import outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.settings import GatewaySettings
 from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
 from qosgate.wire.job import Job, Route
-from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body
+from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body, user_of
 from qosgate.wire.prefix import body_prefix
 from qosgate.wire.splice import set_member
 from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
@@ -86,6 +96,10 @@ class RequestFlow:
         self._class_names = {c.name.lower(): c.name for c in cfg.classes}
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex() + "-"
+        cache = cfg.fleet.cache
+        self.session_header = cache.session_header.lower()
+        self._session_key = self.session_header.encode("latin-1")
+        self.session_from_user = cache.session_from_user
 
     async def _refuse(
         self,
@@ -104,7 +118,7 @@ class RequestFlow:
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
         sched = self.scheduler
-        heads = read_headers(scope)
+        heads = read_headers(scope, self._session_key)
         key = heads.api_key
         got = await self._tenant_and_body(scope, receive, send, key)
         if got is None:
@@ -150,6 +164,16 @@ class RequestFlow:
             await self._refuse(send, "invalid_priority", tenant, param="x-qos-priority",
                                message="x-qos-priority must be an integer.")
             return
+        session: str | None = None
+        if heads.session is not None:
+            session = session_id(heads.session)
+            if session is None:
+                await self._refuse(send, "invalid_session", tenant, param=self.session_header,
+                                   message=session_message(self.session_header))
+                return
+        elif self.session_from_user:
+            user = user_of(b)
+            session = session_id(user) if user is not None else None
         # the output cap as the engine reads it: max_completion_tokens (OpenAI's newer name)
         # first; none stays none (the engine's own default: vLLM's is the rest of the context)
         asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
@@ -174,6 +198,7 @@ class RequestFlow:
                 model,
                 context=self.context(model),
                 prefix=prefix or body_prefix(b),
+                session=session,
             )
         except QosInputError as exc:
             await self._refuse(send, exc.code, tenant, message=exc.message,

@@ -318,13 +318,15 @@ class _SelfCollector:
 
 
 class _RequestCounters:
-    """Counters kept by ``GatewayMetrics.observe``, rendered at scrape time: per class
-    ``[met, missed]`` SLO verdicts, per tenant label ``[prompt, output]`` tokens (plain lists in
-    dicts: one lookup each on the request's path)."""
+    """Counters kept by ``GatewayMetrics.observe`` (and ``prompt_cache``), rendered at scrape
+    time: per class ``[met, missed]`` SLO verdicts, per tenant label ``[prompt, output]`` tokens,
+    per replica ``[offered, cached]`` prompt tokens (plain lists in dicts: one lookup each on
+    the request's path)."""
 
     def __init__(self) -> None:
         self.slo: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
+        self.prompt_cache: dict[str, list[int]] = {}
 
     def collect(self) -> Iterator[Metric]:
         slo = mn.SLO.counter()
@@ -337,6 +339,11 @@ class _RequestCounters:
             tokens.add_metric([tenant, "prompt"], prompt)
             tokens.add_metric([tenant, "output"], output)
         yield tokens
+        cache = mn.REPLICA_PROMPT_TOKENS.counter()
+        for replica, (offered, cached) in sorted(self.prompt_cache.items()):
+            cache.add_metric([replica, "offered"], offered)
+            cache.add_metric([replica, "cached"], cached)
+        yield cache
 
 
 class GatewayMetrics:
@@ -415,6 +422,15 @@ class GatewayMetrics:
                 if verdict is None:
                     verdict = self.counters.slo[cls] = [0, 0]
                 verdict[0 if ttft <= budget[0] and tpot <= budget[1] else 1] += 1
+
+    def prompt_cache(self, replica: str, offered: int, cached: int) -> None:
+        """An engine reported its prefix cache for a completed call (driver hook): ``offered``
+        prompt tokens, ``cached`` of them taken from its cache."""
+        acc = self.counters.prompt_cache.get(replica)
+        if acc is None:
+            acc = self.counters.prompt_cache[replica] = [0, 0]
+        acc[0] += offered
+        acc[1] += cached
 
     def render(self) -> bytes:
         t0 = time.perf_counter()

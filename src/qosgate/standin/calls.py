@@ -40,7 +40,8 @@ class StandInCall:
     def first_token(self) -> None:
         pass
 
-    def done(self, output_tokens: int, prompt_tokens: int | None = None) -> None:
+    def done(self, output_tokens: int, prompt_tokens: int | None = None,
+             cached_tokens: int | None = None) -> None:
         cap = self.job.max_tokens
         reason = "length" if cap is not None and output_tokens >= cap else "stop"
         self.finished[reason] += 1

@@ -278,6 +278,7 @@ class _Wire(msgspec.Struct):
     continue_final_message: Raw = Raw(b"")
     add_special_tokens: Raw = Raw(b"")
     reasoning_effort: Raw = Raw(b"")
+    user: Raw = Raw(b"")  # OpenAI's end-user id: a session where configured (kept raw)
 
 
 # request members a chat template renders into the prompt besides the messages
@@ -302,7 +303,7 @@ class Body:
         "has_max_completion_tokens", "has_max_tokens", "latency_budget_ms",
         "max_completion_tokens", "max_tokens", "media", "messages", "model", "priority",
         "prompt", "prompt_chars", "qos_class", "rendered", "stream", "stream_options",
-        "task_type",
+        "task_type", "user",
     )
 
     def __init__(
@@ -327,6 +328,7 @@ class Body:
         # (name, raw JSON) of the members a chat template renders, for the prefix keys
         self.rendered: tuple[tuple[str, bytes], ...] = tuple(
             (name, bytes(raw)) for name in RENDERED if len(raw := getattr(w, name)))
+        self.user: Raw = w.user
         self.prompt_chars = len(w.messages) or len(w.prompt)
         # image and audio parts: counted by their own rule, not as characters
         self.media: MediaCost | None = None
@@ -368,6 +370,14 @@ def parse_body(body: bytes, route: Route | None = None, admission: Admission | N
     elif route == "completions":
         _check_prompt(w.prompt)
     return Body(w, media, admission)
+
+
+def user_of(b: Body) -> str | None:
+    """The body's ``user`` member if it is a string (anything else is the engine's to judge)."""
+    if not len(b.user) or bytes(memoryview(b.user)[:1]) != b'"':
+        return None
+    value = msgspec.json.decode(b.user)
+    return value if isinstance(value, str) else None
 
 
 def estimate_prompt_tokens(b: Body) -> int:

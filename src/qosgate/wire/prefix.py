@@ -7,8 +7,9 @@ engine's KV-cache events in the runtime), so keys from different sources meet in
 
 ``request_prefix`` derives a request's keys from the prompt as the engine will read it:
 
-- chat ``messages``: decoded and written again in one canonical JSON form (keys sorted, no
-  whitespace, one spelling of every string), so the same conversation sent by two clients -- one
+- chat ``messages``: decoded and written again in one canonical JSON form (keys sorted, the
+  content last, no whitespace, one spelling of every string), so the same conversation sent by
+  two clients -- one
   that escapes ``é`` and puts ``content`` before ``role``, one that does neither -- gets the
   same keys, and two different conversations can never share a key past the point where they
   differ (the canonical form is injective: different values, different bytes). The list's
@@ -40,7 +41,7 @@ import msgspec
 import xxhash
 
 from qosgate.core.prefix import Prefix
-from qosgate.wire.parse import CHARS_PER_TOKEN, Body
+from qosgate.wire.parse import CHARS_PER_TOKEN, RENDERED, Body
 
 _xxh3 = xxhash.xxh3_64_intdigest
 _ROOT_KEY = _xxh3(b"qosgate-prefix-v1")
@@ -79,23 +80,30 @@ def byte_blocks(data: bytes, block: int) -> list[bytes]:
     return [data[k:k + block] for k in range(0, len(data) - block + 1, block)]
 
 
-_canon = msgspec.json.Encoder(order="sorted").encode
+_canon = msgspec.json.Encoder(order="deterministic").encode  # every dict's keys sorted
 _decode_any = msgspec.json.decode
 
 
 def canonical_messages(span: bytes) -> bytes:
     """``messages`` in canonical JSON, without the list's closing bracket (see the module):
-    b"" for a body the parser would refuse (not a list)."""
+    each message as ``[its other members (keys sorted), its content]``, so that what a template
+    renders before the content (the role, a name) comes before it here too: two messages that
+    differ there differ before their content does. b"" for a value the parser would refuse."""
     msgs = _decode_any(span)
     if not isinstance(msgs, list):
         return b""
+    out: list[Any] = []
     for m in msgs:
-        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        content = m.pop("content", None)
         if isinstance(content, list):
             for i, part in enumerate(content):
                 if isinstance(part, dict) and part.get("type", "text") != "text":
                     content[i] = {"type": part.get("type"), "ref": _media_ref(part)}
-    return _canon(msgs)[:-1]
+        out.append([m, content])
+    return _canon(out)[:-1]
 
 
 def _media_ref(part: dict[str, Any]) -> str:
@@ -110,6 +118,21 @@ def rendered_context(members: Iterable[tuple[str, bytes]]) -> bytes:
         name.encode() + b"=" + raw + b"\x00"
         for name, raw in members if raw and raw != b"null"
     )
+
+
+_Rendered = msgspec.defstruct(
+    "_Rendered", [(name, msgspec.Raw, msgspec.Raw(b"")) for name in RENDERED])
+_rendered_decoder = msgspec.json.Decoder(_Rendered)
+
+
+def body_context(body: bytes) -> bytes:
+    """``rendered_context`` of a whole body, for a server that does not read it with
+    ``parse_body`` (the stand-in); b"" for a body that is not a JSON object."""
+    try:
+        r = _rendered_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return b""
+    return rendered_context((name, bytes(getattr(r, name))) for name in RENDERED)
 
 
 def body_prefix(b: Body) -> Prefix | None:

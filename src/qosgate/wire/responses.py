@@ -20,12 +20,27 @@ from qosgate.wire.job import Route
 _enc = msgspec.json.Encoder().encode
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
+def _usage(prompt: int, completion: int,
+           details: dict[str, object] | None = None) -> dict[str, object]:
+    usage: dict[str, object] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if details is not None:
+        usage["prompt_tokens_details"] = details
+    return usage
+
+
+def prompt_details(cached: int | None, only_cached: bool = False) -> dict[str, object] | None:
+    """``usage.prompt_tokens_details`` as vLLM 0.32 writes it with
+    ``--enable-prompt-tokens-details`` (None: not asked for). Its three members, except in a
+    completions stream, which sets only ``cached_tokens`` (its chunks leave unset members out)."""
+    if cached is None:
+        return None
+    if only_cached:
+        return {"cached_tokens": cached}
+    return {"cached_tokens": cached, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 class Formatter:
@@ -67,8 +82,10 @@ class Formatter:
     def token(self, text: str) -> bytes:
         return self._pre + _enc(text) + self._suf
 
-    def closing(self, finish_reason: str, prompt: int, completion: int) -> bytes:
-        """The finish chunk, the usage chunk if asked for, and ``[DONE]``."""
+    def closing(self, finish_reason: str, prompt: int, completion: int,
+                cached: int | None = None) -> bytes:
+        """The finish chunk, the usage chunk if asked for, and ``[DONE]``; ``cached``: the
+        prompt tokens taken from a prefix cache, to report (``prompt_details``), or None."""
         if self.route == "chat":
             choice = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
         else:
@@ -76,14 +93,16 @@ class Formatter:
         out = self._chunk(choice)
         if self.include_usage:
             out += sse.json_event(
-                _enc({**self._head(), "choices": [], "usage": _usage(prompt, completion)}))
+                _enc({**self._head(), "choices": [], "usage": _usage(
+                    prompt, completion, prompt_details(cached, self.route != "chat"))}))
         return out + sse.DONE
 
     def error_event(self, message: str, type_: str, code: str | int) -> bytes:
         return sse.error_event(message, type_, code)
 
     # ------------------------------------------------------------------ whole responses
-    def whole(self, text: str, finish_reason: str, prompt: int, completion: int) -> bytes:
+    def whole(self, text: str, finish_reason: str, prompt: int, completion: int,
+              cached: int | None = None) -> bytes:
         if self.route == "chat":
             choice: dict[str, object] = {
                 "index": 0,
@@ -102,7 +121,7 @@ class Formatter:
                 "created": self.created,
                 "model": self.model,
                 "choices": [choice],
-                "usage": _usage(prompt, completion),
+                "usage": _usage(prompt, completion, prompt_details(cached)),
             }
         )
 

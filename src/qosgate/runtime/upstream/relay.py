@@ -21,6 +21,9 @@ from qosgate.wire.sse import DONE_LINE
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+_CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
+# (completion, prompt, cached prompt) tokens of an answer's usage; None where it did not say
+Usage = tuple[int, int | None, int | None]
 _SSE_CACHE = (b"cache-control", b"no-cache")
 
 
@@ -102,10 +105,10 @@ class Relay:
         self.task: asyncio.Task[Any] | None = None
         self.conn: Connection | None = None
 
-    def counts(self) -> tuple[int, int | None]:
+    def counts(self) -> Usage:
         if self.usage is not None:
             return self.usage
-        return self.tokens, None
+        return self.tokens, None, None
 
     async def run(self, conn: Connection) -> None:
         """Relay ``conn``'s response (its request just sent) until it ends; raises its error."""
@@ -113,7 +116,7 @@ class Relay:
         self.task = asyncio.current_task(conn.loop)
         self.first = True
         self.tokens = 0  # data events that carry a token (see _count)
-        self.usage: tuple[int, int | None] | None = None
+        self.usage: Usage | None = None
         self.outcome: str | None = None  # "complete" | "status"
         self.exc: BaseException | None = None
         self.stalled: SinkStep | None = None  # a sink call that must wait: the task's to finish
@@ -243,13 +246,16 @@ def token_events(data: bytes) -> int:
                      + data.count(DONE_LINE))
 
 
-def usage_counts(data: bytes) -> tuple[int, int | None] | None:
-    """(completion, prompt) tokens of the usage in ``data``, if it has one."""
+def usage_counts(data: bytes) -> Usage | None:
+    """(completion, prompt, cached prompt) tokens of the usage in ``data``, if it has one; the
+    last two None where it does not say (cached: vLLM's
+    ``usage.prompt_tokens_details.cached_tokens``, with ``--enable-prompt-tokens-details``)."""
     m = _COMPLETION_TOKENS.search(data)
     if m is None:
         return None
     p = _PROMPT_TOKENS.search(data)
-    return int(m.group(1)), int(p.group(1)) if p else None
+    c = _CACHED_TOKENS.search(data) if b'"cached_tokens"' in data else None
+    return int(m.group(1)), int(p.group(1)) if p else None, int(c.group(1)) if c else None
 
 
 class Gather:

@@ -253,7 +253,7 @@ class OpenAIUpstream:
         # the core's first byte: raises Withdrawn if the request was pulled back meanwhile
         await sink.start(status, list(JSON_HEADERS))
         await sink.send(answer, False)
-        call.done(*(usage or (tokens, None)))
+        call.done(*(usage or (tokens, None, None)))
 
     async def _run(self, call: Call, body: bytes | None, sent: Connection | None) -> None:
         job = call.job

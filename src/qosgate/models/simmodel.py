@@ -19,6 +19,17 @@ Sarathi-Serve): every running decode seq gets one token; what is left of the
 then to waiting seqs, at most ``max_num_seqs`` running. The step that completes a prefill samples
 the first token. KV is counted in tokens: a seq holds one slot per token whose KV was computed.
 
+Prefix cache (``prefix_cache.PrefixCache``), for a seq whose ``SeqSpec.prefix`` is set: when it is
+admitted (again after a recompute eviction) its leading cached blocks count as computed, at most
+``(prompt + generated - 1) // block`` of them (vLLM always computes the last token, to sample
+from), so its prefill costs only the rest; each full prompt block is cached (pinned by the seq)
+as its prefill covers it, and stays cached, unpinned, in an LRU after the seq ends or is evicted.
+The LRU is bounded by the KV the seqs do not hold (trimmed after every step). Simplification:
+each seq counts every KV slot it uses, so two running seqs that share cached blocks count them
+twice in ``kv_used`` (vLLM counts them once): the model is pessimistic on KV under sharing, never
+over capacity. ``prefix_cache_queries``/``hits`` count prompt tokens of first admissions only, as
+vLLM 0.32 does (a preempted request's lookups are kept apart there).
+
 Preemption is recompute-style (vLLM V1 default): when a running seq cannot get KV slots, a victim
 (the most recently admitted under "fcfs", the largest ``engine_priority`` value then latest arrival
 under "priority") loses its KV and goes back to the head of the waiting queue; on readmission it
@@ -26,8 +37,9 @@ re-prefills prompt + generated tokens and its next token continues the index. As
 waiting seq is admitted in a step that preempted. Under "priority", a waiting seq that does not fit
 also preempts running seqs with a strictly larger value (vLLM V0 ``_schedule_priority_preemption``).
 
-One module (~520 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
-running set, KV accounting and preemption -- is one step function's state; apart, each piece
+One module (~640 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
+running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
+function's state; apart, each piece
 would reach into the others' counters.
 """
 
@@ -45,6 +57,7 @@ import yaml
 from pydantic import Field
 
 from qosgate.config import Strict
+from qosgate.models.prefix_cache import PrefixCache
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
 
 Policy = Literal["fcfs", "priority"]
@@ -103,6 +116,12 @@ class EngineMetrics:
     # after a seq's first counts the step it came in
     itl_s_total: float = 0.0
     itl_tokens_total: int = 0
+    # vllm:prefix_cache_queries / vllm:prefix_cache_hits: prompt tokens looked up / found cached
+    # at a request's first admission
+    prefix_cache_queries_total: int = 0
+    prefix_cache_hits_total: int = 0
+    # tokens fed to prefill steps (recomputation included): what the prefix cache saves
+    prefill_tokens_total: int = 0
 
 
 @dataclass(slots=True)
@@ -140,7 +159,23 @@ def token_word(seq_id: str, index: int) -> tuple[int, str]:
 
 
 class _Seq:
-    __slots__ = ("computed", "gen", "id", "limit", "max_tokens", "order", "prio", "prompt", "state")
+    __slots__ = (
+        "admitted",
+        "block",
+        "cached",
+        "computed",
+        "full",
+        "gen",
+        "id",
+        "keys",
+        "limit",
+        "max_tokens",
+        "order",
+        "pinned",
+        "prio",
+        "prompt",
+        "state",
+    )
 
     def __init__(self, spec: SeqSpec, order: int, room: int) -> None:
         self.id = spec.seq_id
@@ -154,6 +189,15 @@ class _Seq:
         self.computed = 0  # tokens whose KV is in the cache (== KV slots held)
         self.gen = 0  # tokens generated (and emitted) so far
         self.state = _WAITING
+        self.admitted = False  # taken from the waiting queue at least once
+        prefix = spec.prefix
+        # prefix cache: its block keys (None: no identity, nothing cached), the tokens of one,
+        # its full prompt blocks, how many leading ones it pins now, prompt tokens found cached
+        self.keys = None if prefix is None or not prefix.keys else prefix.keys
+        self.block = prefix.block_tokens if prefix is not None else 0
+        self.full = 0 if self.keys is None else min(len(self.keys), self.prompt // self.block)
+        self.pinned = 0
+        self.cached = 0
 
     def remaining(self) -> int:
         """Tokens still to feed before the next token can be sampled."""
@@ -224,6 +268,10 @@ class SimEngine:
         self._busy = 0.0
         self._itl_s = 0.0
         self._itl_n = 0
+        self._cache = PrefixCache()
+        self._pc_queries = 0
+        self._pc_hits = 0
+        self._prefill_total = 0
 
     # ---- StepEngine ----------------------------------------------------------------------------
 
@@ -271,6 +319,7 @@ class SimEngine:
         else:
             self._n_paused -= 1
         self._kv_used -= s.computed
+        self._release(s)
 
     def has_work(self) -> bool:
         return bool(self._running) or len(self._waiting) > 0
@@ -346,6 +395,9 @@ class SimEngine:
             s.computed += k
             s.gen += k
         self._kv_used += n * k
+        cache = self._cache
+        if cache.lru_tokens > p.kv_capacity_tokens - self._kv_used:
+            cache.trim(p.kv_capacity_tokens - self._kv_used)
         self._gen_total += n * k
         self._steps += k
         dur = k * d0 + acc * k * (k - 1) / 2
@@ -371,6 +423,9 @@ class SimEngine:
             busy_s_total=self._busy,
             itl_s_total=self._itl_s,
             itl_tokens_total=self._itl_n,
+            prefix_cache_queries_total=self._pc_queries,
+            prefix_cache_hits_total=self._pc_hits,
+            prefill_tokens_total=self._prefill_total,
         )
 
     def generated(self, seq_id: str) -> int:
@@ -379,14 +434,55 @@ class SimEngine:
 
     # ---- scheduling ----------------------------------------------------------------------------
 
-    def _head_fits(self, head: _Seq) -> bool:
-        """Could ``head`` be admitted once every running seq has taken one token of budget/KV?"""
+    def _head_fits(self, head: _Seq, hit: int = 0) -> bool:
+        """Could ``head`` be admitted once every running seq has taken one token of budget/KV,
+        ``hit`` of its tokens taken from the prefix cache? (A hit never makes it fit sooner:
+        the cached tokens take KV too, so ``hit=0`` is the lower bound of what it needs.)"""
         n = len(self._running)
         p = self.profile
         left = p.max_num_batched_tokens - n
         if n >= p.max_num_seqs or left <= 0:
             return False
-        return min(head.remaining(), left) <= p.kv_capacity_tokens - self._kv_used - n
+        need = hit + min(head.remaining() - hit, left)
+        return need <= p.kv_capacity_tokens - self._kv_used - n
+
+    # ---- prefix cache --------------------------------------------------------------------------
+
+    def _hit(self, s: _Seq) -> int:
+        """Prompt tokens of a waiting seq holding no KV that the prefix cache would give it."""
+        if s.keys is None or s.computed:
+            return 0
+        most = min(s.full, (s.prompt + s.gen - 1) // s.block)
+        return self._cache.lookup(s.keys, most) * s.block
+
+    def _admit_cached(self, s: _Seq, hit: int) -> None:
+        """``s`` is admitted: it takes its ``hit`` cached tokens (pinned) as computed."""
+        if not s.admitted:
+            s.admitted = True
+            s.cached = hit
+            self._pc_queries += s.prompt
+            self._pc_hits += hit
+        if hit:
+            assert s.keys is not None
+            s.pinned = hit // s.block
+            self._cache.pin(s.keys[: s.pinned])
+            s.computed = hit
+            self._kv_used += hit
+
+    def _cache_computed(self, s: _Seq) -> None:
+        """Pin (and so cache) the full prompt blocks ``s``'s prefill now covers."""
+        assert s.keys is not None
+        upto = min(s.full, s.computed // s.block)
+        if upto > s.pinned:
+            self._cache.pin(s.keys[s.pinned : upto])
+            s.pinned = upto
+
+    def _release(self, s: _Seq) -> None:
+        """``s`` lets go of its blocks (finished, evicted, aborted): they stay cached, unpinned."""
+        if s.pinned:
+            assert s.keys is not None
+            self._cache.unpin(s.keys[: s.pinned], s.block)
+            s.pinned = 0
 
     def _victim(self) -> _Seq:
         if self._waiting.fcfs:
@@ -397,6 +493,7 @@ class SimEngine:
         del self._running[s.id]
         self._kv_used -= s.computed
         s.computed = 0
+        self._release(s)
         s.state = _WAITING
         self._waiting.push(s, front=True)
         self._preempt_total += 1
@@ -407,7 +504,11 @@ class SimEngine:
         p = self.profile
         waiting = self._waiting
         if not waiting.fcfs:
-            while len(waiting) and self._running and not self._head_fits(waiting.peek()):
+            while (
+                len(waiting)
+                and self._running
+                and not self._head_fits(waiting.peek(), self._hit(waiting.peek()))
+            ):
                 victim = self._victim()
                 if victim.prio <= waiting.peek().prio:
                     break
@@ -442,14 +543,20 @@ class SimEngine:
         if not preempted:
             while budget > 0 and len(waiting) and len(self._running) < p.max_num_seqs:
                 s = waiting.peek()
-                k = min(s.remaining(), budget)
-                if k > free:
+                hit = self._hit(s) if s.keys is not None else 0
+                k = min(s.remaining() - hit, budget)
+                if k + hit > free:
                     break
                 waiting.pop()
                 s.state = _RUNNING
                 self._running[s.id] = s
+                if s.keys is not None:
+                    self._admit_cached(s, hit)
+                elif not s.admitted:
+                    s.admitted = True
+                    self._pc_queries += s.prompt
                 sched[s] = k
-                free -= k
+                free -= k + hit
                 budget -= k
         return sched
 
@@ -470,6 +577,7 @@ class SimEngine:
                 ctx += s.computed + 1
             else:
                 prefill += k
+        self._prefill_total += prefill
         dur = (
             p.step_fixed_s
             + p.prefill_s_per_token * prefill
@@ -483,6 +591,8 @@ class SimEngine:
         for s, k in sched.items():
             s.computed += k
             self._kv_used += k
+            if s.pinned < s.full:
+                self._cache_computed(s)
             if s.computed != s.prompt + s.gen:
                 continue  # prefill chunk, no token yet
             idx = s.gen
@@ -500,10 +610,14 @@ class SimEngine:
             if s.gen >= s.limit:
                 interesting = True
                 reason: Literal["length", "stop"] = "length" if s.gen >= s.max_tokens else "stop"
-                res.finished.append(FinishEvent(s.id, reason, s.prompt, s.gen))
+                res.finished.append(FinishEvent(s.id, reason, s.prompt, s.gen, s.cached))
                 del self._running[s.id]
                 del self._seqs[s.id]
                 self._kv_used -= s.computed
+                self._release(s)
+        cache = self._cache
+        if cache.lru_tokens > p.kv_capacity_tokens - self._kv_used:
+            cache.trim(p.kv_capacity_tokens - self._kv_used)
         return 1, interesting
 
 

@@ -18,6 +18,7 @@ from rich.progress import (
 )
 
 from qosgate.config import Fleet
+from qosgate.core.routers import ROUTERS
 from qosgate.extras import PLOTS, missing
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
@@ -73,7 +74,8 @@ def simulate_command(
     ] = None,
     trace: Annotated[
         Path | None,
-        typer.Option(help="Trace CSV (default: shared/traces/azure_llm_conv_2023.csv)."),
+        typer.Option(help="Trace: an Azure LLM CSV or a Mooncake JSONL (default: the "
+                     "scenario's, from shared/traces/)."),
     ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Directory for the JSON, CSV and PNG files.")
@@ -127,8 +129,9 @@ def simulate_command(
     ] = None,
     router: Annotated[
         str | None,
-        typer.Option("--router", help="fleet.router for every gateway: least-load (the "
-                     "default), least-load-spread or most-free."),
+        typer.Option("--router", help="fleet.router for every gateway, from: "
+                     f"{', '.join(ROUTERS)} (default least-load); several, comma-separated: "
+                     "one run per router, side by side."),
     ] = None,
     tpot_guard: Annotated[
         str | None,
@@ -199,8 +202,16 @@ def simulate_command(
         if gw:
             changes["gateways"] = {**sc.gateways.model_dump(), **gw}
         fleet: dict[str, Any] = {}
-        if router is not None:
-            fleet["router"] = router
+        routers = [r.strip() for r in (router or "").split(",") if r.strip()]
+        if router is not None and not routers:
+            raise ScenarioError(f"--router names no router: give one or more of "
+                                f"{', '.join(ROUTERS)}")
+        if len(routers) == 1:
+            fleet["router"] = routers[0]
+            if sc.routers:  # one router given replaces the scenario's list
+                changes["routers"] = []
+        elif routers:
+            changes["routers"] = routers
         if tpot_guard is not None:
             fleet["tpot_guard"] = None if tpot_guard == "off" else tpot_guard
         if prefill_budget is not None:
@@ -225,7 +236,7 @@ def simulate_command(
         if not (quiet or json_only):
             err.print(f"no plots: `{PLOTS.pip}` writes them", markup=False, soft_wrap=True)
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
-    total_runs = n_loads * len(sc.gateways.counts) * len(sc.policies)
+    total_runs = n_loads * len(sc.gateways.counts) * len(prep.configs()) * len(sc.policies)
     show = not (quiet or json_only)
     started = time.perf_counter()
     done_runs = 0

@@ -250,7 +250,9 @@ class Simulation:
                 rep.engine.resume(rid)
             else:
                 self.calls += 1
-                out += self._holder(rid).complete(rid, now, fin.completion_tokens)
+                out += self._holder(rid).complete(
+                    rid, now, fin.completion_tokens, cached_tokens=fin.cached_tokens or None
+                )
             return out
         a = self.arr[rid]
         spec = SeqSpec(
@@ -262,6 +264,7 @@ class Simulation:
             # talking to vLLM directly would send it; else qosgate's order (``engine_order``)
             engine_priority=d.req.level if self.passthrough or d.req.order is None
             else d.req.order,
+            prefix=a.prefix,
         )
         try:
             rep.engine.add(spec)
@@ -372,7 +375,9 @@ class Simulation:
                 self.started.add(ev.seq_id)
                 self.apply(sched.first_token(ev.seq_id, t), t)
             else:
-                self.apply(sched.complete(ev.seq_id, t, ev.completion_tokens), t)
+                self.apply(sched.complete(
+                    ev.seq_id, t, ev.completion_tokens, cached_tokens=ev.cached_tokens or None
+                ), t)
         rep.buf = None
 
     # ------------------------------------------------------------------ health and faults
@@ -613,7 +618,7 @@ class Simulation:
         self.gateways.of[a.rid] = g
         sched = self.gateways.schedulers[g]
         inputs = self.setup.workload.inputs[a.stream]
-        req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens)
+        req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens, prefix=a.prefix)
         self.apply(sched.submit(req, now), now)
 
     def _on_sync(self, ev: SyncDue, now: float) -> None:
@@ -666,7 +671,23 @@ class Simulation:
                  "sync_delay_s": self.setup.gateways.sync_delay}
                 if self.gateways.shared else {}
             ),
+            prefix_cache=self._prefix_cache(),
         )
+
+    def _prefix_cache(self) -> dict[str, dict[str, int]]:
+        """Per replica, its engines' prefix-cache counters (tokens), when the workload carries
+        prefixes (else empty: a run without them reports nothing of a cache)."""
+        if not any(a.prefix is not None for a in self.setup.workload.arrivals):
+            return {}
+        out: dict[str, dict[str, int]] = {}
+        for p in self.plans:
+            ms = [e.metrics() for e in self.reps[p.name].engines()]
+            out[p.name] = {
+                "queries": sum(m.prefix_cache_queries_total for m in ms),
+                "hits": sum(m.prefix_cache_hits_total for m in ms),
+                "prefill_tokens": sum(m.prefill_tokens_total for m in ms),
+            }
+        return out
 
     def _fleet(self, views: list[Snapshot]) -> dict[str, object]:
         failures: Counter[str] = Counter()

@@ -99,6 +99,7 @@ def run_document(run: Run) -> dict[str, Any]:
     m = run.metrics
     return {
         "policy": run.policy,
+        "router": run.router,
         "load": run.load,
         "offered_rps": run.offered_rps,
         "arrivals": r.arrivals,
@@ -127,6 +128,8 @@ def run_document(run: Run) -> dict[str, Any]:
            if run.gateways > 1 else {}),
         **({"limits": m["limits"]} if m.get("limits") else {}),
         **({"retries": m["retries"]} if m.get("retries") else {}),
+        # only with a workload that carries prefixes (see ``prefix_stats``)
+        **({"prefix_cache": m["prefix_cache"]} if m.get("prefix_cache") else {}),
     }
 
 
@@ -196,6 +199,8 @@ def csv_rows(res: ScenarioResult) -> list[dict[str, Any]]:
         base = {"policy": run.policy, "load": run.load, "offered_rps": run.offered_rps}
         if several:  # which gateway count the row is from (absent with one gateway, as before)
             base["gateways"] = run.gateways
+        if run.routers > 1:  # which router (absent with one, as before)
+            base["router"] = run.router
         rows.append({**base, "group_kind": "total", "group": "all", **m["totals"]})
         for kind, singular in GROUP_KINDS.items():
             for name, g in m[kind].items():

@@ -17,9 +17,15 @@ from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 from qosgate.sim.setup import PASSTHROUGH_WINDOW
 
 
+def policy_label(run: Run) -> str:
+    """The run's policy, with its router when several routers are compared."""
+    return run.policy if run.routers == 1 else f"{run.policy} {run.router}"
+
+
 def run_label(run: Run) -> str:
-    """The run's policy, with its gateway count when there are several."""
-    return run.policy if run.gateways == 1 else f"{run.policy} {run.gateways}gw"
+    """``policy_label``, with the gateway count when there are several."""
+    label = policy_label(run)
+    return label if run.gateways == 1 else f"{label} {run.gateways}gw"
 
 
 def _ms(x: float | None) -> str:
@@ -287,7 +293,7 @@ def _gateway_table(res: ScenarioResult) -> Table:
         g = m["totals"]
         rt = m["classes"].get(top, {})
         t.add_row(
-            run.policy, str(run.gateways), "fleet", str(g["count"]), str(g["completed"]),
+            policy_label(run), str(run.gateways), "fleet", str(g["count"]), str(g["completed"]),
             _ms(rt.get("ttft_p99_ms")), _pct(rt.get("slo_attainment")),
             *[_num((m["fairness"].get(c) or {}).get("jain"), ".3f") for c in fair],
             f"{run.result.engine.get('kv_evictions', 0):.0f}",
@@ -315,7 +321,7 @@ def _limits_table(res: ScenarioResult) -> Table:
     for run in res.runs:
         for tenant, x in run.metrics.get("limits", {}).items():
             t.add_row(
-                run.policy, str(run.gateways), tenant, f"{x['requests_per_minute']:g}",
+                policy_label(run), str(run.gateways), tenant, f"{x['requests_per_minute']:g}",
                 str(x["offered"]), str(x["admitted"]), f"{x['allowed']:.1f}",
                 f"{x['overshoot']:+.1f}", " ".join(str(a) for a in x["admitted_per_gateway"]),
             )
@@ -337,7 +343,7 @@ def _retries_table(res: ScenarioResult) -> Table:
             if not x["refused_first"]:
                 continue
             t.add_row(
-                run.policy, cls, str(x["refused_first"]), str(x["served_later"]),
+                policy_label(run), cls, str(x["refused_first"]), str(x["served_later"]),
                 str(x["served_within_slo"]), str(x["gave_up"]), _num(x["attempts_mean"], ".2f"),
                 _ms(x["ttft_from_first_p50_ms"]), _ms(x["ttft_from_first_p99_ms"]),
             )

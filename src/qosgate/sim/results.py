@@ -78,3 +78,6 @@ class RunResult:
     gateway_evictions: tuple[int, ...] = (0,)
     # the shared state, with N > 1 gateways sharing it: syncs carried out per gateway
     shared: dict[str, object] = field(default_factory=dict)
+    # a workload with prefixes: per replica, the engines' prefix-cache queries and hits and the
+    # prefill tokens they computed (tokens; empty without prefixes)
+    prefix_cache: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -42,6 +42,10 @@ through the shared-state protocol (``core.shared.SyncProtocol``) over a ``Memory
 time (``shared: false``: each instance its own limits and fair-share counters). Unset: one
 gateway, as before.
 
+Routers. ``routers: [least-load, cache-aware]`` (or ``--router least-load,cache-aware``) runs
+every policy once per fleet router (``fleet.router``), on the same requests; unset, the config's
+own router alone.
+
 Description. ``{load}``, ``{time_scale}`` and ``{duration}`` in a description are replaced by the
 values the run uses (``--load``, ``--time-scale``, ``--duration`` included); an override of a
 value the description does not template is noted after it.
@@ -167,6 +171,9 @@ class Scenario(Strict):
     window_mode: WindowMode | None = None
     engine_queue: EngineQueue = "auto"
     policies: tuple[str, ...] = Field(default=("fifo", "priority", "qos"), min_length=1)
+    # fleet routers to compare, one run each on the same requests (config ``fleet.router``);
+    # empty: the config's own
+    routers: tuple[str, ...] = ()
     faults: tuple[Fault, ...] = ()
     probe_interval_s: float = Field(
         default=1.0, gt=0, description="health probe (and metrics scrape) cadence, as the gateway's"
@@ -196,6 +203,8 @@ class Scenario(Strict):
         for p in self.policies:
             if p not in SIM_POLICIES:
                 raise ValueError(f"unknown policy {p!r}; choose from {', '.join(SIM_POLICIES)}")
+        if len(set(self.routers)) != len(self.routers):
+            raise ValueError(f"routers: a router named twice in {list(self.routers)}")
         if self.arrivals.process != "trace" and self.duration_s is None:
             raise ValueError("duration_s is needed unless arrivals come from a trace")
         if (

@@ -1,7 +1,8 @@
 """Scenarios prepared and run: a scenario file (``scenario_file.py``) resolved against its engine
 profiles, qosgate config and trace (``prepare``: the capacity its load is relative to, each
-replica's window), then simulated under every policy -- and, for a sweep, every load, and every
-gateway count -- on the same requests (``run_scenario``), each run with its metrics.
+replica's window), then simulated under every policy -- and, for a sweep, every load, every
+gateway count, and every router of ``routers`` -- on the same requests (``run_scenario``), each
+run with its metrics.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from qosgate.models.simmodel import EngineProfile, load_profile
 from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
+from qosgate.sim.prefix_stats import prefix_metrics
 from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import ReplicaGroup, Scenario, ScenarioError
 from qosgate.sim.setup import (
@@ -59,6 +61,12 @@ class Prepared:
     capacity_measured: bool = False
     fleet: tuple[ReplicaPlan, ...] = ()
     faults: tuple[FaultPlan, ...] = ()
+    # the config of each router compared (``Scenario.routers``), in order; empty: ``cfg`` alone
+    router_cfgs: dict[str, QosConfig] = field(default_factory=dict)
+
+    def configs(self) -> dict[str, QosConfig]:
+        """Each router run, by name: the scenario's routers, or the config's own router."""
+        return self.router_cfgs or {self.cfg.fleet.router: self.cfg}
 
     @property
     def uniform(self) -> bool:
@@ -120,6 +128,13 @@ def prepare(
         cfg = config_from_mapping(dict(s.config))
     except ValueError as exc:
         raise ScenarioError(f"scenario {s.name}: {exc}") from None
+    router_cfgs: dict[str, QosConfig] = {}
+    for name in s.routers:  # each validated as the config would be with it
+        fleet = {**dict(s.config.get("fleet", {})), "router": name}
+        try:
+            router_cfgs[name] = config_from_mapping({**dict(s.config), "fleet": fleet})
+        except ValueError as exc:
+            raise ScenarioError(f"scenario {s.name}: router {name!r}: {exc}") from None
     groups = _groups(s)
     profiles: list[EngineProfile] = []
     try:
@@ -187,7 +202,7 @@ def prepare(
     first = plans[0]
     prep = Prepared(
         s, cfg, first.profile, first.window, mean_tokens, slos, api_keys, path, trace,
-        fleet=tuple(plans), faults=tuple(faults),
+        fleet=tuple(plans), faults=tuple(faults), router_cfgs=router_cfgs,
     )
     need = s.arrivals.load is not None or s.sweep is not None
     if measure_capacity is None:
@@ -237,10 +252,13 @@ def workload_for(prep: Prepared, load: float | None = None) -> Workload:
         raise ScenarioError(f"scenario {s.name}: {exc}") from None
 
 
-def setup_for(prep: Prepared, workload: Workload, gateways: int = 1) -> SimSetup:
+def setup_for(
+    prep: Prepared, workload: Workload, gateways: int = 1, cfg: QosConfig | None = None
+) -> SimSetup:
+    """``cfg``: one router's config (``Prepared.configs``); None: the scenario's."""
     s = prep.scenario
     return SimSetup(
-        cfg=prep.cfg,
+        cfg=prep.cfg if cfg is None else cfg,
         profile=prep.profile,
         replicas=len(prep.fleet),
         window=prep.window,
@@ -264,6 +282,8 @@ class Run:
     result: RunResult
     metrics: dict[str, Any]
     gateways: int = 1  # gateway instances in front of the fleet
+    router: str = "least-load"  # the fleet router of its gateways
+    routers: int = 1  # routers the scenario compares (more than one: each run is labelled)
 
 
 @dataclass(slots=True)
@@ -299,8 +319,11 @@ def run_scenario(
         the_load = load
         if the_load is None and prep.capacity_rps:
             the_load = offered / prep.capacity_rps
-        for count, policy in itertools.product(s.gateways.counts, s.policies):
-            setup = setup_for(prep, wl, count)
+        configs = prep.configs()
+        for count, (router, rcfg), policy in itertools.product(
+            s.gateways.counts, configs.items(), s.policies
+        ):
+            setup = setup_for(prep, wl, count, rcfg)
             cb = None
             if progress is not None:
                 span = wl.duration
@@ -333,7 +356,9 @@ def run_scenario(
             metrics["limits"] = limit_overshoot(result, limits)
             if s.retries:
                 metrics["retries"] = retry_stats(result, prep.slos)
-            run = Run(policy, the_load, offered, result, metrics, count)
+            if result.prefix_cache:
+                metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, wl.arrivals)
+            run = Run(policy, the_load, offered, result, metrics, count, router, len(configs))
             out.runs.append(run)
             if on_run is not None:
                 on_run(run)

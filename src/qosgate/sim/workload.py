@@ -3,6 +3,9 @@
 A workload is a list of ``Arrival``s, built once from a seed and replayed unchanged under every
 policy, so policies are compared on exactly the same requests.
 
+- Trace files: the Azure LLM CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``) or the
+  Mooncake JSONL (``mooncake.py``: lengths and the prompt's block ids), told apart by extension or
+  content. A Mooncake row's block ids go with its request, replayed, as its ``Prefix``.
 - Arrivals: ``poisson`` (exponential gaps at ``rate``), ``gamma`` (gamma gaps with shape
   ``burstiness``, mean ``1/rate``: the convention of vLLM's ``benchmark_serving.py`` — 1 is Poisson,
   below 1 is burstier, above 1 smoother) or ``trace`` (the timestamps of a trace file, divided by a
@@ -35,6 +38,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from qosgate.config import Strict
 from qosgate.core.classifier import QosInputs
+from qosgate.core.prefix import Prefix
+from qosgate.sim.mooncake import looks_like_jsonl, parse_lines
 
 TRACE_NAME = "azure_llm_conv_2023.csv"
 TRACE_ATTRIBUTION = (
@@ -42,8 +47,17 @@ TRACE_ATTRIBUTION = (
     'Patel et al., "Splitwise: Efficient generative LLM inference using phase splitting", '
     "ISCA 2024."
 )
+MOONCAKE_TRACE_NAME = "mooncake_conversation_trace.jsonl"
+MOONCAKE_ATTRIBUTION = (
+    "Mooncake conversation trace, kvcache-ai/Mooncake, Apache-2.0; Qin et al., \"Mooncake: "
+    "Trading More Storage for Less Computation - A KVCache-centric Architecture for Serving LLM "
+    'Chatbot", FAST 2025.'
+)
 # the traces whose source qosgate knows, by file name (those in shared/traces/)
-KNOWN_TRACES: dict[str, str] = {TRACE_NAME: TRACE_ATTRIBUTION}
+KNOWN_TRACES: dict[str, str] = {
+    TRACE_NAME: TRACE_ATTRIBUTION,
+    MOONCAKE_TRACE_NAME: MOONCAKE_ATTRIBUTION,
+}
 
 
 def trace_attribution(path: str | Path) -> str:
@@ -159,6 +173,7 @@ class TraceRow:
     t: float  # seconds since the first row
     prompt: int
     output: int
+    prefix: Prefix | None = None  # the prompt's block keys, where the trace has them
 
 
 def _seconds(stamp: str, day0: int) -> float:
@@ -173,12 +188,23 @@ _TRACE_CACHE: dict[Path, tuple[TraceRow, ...]] = {}
 
 
 def read_trace(path: str | Path) -> tuple[TraceRow, ...]:
-    """Rows of an Azure-LLM-style CSV (TIMESTAMP, ContextTokens, GeneratedTokens), sorted by time,
-    times relative to the first row. Rows with a zero length are kept with a length of 1."""
+    """Rows of an Azure-LLM-style CSV (TIMESTAMP, ContextTokens, GeneratedTokens) or of a
+    Mooncake JSONL (``mooncake.py``), sorted by time, times relative to the first row. Rows with
+    a zero length are kept with a length of 1."""
     p = Path(path).resolve()
     cached = _TRACE_CACHE.get(p)
     if cached is not None:
         return cached
+    if looks_like_jsonl(p):
+        with p.open(encoding="utf-8") as f:
+            moon = parse_lines(f, str(p))
+        if not moon:
+            raise ValueError(f"{p}: the trace has no rows")
+        moon.sort(key=lambda r: r[0])
+        t_first = moon[0][0]
+        result = tuple(TraceRow(t - t_first, pr, out, pf) for t, pr, out, pf in moon)
+        _TRACE_CACHE[p] = result
+        return result
     rows: list[TraceRow] = []
     with p.open(encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f)
@@ -240,6 +266,7 @@ class Arrival:
     prompt: int
     output: int  # tokens the simulated engine will generate (the workload's truth)
     max_tokens: int  # what the client asks for (>= output)
+    prefix: Prefix | None = None  # the prompt's block keys (a trace replay that has them)
 
 
 @dataclass(slots=True, frozen=True)
@@ -349,9 +376,13 @@ def build_workload(
     def pick() -> int:
         return bisect.bisect_right(shares, mix_rng.random() * total_share)
 
-    def add(t: float, stream_i: int, prompt: int, output: int) -> None:
+    def add(
+        t: float, stream_i: int, prompt: int, output: int, prefix: Prefix | None = None
+    ) -> None:
         i = len(arrivals)
-        arrivals.append(Arrival(t, f"r{i:06d}", stream_i, prompt, output, max(output, max_tokens)))
+        arrivals.append(
+            Arrival(t, f"r{i:06d}", stream_i, prompt, output, max(output, max_tokens), prefix)
+        )
 
     if process == "trace":
         if not trace:
@@ -365,7 +396,8 @@ def build_workload(
             s = streams[stream_i]
             own = use_trace_lengths and s.prompt is None and s.output is None
             prompt, output = (row.prompt, row.output) if own else sampler.draw(stream_i, row)
-            add(t, stream_i, prompt, output)
+            # the block ids stand for the recorded prompt: only a replay of its own length
+            add(t, stream_i, prompt, output, row.prefix if prompt == row.prompt else None)
         span = trace[-1].t / time_scale if duration is None else duration
         dur = max(span, arrivals[-1].t if arrivals else 0.0) if duration is None else duration
         mean_rate = len(arrivals) / dur if dur > 0 else 0.0

@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embed-token-us", type=float, default=50.0,
                    help="/v1/embeddings: cost per input token (characters / 4)")
     p.add_argument("--embed-dim", type=int, default=384)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="as vLLM (on by default): a prompt's cached leading blocks "
+                   "are not computed again (--no-enable-prefix-caching: off)")
+    p.add_argument("--block-size", type=int, default=16,
+                   help="as vLLM: tokens per KV block, the prefix cache's unit")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="as vLLM: each usage reports prompt_tokens_details.cached_tokens")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -77,6 +84,9 @@ def main(argv: list[str] | None = None) -> None:
         embed_overhead_ms=args.embed_overhead_ms,
         embed_token_us=args.embed_token_us,
         embed_dim=args.embed_dim,
+        prefix_caching=args.enable_prefix_caching,
+        block_size=args.block_size,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     kwargs: dict[str, Any] = {}
     try:

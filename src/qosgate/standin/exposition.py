@@ -7,9 +7,10 @@ from qosgate.models.simmodel import EngineMetrics
 
 
 def vllm_metrics_text(model: str, m: EngineMetrics, itl_wall_s: float,
-                      success: dict[str, int]) -> str:
+                      success: dict[str, int], prefix_caching: bool = True) -> str:
     """The exposition: the simulated engine's counts ``m``, the inter-token latency's sum in
-    wall seconds, and what the engine finished by ``finished_reason``."""
+    wall seconds, what the engine finished by ``finished_reason``, and the prefix cache's
+    lookups in tokens (none counted with ``prefix_caching`` off, as vLLM's)."""
     lbl = f'engine="0",model_name="{model}"'
     lines = [
         "# TYPE vllm:num_requests_running gauge",
@@ -35,4 +36,13 @@ def vllm_metrics_text(model: str, m: EngineMetrics, itl_wall_s: float,
         lines.append(
             f'vllm:request_success_total{{{lbl},finished_reason="{reason}"}} {n}'
         )
+    queries = m.prefix_cache_queries_total if prefix_caching else 0
+    hits = m.prefix_cache_hits_total if prefix_caching else 0
+    lines += [
+        # vLLM's counters (prometheus_client): the TYPE line names the family without _total
+        "# TYPE vllm:prefix_cache_queries counter",
+        f"vllm:prefix_cache_queries_total{{{lbl}}} {queries}",
+        "# TYPE vllm:prefix_cache_hits counter",
+        f"vllm:prefix_cache_hits_total{{{lbl}}} {hits}",
+    ]
     return "\n".join(lines) + "\n"

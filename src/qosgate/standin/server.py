@@ -31,6 +31,16 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   ``vllm:request_success_total{finished_reason}`` (stop, length, abort, error, repetition). As in
   vLLM 0.32, a request aborted because its client left is **not** counted there (vLLM counts
   only what the engine itself finishes); ``/debug/requests`` counts it;
+- vLLM's automatic prefix caching (on by default, as in vLLM 0.32; ``--no-enable-prefix-caching``
+  turns it off): each request's prompt is cut into blocks of ``--block-size`` tokens (16, vLLM's
+  default; a block of text is ``block-size`` x 4 characters, the gateway's estimate) keyed by
+  ``wire.prefix.request_prefix`` -- the same canonical messages and chained hash as the gateway's
+  keys, at the engine's finer block -- and the simulated engine's prefix cache
+  (``models/prefix_cache.py``) computes only the blocks it does not hold. Exported as vLLM's
+  counters ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (prompt
+  tokens looked up / found cached at a request's first admission; 0 with the cache off, as
+  vLLM counts no lookup then); with ``--enable-prompt-tokens-details``, each usage carries
+  ``prompt_tokens_details.cached_tokens`` where vLLM 0.32 puts it;
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
   ``--record FILE``, one JSON line per request;
 - fault switches, for tests and benchmarks of a fleet (``standin/faults.py``): ``--fault SPEC``
@@ -93,6 +103,8 @@ from qosgate.wire.embeddings import (
 from qosgate.wire.embeddings import response as embeddings_response
 from qosgate.wire.errors import error_object
 from qosgate.wire.job import Job, Route
+from qosgate.wire.parse import CHARS_PER_TOKEN
+from qosgate.wire.prefix import body_context, request_prefix
 from qosgate.wire.responses import model_card, models_list
 
 log = logging.getLogger("qosgate.standin")
@@ -146,6 +158,9 @@ class StandIn:
         embed_overhead_ms: float = 20.0,
         embed_token_us: float = 50.0,
         embed_dim: int = 384,
+        prefix_caching: bool = True,
+        block_size: int = 16,
+        prompt_tokens_details: bool = False,
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
@@ -159,7 +174,11 @@ class StandIn:
             models=[self.model],
             modelled_time=True,
             time_scale=time_scale,
+            prompt_tokens_details=prompt_tokens_details,
         )
+        # vLLM's --enable-prefix-caching (its default) and --block-size (tokens)
+        self.prefix_caching = prefix_caching
+        self.block_size = block_size
         self.time_scale = time_scale  # the engine's, before a ``slow`` fault multiplies it
         # inter-token latency in wall seconds: the model's, at the time scale in force
         self._itl_wall = 0.0
@@ -340,6 +359,12 @@ class StandIn:
             seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             target_output_tokens=None if asked is not None or b.ignore_eos else self.eos_after,
             engine_priority=priority,
+            prefix=request_prefix(
+                bytes(raw) if route == "chat" else b"",
+                bytes(raw) if route == "completions" else b"",
+                body_context(body), block_chars=self.block_size * CHARS_PER_TOKEN,
+                token_block=self.block_size,
+            ) if self.prefix_caching else None,
         )
         call = StandInCall(job, sink, self.finished, self.success)
         gen = asyncio.ensure_future(self.engine.generate(call, spec))
@@ -451,4 +476,5 @@ class StandIn:
 
     def metrics_text(self) -> str:
         itl = self._fold_itl()
-        return vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success)
+        return vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success,
+                                 self.prefix_caching)

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from qosgate.runtime.kv_events import KVEventFeed
+from qosgate.runtime.precise import PreciseCache
 from qosgate.wire.kv_events import CacheChange, EngineBlocks, decode_batch, token_prefix
 from qosgate.wire.prefix import chain, token_blocks
 from qosgate.wire.tokenize import token_ids, tokenize_request
@@ -153,3 +154,45 @@ async def _feed_scenario() -> None:
         await feed.close()
         pub.close(linger=0)
         ctx.term()
+
+
+class FakeTokenizer:
+    """A replica's ``/tokenize`` as ``PreciseCache`` sees it: ids, or None (failed, timed out)."""
+
+    def __init__(self, ids: list[int] | None, ready: bool = True) -> None:
+        self.ids = ids
+        self.ready = ready
+        self.asked: list[bytes] = []
+
+    def models(self) -> list[str]:
+        return ["m"]
+
+    async def tokenize(self, request: bytes) -> list[int] | None:
+        self.asked.append(request)
+        return self.ids
+
+
+def test_precise_keys_come_from_the_engines_token_ids_else_none() -> None:
+    chat = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'
+
+    def cache(tok: FakeTokenizer, block: int | None) -> PreciseCache:
+        feed = KVEventFeed("r0", "tcp://127.0.0.1:9", lambda c: None)
+        feed.blocks.block_size = block
+        return PreciseCache({"r0": (feed, tok)})
+
+    tok = FakeTokenizer(PROMPT)
+    assert asyncio.run(cache(tok, BS).prefix_of(chat, "chat", "m")) == token_prefix(PROMPT, BS)
+    # a token-id prompt is keyed as it is, without asking the engine
+    ids = b'{"model": "m", "prompt": [100, 101, 102, 103, 104]}'
+    assert asyncio.run(cache(tok, BS).prefix_of(ids, "completions", "m")) == token_prefix(
+        PROMPT[:5], BS)
+    assert len(tok.asked) == 1
+    # the text's keys stay: the engine's block size not known yet, the replica down, another
+    # model, the call failed (its timeout is the engine's: OpenAIUpstream.tokenize)
+    assert asyncio.run(cache(tok, None).prefix_of(chat, "chat", "m")) is None
+    assert asyncio.run(cache(FakeTokenizer(PROMPT, False), BS).prefix_of(chat, "chat", "m")) \
+        is None
+    assert asyncio.run(cache(tok, BS).prefix_of(chat, "chat", "other")) is None
+    failing = cache(FakeTokenizer(None), BS)
+    assert asyncio.run(failing.prefix_of(chat, "chat", "m")) is None
+    assert failing.fallbacks == 1 and failing.tokenized == 0

@@ -117,7 +117,7 @@ def gateway(tmp: Path, replicas: list[Replica], router: str, capacity: int) -> S
     cfg = tmp / f"gateway-{router}.yaml"
     cfg.write_text(GATEWAY_CONFIG.format(
         router="cache-aware" if router == "precise" else router, upstreams=ups))
-    return start_gateway(tmp, "--config", str(cfg))
+    return start_gateway(tmp, "--config", str(cfg), "--log-level", "info")
 
 
 def run_router(tmp: Path, replicas: list[Replica], router: str, w: MultiTurn,
@@ -132,6 +132,9 @@ def run_router(tmp: Path, replicas: list[Replica], router: str, w: MultiTurn,
     finally:
         gw.stop()
     after = [prefix_cache_counts(r.server.url) for r in replicas]
+    for line in gw.log.read_text().splitlines():
+        if "precise cache routing:" in line:  # what precise mode did, from the gateway's log
+            print("  " + line.split("qosgate.kv_events: ", 1)[-1])
     row = summarize(turns)
     q_all = h_all = 0.0
     for i, ((q0, h0), (q1, h1)) in enumerate(zip(before, after, strict=True)):

@@ -86,6 +86,18 @@ class PreciseCache:
     async def close(self) -> None:
         for feed, _ in self.feeds.values():
             await feed.close()
+        log.info("%s", self.summary())
+
+    def summary(self) -> str:
+        """What precise mode did: requests keyed by token ids (and the /tokenize time they
+        cost), those left with their text keys, and each feed's batches and losses."""
+        mean_ms = 1000 * self.tokenize_s / self.tokenized if self.tokenized else 0.0
+        feeds = "; ".join(
+            f"{name}: {f.batches} batches, {f.lost} lost, {f.restarts} restarts, "
+            f"{f.skipped} blocks skipped" for name, (f, _) in self.feeds.items())
+        return (f"precise cache routing: {self.tokenized} requests keyed by their token ids "
+                f"(/tokenize {mean_ms:.1f} ms mean), {self.fallbacks} kept their text keys; "
+                f"{feeds}")
 
     async def prefix_of(self, body: bytes, route: Route, model: str) -> Prefix | None:
         """``body``'s keys from its token ids, as a replica serving ``model`` tokenizes it

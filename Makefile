@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,plots,test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,plots,kv-events,test]'
 	touch $@
 
 serve: $(BIN)/.installed

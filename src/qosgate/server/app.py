@@ -27,6 +27,7 @@ from qosgate.core.shared import prime
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
+from qosgate.runtime.precise import PreciseCache
 from qosgate.runtime.shared_state import (
     InstanceInfo,
     RedisStore,
@@ -34,6 +35,7 @@ from qosgate.runtime.shared_state import (
     new_instance_id,
     status_of,
 )
+from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.server.asgi import (
     Receive,
     Scope,
@@ -92,6 +94,9 @@ class Gateway:
         rs = settings.redis
         self.instance = rs.instance_id or new_instance_id()
         ledger = LeasedLedger() if rs.url else None
+        # precise mode: the replicas whose index follows their engine's KV events
+        upstreams = [(e.name, e.cfg, e) for e in engines.values() if isinstance(e, OpenAIUpstream)]
+        with_events = {name for name, u, _ in upstreams if u.kv_events is not None}
         self.scheduler = Scheduler(
             cfg,
             policy,
@@ -99,7 +104,7 @@ class Gateway:
                 # an in-process engine's window is its batch (it is scheduled here, token by
                 # token); an upstream's adapts to what the engine reports of its own load
                 ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
-                            ordered=e.ordered)
+                            ordered=e.ordered, cache_events=name in with_events)
                 for name, e in engines.items()
             ],
             ledger=ledger,
@@ -143,8 +148,9 @@ class Gateway:
             clock=self.clock, on_finished=self._on_finished,
             on_cached=self.metrics.prompt_cache,
         )
+        self.precise = PreciseCache.build(upstreams, self.scheduler, self.driver)
         self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,
-                                self.metrics, self.models, self._context)
+                                self.metrics, self.models, self._context, self.precise)
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
         self._contexts: dict[str, int | None] = {}
@@ -192,6 +198,8 @@ class Gateway:
 
     async def startup(self) -> None:
         await self.driver.start()
+        if self.precise is not None:
+            self.precise.start()
         if self.shared is not None:
             prime(self.shared.ledger, [(t.name, t.limits) for t in self.cfg.tenants],
                   self.clock())
@@ -214,6 +222,8 @@ class Gateway:
                         "set server.metrics_auth (admin key) or server.metrics_port", srv.port)
 
     async def shutdown(self) -> None:
+        if self.precise is not None:
+            await self.precise.close()
         await self.driver.close()
         if self.shared is not None:
             await self.shared.close()

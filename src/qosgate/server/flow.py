@@ -25,6 +25,7 @@ from qosgate.config import QosConfig
 from qosgate.core import QosInputError, QosInputs, Request, Scheduler, State
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Engine
+from qosgate.runtime.precise import PreciseCache
 from qosgate.server.asgi import (
     AsgiSink,
     BodyTimeout,
@@ -74,6 +75,7 @@ class RequestFlow:
         metrics: GatewayMetrics,
         models: Callable[[], list[str]],
         context: Callable[[str], int | None],
+        precise: PreciseCache | None = None,
     ) -> None:
         self.cfg = cfg
         self.engines = engines
@@ -83,6 +85,7 @@ class RequestFlow:
         self.clock = driver.clock
         self.models = models  # the model ids served
         self.context = context  # a model's context length, as its engines report it
+        self.precise = precise  # replicas whose index follows their engine's KV events
         srv = settings.server
         self.max_body = srv.max_body_bytes
         self.body_timeout_s = srv.body_timeout_s
@@ -175,6 +178,9 @@ class RequestFlow:
         # first; none stays none (the engine's own default: vLLM's is the rest of the context)
         asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
         prompt_tokens = estimate_prompt_tokens(b)
+        # the prompt's keys: from its token ids where the replicas publish their KV events
+        # (precise mode: as the engines' events name blocks), else from its text
+        prefix = None if self.precise is None else await self.precise.prefix_of(body, route, model)
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(
@@ -191,7 +197,7 @@ class RequestFlow:
                 asked,
                 model,
                 context=self.context(model),
-                prefix=body_prefix(b),
+                prefix=prefix or body_prefix(b),
                 session=session,
             )
         except QosInputError as exc:

@@ -45,6 +45,7 @@ from qosgate.wire.job import Job, Route, Unservable
 from qosgate.wire.responses import model_card
 from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority, set_streamed
 from qosgate.wire.sse import JSON_HEADERS
+from qosgate.wire.tokenize import token_ids
 
 log = logging.getLogger("qosgate.upstream")
 
@@ -71,6 +72,7 @@ class OpenAIUpstream:
         self._heads = {route: self._pool.head("POST", path) for route, path in _PATHS.items()}
         self._models_head = self._pool.head("GET", "/v1/models", json_body=False)
         self._metrics_head = self._pool.head("GET", "/metrics", json_body=False)
+        self._tokenize_head = self._pool.head("POST", "/tokenize")
         self._healthy = False
         self._cards: list[dict[str, Any]] = []
         self._created = int(time.time())
@@ -136,24 +138,41 @@ class OpenAIUpstream:
     async def _scrape(self) -> LoadSignals | None:
         """The engine's load from its ``/metrics`` (None if it has none or it fails). Stamped
         with time 0: the driver stamps it with its own clock when it hands it to the core."""
+        data = await self._ask(self._metrics_head, b"", self.cfg.probe_timeout_s)
+        if data is None:
+            return None
+        try:
+            sig = parse_engine_metrics(data.decode("utf-8", "replace"), 0.0, self.cfg.engine)
+        except ValueError:
+            return None
+        empty = (sig.running, sig.waiting, sig.kv_usage, sig.preemptions_total)
+        return None if empty == (None, None, None, None) else sig
+
+    async def tokenize(self, request: bytes) -> list[int] | None:
+        """The token ids of ``request`` (a ``/tokenize`` body: ``wire/tokenize.py``) as this
+        engine renders it, within ``tokenize_timeout_s``; None on any failure (the caller
+        falls back to the keys hashed from the text)."""
+        data = await self._ask(self._tokenize_head, request, self.cfg.tokenize_timeout_s)
+        return None if data is None else token_ids(data)
+
+    async def _ask(self, head: bytes, body: bytes, timeout_s: float) -> bytes | None:
+        """A small side request (not a client's), read whole within ``timeout_s``: the body
+        of a 200 answer; None for any other answer, a timeout or a failed connection."""
         conn: Connection | None = None
         try:
-            async with asyncio.timeout(self.cfg.probe_timeout_s):
-                conn = await self._pool.request(self._metrics_head, b"")
+            async with asyncio.timeout(timeout_s):
+                conn = await self._pool.request(head, body)
                 data = await conn.read_all()
             status = conn.status
             self._pool.release(conn)
             conn = None
-            if status != 200:
-                return None
-            sig = parse_engine_metrics(data.decode("utf-8", "replace"), 0.0, self.cfg.engine)
-        except (TimeoutError, OSError, ValueError):
+        except (TimeoutError, OSError) as exc:
+            log.debug("upstream %s: %r", self.base, exc)
             return None
         finally:
             if conn is not None:
                 conn.close()
-        empty = (sig.running, sig.waiting, sig.kv_usage, sig.preemptions_total)
-        return None if empty == (None, None, None, None) else sig
+        return data if status == 200 else None
 
     async def check(self) -> bool:
         return (await self.probe()).up

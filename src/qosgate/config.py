@@ -230,13 +230,44 @@ class CacheRouting(Strict):
     session_from_user: bool = Field(
         default=False, description="also take OpenAI's `user` field as the session when the "
         "header is absent (opt-in: `user` often names a person, not a conversation)")
+    replica_cache_tokens: int = Field(
+        default=1_000_000, ge=1, description="an estimate of each replica's prefix cache, in "
+        "tokens: the approximate index of the blocks a replica holds (learned from where "
+        "requests were sent) forgets the least recently used beyond it, as the engine evicts")
+    prefill_tokens_per_s: float = Field(
+        default=20_000.0, gt=0, description="an estimate of a replica's prefill rate: turns "
+        "the uncached prompt tokens queued on a replica into seconds (cache-aware's cost, and "
+        "whether a strict request's TTFT budget holds on a warm replica)")
+    recompute_weight: float = Field(
+        default=1.0, ge=0, description="cache-aware's cost counts the prompt's uncached "
+        "tokens this many times more than its own wait: prefill a cold replica redoes is work "
+        "the fleet's other requests wait behind too, which the request's own TTFT omits")
+    decode_load_s: float = Field(
+        default=0.5, ge=0, description="seconds cache-aware's cost adds for a replica's whole "
+        "window in use (its running decodes and engine queue slow a new prompt down)")
+    release_factor: float = Field(
+        default=1.5, ge=1, description="load release: a warm replica is passed over (routed "
+        "by load alone) once its load exceeds the fleet's mean load by this factor")
+    release_slack: float = Field(
+        default=0.25, ge=0, description="load release: the share of a window a warm replica "
+        "may carry above release_factor x the mean (so an idle fleet still has affinity)")
+    warm_wait_s: float = Field(
+        default=1.0, ge=0, le=30, description="a request of a class whose TTFT budget is at "
+        "least ten times this may wait up to this long (and no longer than the prefill it "
+        "saves) for its warm replica while that one is full; past it, it goes anywhere. 0: never")
+    session_idle_s: float = Field(
+        default=300.0, gt=0, description="a session not seen for this long forgets its replica")
 
 
 class Fleet(Strict):
-    router: Literal["least-load", "least-load-spread", "most-free"] = Field(
+    router: Literal["least-load", "least-load-spread", "most-free", "cache-aware",
+                    "session-affinity"] = Field(
         default="least-load", description="how a replica is picked: least-load (measured "
         "load), least-load-spread (that, and strict requests spread over the replicas and "
-        "steered off one slower than their TPOT budget) or most-free (the most free slots)")
+        "steered off one slower than their TPOT budget), most-free (the most free slots), "
+        "cache-aware (where the prompt's prefix is cached, weighed in time against load, with "
+        "a load release; fleet.cache) or session-affinity (least-load, and a session's turns "
+        "stick to one replica while it is not overloaded)")
     window: Window = Window()
     cache: CacheRouting = CacheRouting()
     prefill_budget_tokens: int | None = Field(

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from qosgate.core import Dispatch, Finished, Preempt, QosInputs, Request, Scheduler, State
+from qosgate.core.prefix import Prefix
 
 
 @dataclass
@@ -89,6 +90,8 @@ class Harness:
         max_tokens: int | None = None,
         priority: int | None = None,
         model: str = "",
+        prefix: Prefix | None = None,
+        session: str | None = None,
     ) -> Request:
         self.ids += 1
         rid = f"q{self.ids}"
@@ -99,6 +102,8 @@ class Harness:
             prompt,
             max_tokens or min(output, 4096),
             model,
+            prefix=prefix,
+            session=session,
         )
         self.output_of[rid] = output
         self.apply(self.sched.submit(req, self.now))
@@ -113,8 +118,10 @@ class Harness:
         self.apply(self.sched.attempt_failed(rid, self.now, "upstream_500", **kind))  # type: ignore[arg-type]
 
     def _check_order(self) -> None:
-        """No lower class went past a held higher one onto a replica that one could use."""
+        """No lower class went past a held higher one onto a replica that one could use (one
+        the router keeps queued for its warm replica, within its bound, aside)."""
         s = self.sched
+        router = s.fleet.router
         held: dict[str, Request] = {}  # popped in this fill and neither dispatched nor back
         for ev in self.timeline:
             kind, req = ev[0], ev[1]
@@ -132,7 +139,7 @@ class Harness:
                 for h in held.values():
                     if (s.classes[h.class_level].strict or h.class_level >= req.class_level
                             or not rep.serves(h.model) or h.replica not in (None, name)
-                            or h.avoid == name):
+                            or h.avoid == name or router.holds(h, self.now)):
                         continue
                     raise AssertionError(
                         f"{req.id} ({req.service_class}) went to {name} past {h.id} "
@@ -225,7 +232,12 @@ class Harness:
         # work-conserving: nothing waits while a slot it could use is free -- on a replica
         # that may take it now (up, not ejected or cooling, serving its model, its reserved
         # share and prefill budget allowing; a request paused on an in-process engine can
-        # only resume on that replica, where its state lives)
+        # only resume on that replica, where its state lives) -- unless the router keeps it
+        # for its warm replica, within its bound (when the scheduler wakes at the latest)
         for r in queued:
             room = sum(rep.free for rep in usable if s.may_take(rep, r, self.now))
+            if room and s.fleet.router.holds(r, self.now):
+                wake = s.next_timer()
+                assert wake is not None and wake <= s.fleet.router.wake_at(self.now)
+                continue
             assert room == 0, f"{r.id} waits while a slot it could use is free"

@@ -28,7 +28,7 @@ from qosgate.core.breakers import build_breaker
 from qosgate.core.limits import FixedLimit, Limit, build_limit
 from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
-from qosgate.core.routers import Router, build_router
+from qosgate.core.routers import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard
@@ -82,8 +82,17 @@ class Fleet:
         # whether a rule may keep free room from the queue (the reserve, the prefill budget,
         # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
         self.may_stall = self.hold_others or self.prompt_hold or any(self.reserve_above)
-        self.router: Router = (
-            router if router is not None else build_router(cfg.fleet.router, strict_tpot_s))
+        if router is None:
+            cache = cfg.fleet.cache
+            router = build_router(cfg.fleet.router, RouterContext(
+                strict_tpot_s=strict_tpot_s,
+                strict_ttft_s={c.level: c.ttft_budget_ms / 1000.0 for c in classes if c.strict},
+                # a class may wait for a warm replica where the bound is small beside its TTFT
+                may_wait_levels=frozenset(
+                    c.level for c in classes
+                    if not c.strict and c.ttft_budget_ms / 1000.0 >= 10 * cache.warm_wait_s),
+                cache=cache))
+        self.router: Router = router
         # replicas that may take work now; free_slots counts only their room
         self.usable: list[Replica] = []
         self.usable_names: set[str] = set()
@@ -116,6 +125,8 @@ class Fleet:
             up=spec.up, guard=None if guard_mode is None else build_guard(guard_mode),
             ordered=spec.ordered,
         )
+        if spec.cache_events:
+            self.router.follow_events(spec.name)
         self.refresh(-math.inf)
 
     def set_capacity(self, name: str, capacity: int) -> None:
@@ -127,6 +138,10 @@ class Fleet:
     def observe(self, rep: Replica, now: float, up: bool | None,
                 models: Sequence[str] | None, signals: LoadSignals | None) -> None:
         """What a health probe or a metrics scrape found out about ``rep``."""
+        if (up is False and rep.up) or (
+                signals is not None and rep.signals is not None
+                and _restarted(rep.signals, signals)):
+            self.router.cache_lost(rep.name, now)  # down, or a new engine behind it: empty
         if up is not None:
             rep.up = up
         if models is not None:
@@ -196,7 +211,8 @@ class Fleet:
             t = r.next_change()
             if t is not None and now < t < nxt:
                 nxt = t
-        self.next_change = nxt
+        wake = self.router.wake_at(now)  # a request it holds for a warm replica goes anyway
+        self.next_change = wake if wake < nxt else nxt
 
     def sampled(self, rep: Replica, now: float, latency: float, dropped: bool) -> None:
         """Tell a replica's window how an attempt went; its room changes with it."""
@@ -218,6 +234,8 @@ class Fleet:
             rep.failing = True
             rep.breaker.on_result(now, False)
         if unreachable:
+            if rep.up:
+                self.router.cache_lost(rep.name, now)  # the engine process is gone
             rep.up = False
 
     def inflight_per_class(self, classes: int) -> list[int]:
@@ -248,10 +266,15 @@ class Fleet:
         )
 
     # ---------------------------------------------------------------- a replica's books
-    def place(self, req: Request, rep: Replica, streaming: bool, over: bool) -> bool:
-        """``req`` goes to ``rep`` (``streaming``: a paused stream resumes; ``over``: past a
-        full window). True if it takes a slot lent from the reserve."""
+    def place(self, req: Request, rep: Replica, now: float, resume: bool, streaming: bool,
+              over: bool) -> bool:
+        """``req`` goes to ``rep`` (``resume``: a paused request resumes there, ``streaming``:
+        after its first byte; ``over``: past a full window). True if it takes a slot lent from
+        the reserve. A request placed anew sets ``req.cached_tokens``: what the router expects
+        ``rep``'s prefix cache to hold of its prompt."""
         rep.inflight[req.id] = req
+        if not resume:
+            req.cached_tokens = self.router.placed(req, rep, now)
         strict = self.strict[req.class_level]
         if not strict:
             rep.others_inflight += 1
@@ -280,6 +303,7 @@ class Fleet:
     def started(self, req: Request, rep: Replica, now: float, first: float) -> bool:
         """``req``'s first byte left ``rep``: it no longer waits for prefill. True if its slot,
         lent from the reserve, now streams (it can no longer give it back)."""
+        self.router.started(req, rep)
         rep.prefill_tokens -= req.prompt_tokens
         rep.pending -= 1
         if self.strict[req.class_level]:
@@ -316,6 +340,7 @@ class Fleet:
                 rep.loan_streams -= 1
         if rep is None or rep.inflight.pop(req.id, None) is None:
             return False
+        self.router.left(req, rep)
         strict = self.strict[req.class_level]
         if not strict:
             rep.others_inflight -= 1
@@ -359,6 +384,10 @@ class Fleet:
             rep = only if only.free > 0 else None
         else:
             rep = self.router.pick(req, usable, now)
+            if rep is None:  # held for a warm replica: placed anyway by this time
+                wake = self.router.wake_at(now)
+                if wake < self.next_change:
+                    self.next_change = wake
         if (self.prompt_hold and rep is not None and not self.strict[req.class_level]
                 and _strict_prompt_waits(rep)):
             # held here, not sent elsewhere: as a filter before the router (sending them to
@@ -549,6 +578,15 @@ class Fleet:
         if req.class_level > rep.budget_closed_below:
             return False
         return _fits_budget(rep, req, budget)
+
+
+def _restarted(seen: LoadSignals, now: LoadSignals) -> bool:
+    """A counter the engine keeps since it started went down: a new engine answers now."""
+    for before, after in ((seen.preemptions_total, now.preemptions_total),
+                          (seen.itl_tokens_total, now.itl_tokens_total)):
+        if before is not None and after is not None and after < before:
+            return True
+    return False
 
 
 def _fits_budget(rep: Replica, req: Request, budget: int) -> bool:

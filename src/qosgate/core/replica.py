@@ -44,6 +44,9 @@ class ReplicaSpec:
     # the engine runs its waiting queue in the order it is sent (``Request.order``): a request
     # may then overtake this gateway's unstarted work there (``fleet.window.overtake``)
     ordered: bool = False
+    # its engine publishes its KV-cache events (vLLM's --kv-events-config), fed to
+    # ``Scheduler.observe_cache``: the cache-aware router's index of it follows those only
+    cache_events: bool = False
 
 
 class Replica:

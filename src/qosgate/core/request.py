@@ -104,6 +104,7 @@ class Request:
         "ages_at",
         "arrival",
         "avoid",
+        "cached_tokens",
         "ceiling",
         "charged_tpm",
         "class_level",
@@ -207,6 +208,9 @@ class Request:
         # none named): where it is cheapest to run
         self.prefix = prefix
         self.session = session
+        # of its prompt, the tokens the router expected its replica to hold cached when it was
+        # placed (not charged to its tenant's fair share; see ``Scheduler.complete``)
+        self.cached_tokens = 0
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in _LEGAL[self.state]:

@@ -197,6 +197,18 @@ class Scheduler:
         self._fill(now, out)
         return out
 
+    def observe_cache(self, name: str, now: float, *, stored: Sequence[int] = (),
+                      removed: Sequence[int] = (), cleared: bool = False) -> list[Decision]:
+        """Replica ``name``'s engine stored or evicted prefix-cache blocks (``cleared``: it
+        dropped them all), keys as ``wire.prefix.chain`` makes them: for a replica whose
+        ``ReplicaSpec.cache_events`` is set, the router's index of it follows these."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        if name in self.replicas:
+            self.router.observe_cache(name, now, stored, removed, cleared)
+            self._fill(now, out)
+        return out
+
     # ---------------------------------------------------------------- events
     def submit(self, req: Request, now: float) -> list[Decision]:
         out: list[Decision] = []
@@ -379,7 +391,19 @@ class Scheduler:
         cached_tokens: int | None = None,
     ) -> list[Decision]:
         """``cached_tokens``: of the prompt, what the engine says it took from its prefix cache
-        (None: it did not say)."""
+        (None: it did not say; the router's estimate at placement stands).
+
+        Fairness charges the tokens the engine computed: the tenant's fair-share counters
+        (the class shares and per-tenant VTC) are charged the prompt less its cached part,
+        because they divide engine time and a cached token costs the engine none; the
+        router's estimate is credited at placement and the engine's count settles it here.
+        The tenant's tokens-per-minute limit still counts the whole prompt: it is a quota on
+        what the tenant sends (as providers count TPM), and must not depend on where a
+        request happened to land."""
+        if cached_tokens is not None:
+            req = self.requests.get(rid)
+            if req is not None and req.state in (DISPATCHED, RUNNING):
+                req.cached_tokens = cached_tokens  # what the final settlement charges less
         return self._end_running(
             rid, now, COMPLETED, _COMPLETED, output_tokens, prompt_tokens
         )
@@ -479,6 +503,9 @@ class Scheduler:
         return lim
 
     def _enqueue(self, req: Request, now: float, arm: bool = True) -> None:
+        if req.cached_tokens:  # back from a replica: whole again until placed anew
+            req.cost += self.pricing.prompt_weight * req.cached_tokens
+            req.cached_tokens = 0
         req.move(QUEUED)
         req.enqueued_at = now
         self.policy.push(req)
@@ -573,8 +600,12 @@ class Scheduler:
             self.admission.served(req, now)
         if over:
             self.overtakes[rep.name] += 1
-        if self.fleet.place(req, rep, streaming, over):
+        if self.fleet.place(req, rep, now, resume, streaming, over):
             req.lent = LENT_PREEMPTIBLE
+        if req.cached_tokens:  # what its replica is expected to hold is not charged
+            credit = self.pricing.prompt_weight * req.cached_tokens
+            req.cost -= credit
+            self.policy.settle(req, -credit)
         out.append(Dispatch(req, rep.name, resume))
 
     def _overtake_unstarted(self, now: float, out: list[Decision]) -> None:
@@ -655,7 +686,10 @@ class Scheduler:
             self.policy.started(req)
         req.lent = NOT_LENT
         started = req.first_token_at is not None
-        used = self.pricing.used(req.prompt_tokens, output_tokens, started)
+        computed = req.prompt_tokens
+        if req.cached_tokens:
+            computed = max(0, computed - req.cached_tokens)
+        used = self.pricing.used(computed, output_tokens, started)
         self.policy.settle(req, used - req.cost)
         if state is COMPLETED:
             self.admission.completions.add(now)

@@ -1,0 +1,254 @@
+"""Routers that weigh where a request is cheapest: ``session-affinity`` and ``cache-aware``.
+
+Both are ``least-load`` (its load score and saturation rules, reused) with an affinity on top,
+and both keep the same **load release**: a replica is preferred for affinity only while its
+load score is within ``release_factor`` x the mean over the candidates with room, plus
+``release_slack`` (a share of a window, so an idle fleet still has affinity). Past that it is
+one replica among the others: affinity alone makes hot spots (one shared system prompt would
+pile every tenant onto the replica that first ran it).
+
+``cache-aware``: the anchors (``../shared/research/fleet.md``) score blocks (Dynamo: prefill
+blocks less overlap plus decode blocks) or filter by a match threshold then balance (llm-d,
+SMG). This one costs each replica in *time*, the quantity TTFT is made of:
+
+    (uncached prompt tokens queued on it + this prompt's uncached part) / prefill rate
+    + decode_load_s x its window in use (running decodes and engine queue)
+
+where the cached part is what the per-replica index says (``core.prefix_index``) and the
+queued part counts only what each earlier request was expected *not* to find cached (a warm
+replica with a long queue of cache hits is not busy). It does better than the anchors in
+four ways: (1) when no candidate is warm for the prompt it is exactly ``least-load`` (so it
+cannot lose where little is shared, the failure of sglang #21199); (2) the release is relative
+to the fleet's mean, not an absolute count; (3) QoS: a strict (realtime) request takes a warm
+replica only where its TTFT budget holds (the predicted queued prefill there fits the class's
+budget) and its TPOT holds (the engine's time per token within the class's budget, as
+``least-load-spread`` steers); the reserve, prefill budget and TPOT guard filter before any
+router; (4) a request of a class with a long TTFT budget (batch, offline) may wait briefly for
+its warm replica while that one is full, no longer than ``warm_wait_s`` nor than the prefill
+it would save (then it goes anywhere; the scheduler wakes at that bound, ``wake_at``).
+Sessions are a strong hint: a session's last turn's prompt counts as cached where it ran when
+the request carries no block keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from qosgate.core.prefix_index import PrefixIndex
+from qosgate.core.routers import LeastLoadRouter, RouterContext, misses_tpot
+from qosgate.core.sessions import Binding, Sessions
+
+if TYPE_CHECKING:
+    from qosgate.core.replica import Replica
+    from qosgate.core.request import Request
+
+_INF = float("inf")
+
+Row = tuple["Replica", bool, float]  # a candidate with room: (replica, saturated, load score)
+
+
+class SessionAffinityRouter(LeastLoadRouter):
+    """``least-load``, and a session's turns stick to the replica of its last turn while that
+    replica is a candidate with room, not saturated and within the load release; otherwise
+    least-load picks and the session re-binds where its turn went (failover)."""
+
+    name = "session-affinity"
+
+    def __init__(self, ctx: RouterContext) -> None:
+        super().__init__()
+        cache = ctx.cache
+        self.release_factor = cache.release_factor
+        self.release_slack = cache.release_slack
+        self.sessions = Sessions(cache.session_idle_s)
+
+    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        binding = self._binding(req, now)
+        if binding is None:
+            return super().pick(req, candidates, now)
+        rows = self.rows(req, candidates, now)
+        bound = self.release_bound(rows)
+        for rep, saturated, score in rows:
+            if rep.name == binding.replica and not saturated and score <= bound:
+                return rep
+        return super().pick(req, candidates, now)
+
+    def _binding(self, req: Request, now: float) -> Binding | None:
+        session = req.session
+        return None if session is None else self.sessions.get(session, now)
+
+    def rows(self, req: Request, candidates: Sequence[Replica], now: float) -> list[Row]:
+        """The candidates with room, with their least-load (saturated, score)."""
+        rows: list[Row] = []
+        for rep in candidates:
+            key = self.load(req, rep, now)
+            if key is not None:
+                rows.append((rep, key[0], key[1]))
+        return rows
+
+    def release_bound(self, rows: Sequence[Row]) -> float:
+        """The load score past which a replica is passed over for affinity: the factor times
+        the mean over the unsaturated candidates (all of them, if every one is), plus the
+        slack."""
+        scores = [score for _, saturated, score in rows if not saturated] or [
+            score for _, _, score in rows]
+        if not scores:
+            return _INF
+        return self.release_factor * sum(scores) / len(scores) + self.release_slack
+
+    def placed(self, req: Request, rep: Replica, now: float) -> int:
+        if req.session is not None:
+            self.sessions.bind(req.session, rep.name, req.prompt_tokens, now)
+        return 0
+
+    def cache_lost(self, name: str, now: float) -> None:
+        self.sessions.drop_replica(name)
+
+
+class CacheAwareRouter(SessionAffinityRouter):
+    """Where the prompt's prefix is cached, weighed in time against load (module docstring)."""
+
+    name = "cache-aware"
+
+    def __init__(self, ctx: RouterContext) -> None:
+        super().__init__(ctx)
+        cache = ctx.cache
+        self.index = PrefixIndex(cache.replica_cache_tokens)
+        self.prefill_rate = cache.prefill_tokens_per_s
+        self.decode_load_s = cache.decode_load_s
+        self.own_weight = 1.0 + cache.recompute_weight
+        self.warm_wait_s = cache.warm_wait_s
+        self.strict_ttft_s = dict(ctx.strict_ttft_s)
+        self.strict_tpot_s = dict(ctx.strict_tpot_s)
+        self.may_wait = ctx.may_wait_levels if cache.warm_wait_s > 0 else frozenset()
+        # uncached prompt tokens sent to each replica and not answered yet, and each such
+        # request's part of them
+        self.queued_uncached: dict[str, int] = {}
+        self._uncached: dict[str, tuple[str, int]] = {}
+        # requests left queued for their warm replica: id -> until when at most
+        self._waiting: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ placement
+    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        binding = self._binding(req, now)
+        cached = [self.cached(req, rep, binding) for rep in candidates]
+        if not any(cached):  # nothing warm for this prompt: exactly least-load
+            return LeastLoadRouter.pick(self, req, candidates, now)
+        rows = self.rows(req, candidates, now)
+        if not rows:
+            return None  # every window is full
+        if self._waits_for_warm(req, candidates, cached, rows, now):
+            return None
+        warm = dict(zip([r.name for r in candidates], cached, strict=True))
+        bound = self.release_bound(rows)
+        # a warm replica past the release is passed over (while another has room)
+        kept = [row for row in rows if not (warm[row[0].name] and row[2] > bound)] or rows
+        best: Replica | None = None
+        best_key = (True, _INF)
+        for rep, saturated, score in kept:
+            hit = warm[rep.name]
+            if hit and (saturated or score > bound or not self._qos_holds(req, rep, hit)):
+                hit = 0  # no affinity where the request's budgets would not hold
+            key = (saturated, self.cost(req, rep, hit))
+            if key < best_key:
+                best, best_key = rep, key
+        return best
+
+    def cached(self, req: Request, rep: Replica, binding: Binding | None) -> int:
+        """Prompt tokens of ``req`` that ``rep`` is expected to hold."""
+        prefix = req.prefix
+        if prefix is not None:
+            hit = self.index.match(rep.name, prefix) * prefix.block_tokens
+        elif binding is not None and binding.replica == rep.name:
+            hit = binding.prompt_tokens  # the last turn's prompt leads this one's
+        else:
+            return 0
+        # the engine computes at least the prompt's last token
+        return hit if hit < req.prompt_tokens else max(0, req.prompt_tokens - 1)
+
+    def cost(self, req: Request, rep: Replica, hit: int) -> float:
+        """Seconds ``req`` is expected to cost on ``rep``: queued and own uncached prefill at
+        the prefill rate (its own counted ``1 + recompute_weight`` times: what it recomputes
+        delays the fleet's other requests too), plus the replica's window in use weighed by
+        ``decode_load_s``."""
+        own = req.prompt_tokens - hit
+        prefill = self.queued_uncached.get(rep.name, 0) + own * self.own_weight
+        sig = rep.signals
+        busy = len(rep.inflight) + 1
+        if sig is not None and sig.waiting:
+            busy += sig.waiting
+        return prefill / self.prefill_rate + self.decode_load_s * busy / max(1, rep.window)
+
+    def _qos_holds(self, req: Request, rep: Replica, hit: int) -> bool:
+        """A strict request's budgets hold on ``rep``: its predicted queued prefill there
+        within its TTFT budget, the engine's time per token within its TPOT budget."""
+        ttft = self.strict_ttft_s.get(req.class_level)
+        if ttft is None:
+            return True
+        prefill = self.queued_uncached.get(rep.name, 0) + req.prompt_tokens - hit
+        if prefill / self.prefill_rate > ttft:
+            return False
+        tpot = self.strict_tpot_s.get(req.class_level)
+        return tpot is None or not misses_tpot(rep, tpot)
+
+    def _waits_for_warm(self, req: Request, candidates: Sequence[Replica], cached: list[int],
+                        rows: Sequence[Row], now: float) -> bool:
+        """Whether ``req`` stays queued for its warmest replica, full now: only a class that
+        may wait, only while that replica is not saturated, and until the bound set the first
+        time it waited (``warm_wait_s``, and no longer than the prefill it would save)."""
+        if req.class_level not in self.may_wait:
+            return False
+        with_room = {rep.name for rep, _, _ in rows}
+        best_hit, best_room = max(
+            ((hit, rep.name in with_room) for rep, hit in zip(candidates, cached, strict=True)),
+            key=lambda pair: pair[0])
+        until = self._waiting.get(req.id)
+        if best_room or not best_hit:
+            return False
+        if until is None:
+            until = now + min(self.warm_wait_s, best_hit / self.prefill_rate)
+            self._waiting[req.id] = until
+            if len(self._waiting) > 4096:  # requests that ended while waiting
+                self._waiting = {k: t for k, t in self._waiting.items() if t > now}
+        return now < until
+
+    # ------------------------------------------------------------------ the books
+    def placed(self, req: Request, rep: Replica, now: float) -> int:
+        hit = self.cached(req, rep, self._binding(req, now))
+        super().placed(req, rep, now)
+        if req.prefix is not None:
+            self.index.placed(rep.name, req.prefix)
+        uncached = req.prompt_tokens - hit
+        self.queued_uncached[rep.name] = self.queued_uncached.get(rep.name, 0) + uncached
+        self._uncached[req.id] = (rep.name, uncached)
+        self._waiting.pop(req.id, None)
+        return hit
+
+    def started(self, req: Request, rep: Replica) -> None:
+        self._unqueue(req)
+
+    def left(self, req: Request, rep: Replica) -> None:
+        self._unqueue(req)
+
+    def _unqueue(self, req: Request) -> None:
+        was = self._uncached.pop(req.id, None)
+        if was is not None:
+            self.queued_uncached[was[0]] -= was[1]
+
+    def follow_events(self, name: str) -> None:
+        self.index.follow_events(name)
+
+    def cache_lost(self, name: str, now: float) -> None:
+        super().cache_lost(name, now)
+        self.index.lost(name)
+
+    def observe_cache(self, name: str, now: float, stored: Sequence[int],
+                      removed: Sequence[int], cleared: bool) -> None:
+        self.index.observe(name, stored, removed, cleared)
+
+    def holds(self, req: Request, now: float) -> bool:
+        until = self._waiting.get(req.id)
+        return until is not None and now < until
+
+    def wake_at(self, now: float) -> float:
+        return min((t for t in self._waiting.values() if t > now), default=_INF)

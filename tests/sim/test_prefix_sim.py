@@ -91,6 +91,9 @@ def test_ideal_hit_rate_by_hand() -> None:
         arr(4, 9, (1, 5, 6)),  # 1 cached, 5 not: the run stops there
     ]
     assert ideal_hits(arrivals) == (8 + 12 + 4, 12 + 12 + 13 + 5 + 9)
+    # an LRU of 2 blocks: each request keeps its head (released tail first), so after the
+    # first two only 1, 2 are left: the third finds 1, 2 and not 4
+    assert ideal_hits(arrivals[:3], cache_tokens=8) == (8 + 8, 12 + 12 + 13)
 
 
 SCENARIO = """
@@ -149,6 +152,7 @@ def test_router_list_runs_each_router_side_by_side(tmp_path: Path) -> None:
         assert set(pc["replicas"]) == {"r0", "r1"}
         assert pc["hits_tokens"] == sum(r["hits"] for r in pc["replicas"].values())
         assert 0 <= pc["hit_rate"] <= pc["ideal_hit_rate"]
+        assert pc["ideal_fleet_kv_hit_rate"] == pc["ideal_hit_rate"]  # a tiny trace fits
     table = runner.invoke(app, ["simulate", "--scenario", str(p), "--router",
                                 "least-load,most-free"])
     assert table.exit_code == 0, table.output

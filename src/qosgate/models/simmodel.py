@@ -190,14 +190,16 @@ class _Seq:
         self.gen = 0  # tokens generated (and emitted) so far
         self.state = _WAITING
         self.admitted = False  # taken from the waiting queue at least once
-        prefix = spec.prefix
         # prefix cache: its block keys (None: no identity, nothing cached), the tokens of one,
         # its full prompt blocks, how many leading ones it pins now, prompt tokens found cached
-        self.keys = None if prefix is None or not prefix.keys else prefix.keys
-        self.block = prefix.block_tokens if prefix is not None else 0
-        self.full = 0 if self.keys is None else min(len(self.keys), self.prompt // self.block)
-        self.pinned = 0
-        self.cached = 0
+        self.pinned = self.cached = self.full = self.block = 0
+        prefix = spec.prefix
+        if prefix is None or not prefix.keys:
+            self.keys = None
+        else:
+            self.keys = prefix.keys
+            self.block = prefix.block_tokens
+            self.full = min(len(prefix.keys), self.prompt // prefix.block_tokens)
 
     def remaining(self) -> int:
         """Tokens still to feed before the next token can be sampled."""
@@ -395,9 +397,9 @@ class SimEngine:
             s.computed += k
             s.gen += k
         self._kv_used += n * k
-        cache = self._cache
-        if cache.lru_tokens > p.kv_capacity_tokens - self._kv_used:
-            cache.trim(p.kv_capacity_tokens - self._kv_used)
+        lru = self._cache.lru_tokens
+        if lru and lru > p.kv_capacity_tokens - self._kv_used:
+            self._cache.trim(p.kv_capacity_tokens - self._kv_used)
         self._gen_total += n * k
         self._steps += k
         dur = k * d0 + acc * k * (k - 1) / 2
@@ -469,10 +471,10 @@ class SimEngine:
             s.computed = hit
             self._kv_used += hit
 
-    def _cache_computed(self, s: _Seq) -> None:
-        """Pin (and so cache) the full prompt blocks ``s``'s prefill now covers."""
+    def _cache_computed(self, s: _Seq, computed: int) -> None:
+        """Pin (and so cache) the full prompt blocks ``computed`` tokens of ``s`` cover."""
         assert s.keys is not None
-        upto = min(s.full, s.computed // s.block)
+        upto = min(s.full, computed // s.block)
         if upto > s.pinned:
             self._cache.pin(s.keys[s.pinned : upto])
             s.pinned = upto
@@ -504,11 +506,10 @@ class SimEngine:
         p = self.profile
         waiting = self._waiting
         if not waiting.fcfs:
-            while (
-                len(waiting)
-                and self._running
-                and not self._head_fits(waiting.peek(), self._hit(waiting.peek()))
-            ):
+            while len(waiting) and self._running:
+                head = waiting.peek()
+                if self._head_fits(head, 0 if head.keys is None else self._hit(head)):
+                    break
                 victim = self._victim()
                 if victim.prio <= waiting.peek().prio:
                     break
@@ -577,6 +578,8 @@ class SimEngine:
                 ctx += s.computed + 1
             else:
                 prefill += k
+                if s.pinned < s.full:  # its prefill covers more full prompt blocks
+                    self._cache_computed(s, s.computed + k)
         self._prefill_total += prefill
         dur = (
             p.step_fixed_s
@@ -591,8 +594,6 @@ class SimEngine:
         for s, k in sched.items():
             s.computed += k
             self._kv_used += k
-            if s.pinned < s.full:
-                self._cache_computed(s)
             if s.computed != s.prompt + s.gen:
                 continue  # prefill chunk, no token yet
             idx = s.gen
@@ -615,9 +616,9 @@ class SimEngine:
                 del self._seqs[s.id]
                 self._kv_used -= s.computed
                 self._release(s)
-        cache = self._cache
-        if cache.lru_tokens > p.kv_capacity_tokens - self._kv_used:
-            cache.trim(p.kv_capacity_tokens - self._kv_used)
+        lru = self._cache.lru_tokens
+        if lru and lru > p.kv_capacity_tokens - self._kv_used:
+            self._cache.trim(p.kv_capacity_tokens - self._kv_used)
         return 1, interesting
 
 

@@ -4,9 +4,10 @@
   as vLLM counts them), over the fleet and per replica.
 - Ideal hit rate: one infinite cache in front of every request as offered (arrival order), with
   vLLM's rules: a request finds at most ``(prompt - 1) // block`` leading blocks (the last prompt
-  token is always computed) and leaves its full prompt blocks cached. No router can beat it on
-  this fleet, since each replica's cache only ever sees part of the requests, and no cache
-  holds a block before the request that computes it.
+  token is always computed) and leaves its full prompt blocks cached. No router can beat it.
+- Fleet-KV ideal: the same with one LRU cache as large as the whole fleet's KV (and nothing held
+  by running requests): what perfect routing could hope for if the replicas' caches were pooled.
+  On a trace whose prompts come back minutes later it sits well below the infinite ideal.
 - Prefill tokens computed (by the engines, recomputation after a KV eviction included) against
   offered (every request's prompt tokens): what the caches saved. Requests refused or timed out
   before their prefill are offered and never computed.
@@ -14,15 +15,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from qosgate.models.prefix_cache import PrefixCache
 from qosgate.sim.workload import Arrival
 
 
-def ideal_hits(arrivals: Iterable[Arrival]) -> tuple[int, int]:
-    """(hit tokens, queried tokens) of one infinite cache over ``arrivals`` in order."""
-    seen: set[int] = set()
+def ideal_hits(arrivals: Iterable[Arrival], cache_tokens: int | None = None) -> tuple[int, int]:
+    """(hit tokens, queried tokens) of one cache over ``arrivals`` in order: unbounded, or an
+    LRU of ``cache_tokens`` (the engine's own cache: the same lookup, pins and eviction)."""
+    cache = PrefixCache()
     hits = queries = 0
     for a in arrivals:
         queries += a.prompt
@@ -30,16 +33,26 @@ def ideal_hits(arrivals: Iterable[Arrival]) -> tuple[int, int]:
         if pf is None or not pf.keys:
             continue
         block = pf.block_tokens
-        full = min(len(pf.keys), a.prompt // block)
-        most = min(full, (a.prompt - 1) // block)
-        n = 0
-        for key in pf.keys[:most]:
-            if key not in seen:
-                break
-            n += 1
-        hits += n * block
-        seen.update(pf.keys[:full])
+        full = pf.keys[: a.prompt // block]
+        hits += cache.lookup(full, (a.prompt - 1) // block) * block
+        cache.pin(full)
+        cache.unpin(full, block)
+        if cache_tokens is not None:
+            cache.trim(cache_tokens)
     return hits, queries
+
+
+def workload_ideals(arrivals: Sequence[Arrival], fleet_kv_tokens: int) -> dict[str, Any]:
+    """What a workload offers, whatever the router: its prompt tokens, and the two ideal hit
+    rates (computed once per workload, shared by every run on it)."""
+    ideal_h, ideal_q = ideal_hits(arrivals)
+    pooled_h, _ = ideal_hits(arrivals, fleet_kv_tokens)
+    return {
+        "prefill_tokens_offered": sum(a.prompt for a in arrivals),
+        "ideal_hit_rate": _rate(ideal_h, ideal_q),
+        "ideal_fleet_kv_hit_rate": _rate(pooled_h, ideal_q),
+        "fleet_kv_tokens": fleet_kv_tokens,
+    }
 
 
 def _rate(hits: int, queries: int) -> float | None:
@@ -47,21 +60,19 @@ def _rate(hits: int, queries: int) -> float | None:
 
 
 def prefix_metrics(
-    per_replica: dict[str, dict[str, int]], arrivals: Iterable[Arrival]
+    per_replica: dict[str, dict[str, int]], ideals: dict[str, Any]
 ) -> dict[str, Any]:
-    """The run's prefix-cache figures (``RunResult.prefix_cache`` per replica), with the
-    workload's ideal."""
-    arrivals = list(arrivals)
-    ideal_h, ideal_q = ideal_hits(arrivals)
+    """The run's prefix-cache figures (``RunResult.prefix_cache`` per replica) beside its
+    workload's ``workload_ideals``."""
     hits = sum(r["hits"] for r in per_replica.values())
     queries = sum(r["queries"] for r in per_replica.values())
     computed = sum(r["prefill_tokens"] for r in per_replica.values())
-    offered = sum(a.prompt for a in arrivals)
+    offered = ideals["prefill_tokens_offered"]
     rate = _rate(hits, queries)
-    ideal = _rate(ideal_h, ideal_q)
+    ideal = ideals["ideal_hit_rate"]
     return {
         "hit_rate": rate,
-        "ideal_hit_rate": ideal,
+        **{k: v for k, v in ideals.items() if k != "prefill_tokens_offered"},
         "of_ideal": rate / ideal if rate is not None and ideal else None,
         "hits_tokens": hits,
         "queries_tokens": queries,

@@ -409,11 +409,12 @@ def _prefix_table(runs: Iterable[Run]) -> Table:
     the prefill tokens the engines computed against those offered."""
     t = Table(
         title="prefix cache (hit rate = engine hits / queries, prompt tokens at first admission; "
-        "ideal = one infinite cache over the requests as offered)",
+        "ideal = one infinite cache over the requests as offered; fleet KV = one LRU cache of "
+        "the fleet's whole KV)",
         title_justify="left",
     )
-    for col in ("policy", "hit rate", "ideal", "of ideal", "per replica", "prefill computed",
-                "offered", "computed/offered"):
+    for col in ("policy", "hit rate", "ideal", "of ideal", "fleet KV", "per replica",
+                "prefill computed", "offered", "computed/offered"):
         t.add_column(col, justify="left" if col in ("policy", "per replica") else "right")
     for run in runs:
         pc = run.metrics.get("prefix_cache")
@@ -425,6 +426,7 @@ def _prefix_table(runs: Iterable[Run]) -> Table:
             _pct(pc["hit_rate"]),
             _pct(pc["ideal_hit_rate"]),
             _num(pc["of_ideal"], ".2f"),
+            _pct(pc["ideal_fleet_kv_hit_rate"]),
             each,
             _tokens(pc["prefill_tokens_computed"]),
             _tokens(pc["prefill_tokens_offered"]),

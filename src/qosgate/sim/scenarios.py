@@ -20,7 +20,7 @@ from qosgate.models.simmodel import EngineProfile, load_profile
 from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
-from qosgate.sim.prefix_stats import prefix_metrics
+from qosgate.sim.prefix_stats import prefix_metrics, workload_ideals
 from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import ReplicaGroup, Scenario, ScenarioError
 from qosgate.sim.setup import (
@@ -319,6 +319,7 @@ def run_scenario(
         the_load = load
         if the_load is None and prep.capacity_rps:
             the_load = offered / prep.capacity_rps
+        ideals: dict[str, Any] | None = None  # the workload's prefix ideals, once per load
         configs = prep.configs()
         for count, (router, rcfg), policy in itertools.product(
             s.gateways.counts, configs.items(), s.policies
@@ -357,7 +358,10 @@ def run_scenario(
             if s.retries:
                 metrics["retries"] = retry_stats(result, prep.slos)
             if result.prefix_cache:
-                metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, wl.arrivals)
+                if ideals is None:
+                    kv = sum(p.profile.kv_capacity_tokens for p in prep.fleet)
+                    ideals = workload_ideals(wl.arrivals, kv)
+                metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, ideals)
             run = Run(policy, the_load, offered, result, metrics, count, router, len(configs))
             out.runs.append(run)
             if on_run is not None:

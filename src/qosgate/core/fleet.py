@@ -361,7 +361,11 @@ class Fleet:
         """The replica ``req`` goes to now, or None (it waits)."""
         if req.replica is not None:  # paused: its state lives on that replica
             rep = self.replicas.get(req.replica)
-            ok = rep is not None and rep.free > 0 and rep.name in self.usable_names
+            # a suspect replica takes one unanswered request at a time, a resumed one too
+            # (``may_take``): else the paused ones took its slot past a higher class the rule
+            # held, and a replica that had just broken got them all at once
+            ok = (rep is not None and rep.free > 0 and rep.name in self.usable_names
+                  and not (rep.failing and rep.pending))
             return rep if ok else None
         usable = self.usable
         if not (self._any_model or not req.model):
@@ -507,6 +511,10 @@ class Fleet:
                 return False  # the common case, and the cheapest test first
         backlog = self._backlog
         return not backlog.paused and not backlog.strict_waits()
+
+    def lending_withheld(self) -> bool:
+        """The reserve is lent to no one now, because a class that may not borrow it waits."""
+        return bool(self._unlent_levels) and not self._may_lend()
 
     def _may_lend(self) -> bool:
         """Whether the reserve may be lent now: no class that may not borrow it waits (lent

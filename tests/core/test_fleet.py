@@ -592,6 +592,22 @@ def test_a_request_paused_on_a_suspect_replica_resumes_only_once_its_call_is_ans
     assert _dispatched(s.first_token("rt1", 0.6)) == {"rt0": "p"}
 
 
+def test_a_request_paused_in_the_reserve_resumes_there_only_while_api_does_not_wait() -> None:
+    """The reserve is lent only while no class that may not borrow it waits, to a request
+    resuming where it was paused too: else batch took the reserved slot past a waiting api."""
+    s = _sched(ReplicaSpec("p", 10, pausable=True))  # realtime keeps one slot of ten
+    _submit(s, "b0", cls="batch")
+    for i in range(9):
+        _submit(s, f"rt{i}", cls="realtime")
+    assert _dispatched(_submit(s, "rt9", cls="realtime")) == {"rt9": "p"}  # b0 paused
+    _submit(s, "api0")
+    # one slot frees: the reserve's, which api may not take; b0 may not borrow it while api
+    # waits
+    assert _dispatched(s.complete("rt0", 1.0, 5)) == {}
+    # another frees: api takes the room beyond the reserve, then b0 may borrow it
+    assert _dispatched(s.complete("rt1", 1.1, 5)) == {"api0": "p", "b0": "p"}
+
+
 def test_least_load_spread_spreads_realtime_and_steers_it_off_a_slow_replica() -> None:
     """With the prefill budget holding the other classes off a replica that streams realtime,
     plain least-load sends the next realtime request to that replica again (it looks least

@@ -361,11 +361,10 @@ class Fleet:
         """The replica ``req`` goes to now, or None (it waits)."""
         if req.replica is not None:  # paused: its state lives on that replica
             rep = self.replicas.get(req.replica)
-            # a suspect replica takes one unanswered request at a time, a resumed one too
-            # (``may_take``): else the paused ones took its slot past a higher class the rule
-            # held, and a replica that had just broken got them all at once
-            ok = (rep is not None and rep.free > 0 and rep.name in self.usable_names
-                  and not (rep.failing and rep.pending))
+            # it resumes there under that replica's rules (``may_take``: a suspect one takes
+            # one unanswered request at a time, the reserve is lent only while api does not
+            # wait), else it took the slot past a higher class a rule held
+            ok = rep is not None and rep.free > 0 and self.may_take(rep, req, now)
             return rep if ok else None
         usable = self.usable
         if not (self._any_model or not req.model):

@@ -11,7 +11,7 @@ import random
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from qosgate.config import (
@@ -362,9 +362,49 @@ long_run = st.lists(st.one_of(fleet_op.map(lambda o: [o]), burst), min_size=60,
                     max_size=200).map(lambda steps: [o for step in steps for o in step])
 
 
+# the runs that found each case, minimised (they stay covered, whatever the draws)
+_FOUND = {
+    # lending: a borrower held while api waited, api then gone in the same fill
+    "lend_after_api": (
+        [('submit', 0, 0, 1, 1, 'm1')] * 6 + [('submit', 0, 2, 1, 1, 'm1')] + [('signals', 2, 0,
+        0.9299956628726089, 0)] + [('submit', 0, 0, 1, 49, 'm2')] + [('submit', 0, 0, 1, 349, 'm2')]
+        + [('submit', 3, 0, 1, 1, 'm2')] + [('submit', 2, 0, 1, 1, 'm1')]
+    ),
+    # a realtime retry waits for another replica; api takes the one it failed on
+    "retry_elsewhere": (
+        [('submit', 0, 0, 1, 1, 'm1')] * 8 + [('advance', 1.0)] + [('capacity', 0, 0)] + [('submit',
+        0, 0, 1, 1, 'm1')] * 4 + [('submit', 0, 2, 1, 1, 'm1')] + [('fail', 1, 'fault')]
+    ),
+    # a paused batch resumes on a suspect replica past a realtime request
+    "resume_on_suspect": (
+        [('advance', 0.0)] + [('capacity', 0, 0)] + [('submit', 0, 0, 1, 1, 'm1')] * 6 + [('submit',
+        2, 1, 1, 1, '')] * 5 + [('cancel', 0)] + [('capacity', 1, 3)] + [('fail', 256,
+        'unreachable')] + [('submit', 0, 0, 1, 1, 'm1')]
+    ),
+    # a paused batch resumes where the TPOT guard holds api off
+    "resume_past_guard": (
+        [('signals', 3, 4, 2.225073858507e-311, 1)] + [('probe', 2, False)] + [('submit', 0, 0, 700,
+        173, 'm2')] + [('signals', 3, 1, 0.75, 1)] + [('submit', 3, 0, 2, 236, 'm1')] * 2 +
+        [('capacity', 1, 3)] + [('submit', 1, 0, 90, 200, 'm1')] * 7 + [('submit', 2, 0, 267, 170,
+        '')] + [('advance', 4.467671295632014)]
+    ),
+    # a paused batch resumes in the reserve while api waits
+    "resume_in_reserve": (
+        [('probe', 2, False)] + [('submit', 3, 0, 2, 236, 'm1')] * 2 + [('capacity', 1, 3)] +
+        [('submit', 3, 0, 757, 87, '')] + [('submit', 1, 0, 90, 200, 'm1')] * 8 + [('submit', 2, 0,
+        267, 170, '')] + [('advance', 4.467671295632014)]
+    ),
+}
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICY_NAMES), ops=long_run)
+@example(policy="qos", ops=_FOUND["lend_after_api"])
+@example(policy="qos", ops=_FOUND["retry_elsewhere"])
+@example(policy="qos", ops=_FOUND["resume_on_suspect"])
+@example(policy="qos", ops=_FOUND["resume_past_guard"])
+@example(policy="qos", ops=_FOUND["resume_in_reserve"])
 def test_invariants_hold_over_long_runs_with_realtime_and_every_rule(
     policy: str, ops: list[tuple[object, ...]]
 ) -> None:

@@ -8,8 +8,10 @@ It also watches the order in which the scheduler's queue hands out requests (``p
 which of them it dispatches and which it puts back (held): no rule may let a request of a lower
 non-strict class take a replica that a request of a higher one, popped before it in the same fill
 and held, could have been placed on (served its model, not paused elsewhere, not a retry avoiding
-it). That is the policy's order kept against every rule beside it (the reserve, the prefill budget,
-the TPOT guard); a rule that held one class and let a lower one through would show here.
+it while its model has another replica; a request resuming where it was paused goes past the TPOT
+guard and the prefill budget, as documented). That is the policy's order kept against every
+rule beside it (the reserve, the prefill budget, the TPOT guard); a rule that held one class and
+let a lower one through would show here.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Harness:
 
         def watched_dispatch(req: Request, rep: object, now: float, out: list[object],
                              over: bool = False) -> None:
-            timeline.append(("dispatch", req, rep.name))  # type: ignore[attr-defined]
+            timeline.append(("dispatch", req, rep.name,  # type: ignore[attr-defined]
+                             req.replica is not None))  # resumes where it was paused
             if over:  # past a full window: only to overtake unstarted work, in an ordered engine
                 assert rep.ordered and rep.free == 0  # type: ignore[attr-defined]
                 order = s.policy.order(req)
@@ -136,10 +139,14 @@ class Harness:
                 if s.classes[req.class_level].strict:
                     continue
                 rep = s.replicas[name]  # type: ignore[index]
+                if ev[3] and rep.strict_streams and s.fleet.hold_others:
+                    # a paused request may resume where the TPOT guard or the prefill budget
+                    # holds the other classes off (docs/guides/fleet.md): its state is there
+                    continue
                 for h in held.values():
                     if (s.classes[h.class_level].strict or h.class_level >= req.class_level
                             or not rep.serves(h.model) or h.replica not in (None, name)
-                            or h.avoid == name or router.holds(h, self.now)):
+                            or self._avoids(h, name) or router.holds(h, self.now)):
                         continue
                     raise AssertionError(
                         f"{req.id} ({req.service_class}) went to {name} past {h.id} "
@@ -178,8 +185,16 @@ class Harness:
                     continue
                 for name in lower_to:
                     rep = self.sched.replicas[name]
-                    could = rep.serves(r.model) and r.replica in (None, name)
+                    could = (rep.serves(r.model) and r.replica in (None, name)
+                             and not self._avoids(r, name))
                     assert not could, "a lower band was dispatched while realtime waited"
+
+    def _avoids(self, req: Request, name: str) -> bool:
+        """``req`` is a retry that may not go back to replica ``name``, where its last attempt
+        failed, while another usable replica serves its model (``Fleet.may_take``): the retry
+        goes elsewhere, so what a lower class takes there was never its to take."""
+        return req.avoid == name and any(
+            rep.name != name and rep.serves(req.model) for rep in self.sched.fleet.usable)
 
     def _at(self, when: float, kind: str, job: Job) -> None:
         self.seq += 1

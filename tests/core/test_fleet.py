@@ -226,6 +226,24 @@ def test_the_reserve_is_not_lent_while_a_class_that_may_not_borrow_it_waits() ->
     assert _dispatched(s.complete("api0", 1.0, 5)) == {"api9": "a", "off0": "a"}
 
 
+def test_a_borrower_held_while_api_waited_borrows_once_api_has_gone_in_the_same_fill() -> None:
+    """The reserve is lent only while no class that may not borrow it waits: a borrower held
+    for that in a fill may borrow once the last such request has gone, in the same fill (else
+    it waited beside a slot it may take until some later event)."""
+    s = _sched(ReplicaSpec("a", 10, models=("m2",)), ReplicaSpec("b", 1, models=("m1",)),
+               ReplicaSpec("c", 1, models=("m3",)))
+    for i in range(9):  # a's reserved tenth slot is realtime's (api may not borrow it)
+        _submit(s, f"api{i}", model="m2")
+    _submit(s, "api-b", model="m1")
+    _submit(s, "api-wait", model="m1")
+    assert _dispatched(_submit(s, "b0", model="m2", cls="batch")) == {}  # api waits: not lent
+    # api is served on c meanwhile: batch, behind in the shares, is popped first next time
+    assert _dispatched(_submit(s, "api-c", model="m3")) == {"api-c": "c"}
+    # that fill holds batch while api waits, then sends api to b: nothing of api waits now,
+    # so batch may borrow a's reserved slot
+    assert _dispatched(s.complete("api-b", 1.0, 5)) == {"api-wait": "b", "b0": "a"}
+
+
 def test_a_slot_lent_to_a_borrower_returns_to_the_reserve_when_its_stream_ends() -> None:
     s = _sched(ReplicaSpec("a", 10))
     for i in range(10):  # nothing else waits: the reserve is lent to the tenth
@@ -554,6 +572,40 @@ def test_a_suspect_replica_gets_one_unanswered_request_at_a_time() -> None:
     probe = next(iter(a.inflight))
     s.first_token(probe, 1.5)  # it answers: no longer suspect
     assert not a.failing and len(a.inflight) == 8  # its whole window again
+
+
+def test_a_request_paused_on_a_suspect_replica_resumes_only_once_its_call_is_answered() -> None:
+    """A paused request resumes only where its state lives, but a suspect replica's one
+    unanswered request at a time holds for it too: else it took the slot past a realtime
+    retry that the rule held, and a replica just broken got every paused request at once."""
+    s = _sched(ReplicaSpec("p", 2, pausable=True))
+    _submit(s, "b0", cls="batch")
+    _submit(s, "rt0", cls="realtime")
+    # a realtime arrival pulls b0 back (paused on p: it resumes there only) and takes its slot
+    assert _dispatched(_submit(s, "rt1", cls="realtime")) == {"rt1": "p"}
+    p = s.replicas["p"]
+    # rt0's call fails before its first byte: p is suspect while rt1 is unanswered, so neither
+    # rt0's retry nor the paused b0 goes there
+    assert _dispatched(s.attempt_failed("rt0", 0.5, "upstream_500")) == {}
+    assert p.failing and p.free == 1 and s.requests["b0"].state is State.QUEUED
+    # rt1 answers: p is trusted again, and realtime goes first
+    assert _dispatched(s.first_token("rt1", 0.6)) == {"rt0": "p"}
+
+
+def test_a_request_paused_in_the_reserve_resumes_there_only_while_api_does_not_wait() -> None:
+    """The reserve is lent only while no class that may not borrow it waits, to a request
+    resuming where it was paused too: else batch took the reserved slot past a waiting api."""
+    s = _sched(ReplicaSpec("p", 10, pausable=True))  # realtime keeps one slot of ten
+    _submit(s, "b0", cls="batch")
+    for i in range(9):
+        _submit(s, f"rt{i}", cls="realtime")
+    assert _dispatched(_submit(s, "rt9", cls="realtime")) == {"rt9": "p"}  # b0 paused
+    _submit(s, "api0")
+    # one slot frees: the reserve's, which api may not take; b0 may not borrow it while api
+    # waits
+    assert _dispatched(s.complete("rt0", 1.0, 5)) == {}
+    # another frees: api takes the room beyond the reserve, then b0 may borrow it
+    assert _dispatched(s.complete("rt1", 1.1, 5)) == {"api0": "p", "b0": "p"}
 
 
 def test_least_load_spread_spreads_realtime_and_steers_it_off_a_slow_replica() -> None:

@@ -361,7 +361,10 @@ class Fleet:
         """The replica ``req`` goes to now, or None (it waits)."""
         if req.replica is not None:  # paused: its state lives on that replica
             rep = self.replicas.get(req.replica)
-            ok = rep is not None and rep.free > 0 and rep.name in self.usable_names
+            # it resumes there under that replica's rules (``may_take``: a suspect one takes
+            # one unanswered request at a time, the reserve is lent only while api does not
+            # wait), else it took the slot past a higher class a rule held
+            ok = rep is not None and rep.free > 0 and self.may_take(rep, req, now)
             return rep if ok else None
         usable = self.usable
         if not (self._any_model or not req.model):
@@ -507,6 +510,10 @@ class Fleet:
                 return False  # the common case, and the cheapest test first
         backlog = self._backlog
         return not backlog.paused and not backlog.strict_waits()
+
+    def lending_withheld(self) -> bool:
+        """The reserve is lent to no one now, because a class that may not borrow it waits."""
+        return bool(self._unlent_levels) and not self._may_lend()
 
     def _may_lend(self) -> bool:
         """Whether the reserve may be lent now: no class that may not borrow it waits (lent

@@ -560,24 +560,34 @@ class Scheduler:
         if (fleet.may_stall and fleet.free_slots > 0 and policy.root.n
                 and fleet.nothing_may_go()):
             return  # nothing queued may go: popping and re-queueing each would cost, not serve
-        held: list[Request] = []
-        while fleet.free_slots > 0 and policy.root.n:
-            req = policy.pop()
-            assert req is not None
-            rep = fleet.choose(req, now)
-            if rep is None:
-                # paused on a full replica (it can only resume there), no replica of its
-                # model has room, or a rule keeps the room from its class: set aside, the
-                # next one in order may fit elsewhere (unless nothing queued may go now)
-                held.append(req)
-                if fleet.prefill_budget is not None:
-                    fleet.close_budget_below(req)
-                if len(held) >= _HOLD_MAX or (fleet.may_stall and fleet.nothing_may_go()):
-                    break
-                continue
-            self._dispatch(req, rep, now, out)
-        for req in held:
-            policy.restore(req)  # popping charged it; it was not served, nor did it go idle
+        while True:
+            held: list[Request] = []
+            lending_withheld = False  # at the first hold, the reserve was lent to no one
+            while fleet.free_slots > 0 and policy.root.n:
+                req = policy.pop()
+                assert req is not None
+                rep = fleet.choose(req, now)
+                if rep is None:
+                    # paused on a full replica (it can only resume there), no replica of its
+                    # model has room, or a rule keeps the room from its class: set aside, the
+                    # next one in order may fit elsewhere (unless nothing queued may go now)
+                    if not held:
+                        lending_withheld = fleet.lending_withheld()
+                    held.append(req)
+                    if fleet.prefill_budget is not None:
+                        fleet.close_budget_below(req)
+                    if len(held) >= _HOLD_MAX or (fleet.may_stall and fleet.nothing_may_go()):
+                        break
+                    continue
+                self._dispatch(req, rep, now, out)
+            for req in held:
+                policy.restore(req)  # popping charged it; it was not served, nor did it go idle
+            # the reserve is lent only while no class that may not borrow it waits: if the
+            # last of those went in this fill, the borrowers held before that may take it now
+            # (else they wait beside it until some later event); a second pass cannot open it
+            # again, since the queue only shrinks within a fill
+            if not (lending_withheld and fleet.free_slots > 0 and not fleet.lending_withheld()):
+                break
 
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision],
                   over: bool = False) -> None:

@@ -119,6 +119,17 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
         return EngineProfile.model_validate(yaml.safe_load(f))
 
 
+def with_host_tier(profile: EngineProfile, gib: float, block_tokens: int) -> EngineProfile:
+    """``profile`` with a host KV tier of ``gib`` GiB, as vLLM sizes ``--kv-offloading-size``:
+    the bytes over the KV bytes of a block, in whole blocks of ``block_tokens``."""
+    if gib <= 0:
+        raise ValueError("the KV offloading size must be > 0 GiB")
+    if not profile.kv_bytes_per_token:
+        raise ValueError(f"profile {profile.name!r} gives no kv_bytes_per_token")
+    blocks = int(gib * (1 << 30)) // (profile.kv_bytes_per_token * block_tokens)
+    return profile.model_copy(update={"host_kv_tokens": blocks * block_tokens})
+
+
 @dataclass(slots=True)
 class EngineMetrics:
     """What a vLLM-compatible /metrics endpoint publishes (gauges, then monotonic counters)."""

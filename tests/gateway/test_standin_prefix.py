@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from qosgate.models.simmodel import load_profile, with_host_tier
 from tests.gateway.conftest import MODEL, Server, http, metric_values, start_standin
 
 FAST = ("--time-scale", "0.05")
@@ -101,3 +102,28 @@ def test_details_only_with_the_flag_and_no_cache_when_off(tmp_path: Path) -> Non
     finally:
         plain.stop()
         off.stop()
+
+
+def test_kv_offloading_size_gives_the_engine_a_host_tier_and_its_counters(
+    tmp_path: Path,
+) -> None:
+    """``--kv-offloading-size GiB`` as vLLM sizes it (whole blocks of the GiB over the KV bytes
+    of a block); ``/metrics`` then carries vLLM's external (connector) prefix-cache counters."""
+    s = start_standin(tmp_path, *FAST, "--kv-offloading-size", "2")
+    try:
+        chat(s, "a" * 1250)
+        text = http("GET", s.url + "/metrics")[2].decode()
+    finally:
+        s.stop()
+    assert "# TYPE vllm:external_prefix_cache_queries counter" in text
+    (q,) = metric_values(text, "vllm:external_prefix_cache_queries_total").values()
+    (h,) = metric_values(text, "vllm:external_prefix_cache_hits_total").values()
+    assert (q, h) == (320, 0)  # the GPU had nothing: the whole prompt asked of the host tier
+    prof = with_host_tier(load_profile("default"), 2, 16)
+    assert prof.host_kv_tokens == (2 << 30) // (57_344 * 16) * 16
+    with pytest.raises(ValueError, match="> 0 GiB"):
+        with_host_tier(prof, 0, 16)
+
+
+def test_without_kv_offloading_no_external_counters(detailed: Server) -> None:
+    assert "external_prefix_cache" not in http("GET", detailed.url + "/metrics")[2].decode()

@@ -195,3 +195,32 @@ def test_bad_trace_line_is_a_clean_cli_error(tmp_path: Path) -> None:
     assert res.exit_code == 2
     said = " ".join(res.output.split())  # rich wraps the message
     assert "line 2: not JSON" in said and "Traceback" not in said
+
+
+def _hosted(tmp_path: Path, host_tokens: int) -> Path:
+    """One replica whose GPU KV (4,000 tokens) holds a turn or two, with a host tier beside."""
+    p = _scenario(tmp_path, _conversations(), replicas=1)
+    p.write_text(p.read_text() + "profile_overrides: {kv_capacity_tokens: 4000, "
+                 f"host_kv_tokens: {host_tokens}}}\n")
+    return p
+
+
+def test_a_host_tier_gives_back_what_the_gpu_evicted(tmp_path: Path) -> None:
+    gpu_only = run_scenario(prepare(load_scenario(_hosted(tmp_path, 0))))
+    pc0 = gpu_only.runs[0].metrics["prefix_cache"]
+    assert "host_share" not in pc0 and "host_hits" not in pc0["replicas"]["r0"]
+    assert pc0["hit_rate"] < 0.5 * pc0["ideal_hit_rate"]  # turns come back to an evicted cache
+
+    res = run_scenario(prepare(load_scenario(_hosted(tmp_path, 100_000))))
+    pc = res.runs[0].metrics["prefix_cache"]
+    r0 = pc["replicas"]["r0"]
+    assert pc["hit_rate"] == pytest.approx(pc["ideal_hit_rate"])  # the host holds everything
+    assert pc["hits_tokens"] == r0["hits"] + r0["host_hits"] == pc["host_hits_tokens"] + r0[
+        "hits"]
+    assert pc["host_share"] == pytest.approx(r0["host_hits"] / pc["hits_tokens"])
+    assert pc["host_share"] > 0.5
+    assert pc["prefill_tokens_computed"] == pc["prefill_tokens_offered"] - pc["hits_tokens"]
+    assert pc["fleet_kv_tokens"] == 4000 + 100_000
+    table = runner.invoke(app, ["simulate", "--scenario", str(_hosted(tmp_path, 100_000))])
+    assert table.exit_code == 0, table.output
+    assert "from host" in table.output and "GPU + host" in table.output

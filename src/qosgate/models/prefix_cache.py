@@ -76,6 +76,19 @@ class PrefixCache:
             lru[key] = block_tokens
             self.lru_tokens += block_tokens
 
+    def touch(self, keys: Sequence[int], block_tokens: int) -> None:
+        """Cache these blocks unpinned, most recently used, the head last (so it outlives the
+        tail, as ``unpin`` orders a release); a pinned key stays pinned. Bound with ``trim``."""
+        pins, lru = self._pins, self._lru
+        for key in reversed(keys):
+            if key in pins:
+                continue
+            if key in lru:
+                lru.move_to_end(key)
+                continue
+            lru[key] = block_tokens
+            self.lru_tokens += block_tokens
+
     def trim(self, bound_tokens: int) -> int:
         """Evict the coldest unpinned blocks until they fit in ``bound_tokens``; how many."""
         lru = self._lru

@@ -30,6 +30,18 @@ twice in ``kv_used`` (vLLM counts them once): the model is pessimistic on KV und
 over capacity. ``prefix_cache_queries``/``hits`` count prompt tokens of first admissions only, as
 vLLM 0.32 does (a preempted request's lookups are kept apart there).
 
+Host tier (``host_kv_tokens`` > 0), modelled on vLLM 0.32's native CPU offloading
+(``--kv-offloading-size``, the ``OffloadingConnector``): write-through, not spill-on-evict --
+every full prompt block a seq's prefill computes or a hit adopts is also stored in host DRAM, an
+LRU bounded by ``host_kv_tokens`` (a finished request's blocks are made most recent, head last,
+as vLLM's LRU policy does at request end). At admission, after the GPU cache's leading run, the
+run of following blocks the host tier holds is loaded (same last-token cap on the two together):
+those tokens count as computed, are GPU-cached from then on, and add ``host_load_s_per_token``
+each to the step (vLLM loads asynchronously, the request waiting while other seqs run: charging
+the step is pessimistic for the others, optimistic for none). Counted as vLLM's connector stats:
+``external_prefix_cache_queries`` (prompt minus the GPU hit) and ``external_prefix_cache_hits``
+(tokens loaded), first admissions only; ``prefix_cache_hits`` stays the GPU's own.
+
 Preemption is recompute-style (vLLM V1 default): when a running seq cannot get KV slots, a victim
 (the most recently admitted under "fcfs", the largest ``engine_priority`` value then latest arrival
 under "priority") loses its KV and goes back to the head of the waiting queue; on readmission it
@@ -48,6 +60,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from pathlib import Path
@@ -80,6 +93,13 @@ class EngineProfile(Strict):
     max_num_seqs: int = Field(ge=1)
     max_num_batched_tokens: int = Field(ge=1)
     kv_capacity_tokens: int = Field(ge=1)
+    # KV bytes of one token (the model's layers x KV heads x head dim x 2 x dtype bytes): turns
+    # a host buffer given in GiB (vLLM's ``--kv-offloading-size``) into tokens; 0: not given
+    kv_bytes_per_token: int = Field(default=0, ge=0)
+    # the host (CPU DRAM) KV tier of vLLM's native offloading: its size in tokens (0: none)
+    # and the time to load one cached token's KV from it into the GPU
+    host_kv_tokens: int = Field(default=0, ge=0)
+    host_load_s_per_token: float = Field(default=0.0, ge=0)
 
 
 def available_profiles() -> list[str]:
@@ -97,6 +117,17 @@ def load_profile(name_or_path: str | Path) -> EngineProfile:
             raise ValueError(f"unknown engine profile {name!r}; known: {available_profiles()}")
     with path.open(encoding="utf-8") as f:
         return EngineProfile.model_validate(yaml.safe_load(f))
+
+
+def with_host_tier(profile: EngineProfile, gib: float, block_tokens: int) -> EngineProfile:
+    """``profile`` with a host KV tier of ``gib`` GiB, as vLLM sizes ``--kv-offloading-size``:
+    the bytes over the KV bytes of a block, in whole blocks of ``block_tokens``."""
+    if gib <= 0:
+        raise ValueError("the KV offloading size must be > 0 GiB")
+    if not profile.kv_bytes_per_token:
+        raise ValueError(f"profile {profile.name!r} gives no kv_bytes_per_token")
+    blocks = int(gib * (1 << 30)) // (profile.kv_bytes_per_token * block_tokens)
+    return profile.model_copy(update={"host_kv_tokens": blocks * block_tokens})
 
 
 @dataclass(slots=True)
@@ -122,6 +153,11 @@ class EngineMetrics:
     prefix_cache_hits_total: int = 0
     # tokens fed to prefill steps (recomputation included): what the prefix cache saves
     prefill_tokens_total: int = 0
+    # vllm:external_prefix_cache_queries / _hits: with a host tier, the prompt tokens the GPU
+    # cache did not give (looked up in the host tier) and those loaded from it, at a request's
+    # first admission; total hit tokens = prefix_cache_hits + external_prefix_cache_hits
+    external_prefix_cache_queries_total: int = 0
+    external_prefix_cache_hits_total: int = 0
 
 
 @dataclass(slots=True)
@@ -274,6 +310,12 @@ class SimEngine:
         self._pc_queries = 0
         self._pc_hits = 0
         self._prefill_total = 0
+        # host tier (vLLM's native CPU offloading): its blocks (an LRU, never pinned), the
+        # tokens it loads into the GPU in the step being scheduled, its counters
+        self._host = PrefixCache() if self.profile.host_kv_tokens else None
+        self._loading = 0
+        self._ext_queries = 0
+        self._ext_hits = 0
 
     # ---- StepEngine ----------------------------------------------------------------------------
 
@@ -321,7 +363,7 @@ class SimEngine:
         else:
             self._n_paused -= 1
         self._kv_used -= s.computed
-        self._release(s)
+        self._release(s, finished=True)
 
     def has_work(self) -> bool:
         return bool(self._running) or len(self._waiting) > 0
@@ -428,6 +470,8 @@ class SimEngine:
             prefix_cache_queries_total=self._pc_queries,
             prefix_cache_hits_total=self._pc_hits,
             prefill_tokens_total=self._prefill_total,
+            external_prefix_cache_queries_total=self._ext_queries,
+            external_prefix_cache_hits_total=self._ext_hits,
         )
 
     def generated(self, seq_id: str) -> int:
@@ -451,23 +495,39 @@ class SimEngine:
     # ---- prefix cache --------------------------------------------------------------------------
 
     def _hit(self, s: _Seq) -> int:
-        """Prompt tokens of a waiting seq holding no KV that the prefix cache would give it."""
+        """Prompt tokens of a waiting seq holding no KV that the prefix cache would give it:
+        the GPU cache's leading run, then the host tier's run after it (at most the blocks
+        before the last token, together)."""
         if s.keys is None or s.computed:
             return 0
         most = min(s.full, (s.prompt + s.gen - 1) // s.block)
-        return self._cache.lookup(s.keys, most) * s.block
+        gpu = self._cache.lookup(s.keys, most)
+        if self._host is None or gpu == most:
+            return gpu * s.block
+        return (gpu + self._host.lookup(s.keys[gpu:], most - gpu)) * s.block
 
     def _admit_cached(self, s: _Seq, hit: int) -> None:
-        """``s`` is admitted: it takes its ``hit`` cached tokens (pinned) as computed."""
+        """``s`` is admitted: it takes its ``hit`` cached tokens (pinned) as computed; those the
+        GPU cache lacked are loaded from the host tier in this step (and GPU-cached from now)."""
+        loaded = 0
+        if hit and self._host is not None:
+            assert s.keys is not None
+            loaded = hit - self._cache.lookup(s.keys, hit // s.block) * s.block
+            self._loading += loaded
         if not s.admitted:
             s.admitted = True
             s.cached = hit
             self._pc_queries += s.prompt
-            self._pc_hits += hit
+            self._pc_hits += hit - loaded
+            if self._host is not None:
+                self._ext_queries += s.prompt - (hit - loaded)
+                self._ext_hits += loaded
         if hit:
             assert s.keys is not None
             s.pinned = hit // s.block
             self._cache.pin(s.keys[: s.pinned])
+            if self._host is not None:
+                self._store(s.keys[: s.pinned], s.block)
             s.computed = hit
             self._kv_used += hit
 
@@ -477,13 +537,29 @@ class SimEngine:
         upto = min(s.full, computed // s.block)
         if upto > s.pinned:
             self._cache.pin(s.keys[s.pinned : upto])
+            if self._host is not None:
+                self._store(s.keys[s.pinned : upto], s.block)
             s.pinned = upto
 
-    def _release(self, s: _Seq) -> None:
-        """``s`` lets go of its blocks (finished, evicted, aborted): they stay cached, unpinned."""
+    def _store(self, keys: Sequence[int], block_tokens: int) -> None:
+        """Write-through to the host tier, as vLLM's offloading connector stores every block
+        a step computes (or a hit adopts): most recent first, the coldest dropped past its size."""
+        host = self._host
+        assert host is not None
+        host.touch(keys, block_tokens)
+        if host.lru_tokens > self.profile.host_kv_tokens:
+            host.trim(self.profile.host_kv_tokens)
+
+    def _release(self, s: _Seq, finished: bool = False) -> None:
+        """``s`` lets go of its blocks (finished, evicted, aborted): they stay cached, unpinned.
+        A finished request's blocks become the host tier's most recent, head last (vLLM's LRU
+        policy refreshes a request's keys when it finishes; a preemption does not)."""
         if s.pinned:
             assert s.keys is not None
-            self._cache.unpin(s.keys[: s.pinned], s.block)
+            keys = s.keys[: s.pinned]
+            self._cache.unpin(keys, s.block)
+            if finished and self._host is not None:
+                self._store(keys, s.block)
             s.pinned = 0
 
     def _victim(self) -> _Seq:
@@ -556,6 +632,8 @@ class SimEngine:
                 elif not s.admitted:
                     s.admitted = True
                     self._pc_queries += s.prompt
+                    if self._host is not None:
+                        self._ext_queries += s.prompt
                 sched[s] = k
                 free -= k + hit
                 budget -= k
@@ -587,6 +665,9 @@ class SimEngine:
             + p.decode_s_per_ctx_token * ctx
             + p.decode_s_per_seq * n_dec
         )
+        if self._loading:
+            dur += p.host_load_s_per_token * self._loading
+            self._loading = 0
         res.duration_s = dur
         self._steps += 1
         self._busy += dur
@@ -615,7 +696,7 @@ class SimEngine:
                 del self._running[s.id]
                 del self._seqs[s.id]
                 self._kv_used -= s.computed
-                self._release(s)
+                self._release(s, finished=True)
         lru = self._cache.lru_tokens
         if lru and lru > p.kv_capacity_tokens - self._kv_used:
             self._cache.trim(p.kv_capacity_tokens - self._kv_used)

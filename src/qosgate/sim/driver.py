@@ -679,6 +679,7 @@ class Simulation:
         prefixes (else empty: a run without them reports nothing of a cache)."""
         if not any(a.prefix is not None for a in self.setup.workload.arrivals):
             return {}
+        host = any(p.profile.host_kv_tokens for p in self.plans)
         out: dict[str, dict[str, int]] = {}
         for p in self.plans:
             ms = [e.metrics() for e in self.reps[p.name].engines()]
@@ -687,6 +688,8 @@ class Simulation:
                 "hits": sum(m.prefix_cache_hits_total for m in ms),
                 "prefill_tokens": sum(m.prefill_tokens_total for m in ms),
             }
+            if host:  # hits loaded from a host tier (vLLM's external_prefix_cache_hits)
+                out[p.name]["host_hits"] = sum(m.external_prefix_cache_hits_total for m in ms)
         return out
 
     def _fleet(self, views: list[Snapshot]) -> dict[str, object]:

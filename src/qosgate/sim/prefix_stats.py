@@ -1,13 +1,16 @@
 """What a run did with the engines' prefix caches, against what one perfect cache could do.
 
 - Hit rate: the engines' ``prefix_cache_hits / prefix_cache_queries`` (tokens, first admissions,
-  as vLLM counts them), over the fleet and per replica.
+  as vLLM counts them), over the fleet and per replica. With a host KV tier the hits loaded from
+  it (``external_prefix_cache_hits``) count too, and ``host_share`` says which part of the hits
+  they are.
 - Ideal hit rate: one infinite cache in front of every request as offered (arrival order), with
   vLLM's rules: a request finds at most ``(prompt - 1) // block`` leading blocks (the last prompt
   token is always computed) and leaves its full prompt blocks cached. No router can beat it.
-- Fleet-KV ideal: the same with one LRU cache as large as the whole fleet's KV (and nothing held
-  by running requests): what perfect routing could hope for if the replicas' caches were pooled.
-  On a trace whose prompts come back minutes later it sits well below the infinite ideal.
+- Fleet-KV ideal: the same with one LRU cache as large as the whole fleet's KV, GPU and host
+  tiers summed (and nothing held by running requests): what perfect routing could hope for if
+  the replicas' caches were pooled. On a trace whose prompts come back minutes later it sits
+  well below the infinite ideal.
 - Prefill tokens computed (by the engines, recomputation after a KV eviction included) against
   offered (every request's prompt tokens): what the caches saved. Requests refused or timed out
   before their prefill are offered and never computed.
@@ -35,8 +38,7 @@ def ideal_hits(arrivals: Iterable[Arrival], cache_tokens: int | None = None) -> 
         block = pf.block_tokens
         full = pf.keys[: a.prompt // block]
         hits += cache.lookup(full, (a.prompt - 1) // block) * block
-        cache.pin(full)
-        cache.unpin(full, block)
+        cache.touch(full, block)
         if cache_tokens is not None:
             cache.trim(cache_tokens)
     return hits, queries
@@ -64,7 +66,9 @@ def prefix_metrics(
 ) -> dict[str, Any]:
     """The run's prefix-cache figures (``RunResult.prefix_cache`` per replica) beside its
     workload's ``workload_ideals``."""
-    hits = sum(r["hits"] for r in per_replica.values())
+    has_host = any("host_hits" in r for r in per_replica.values())
+    host_hits = sum(r.get("host_hits", 0) for r in per_replica.values())
+    hits = sum(r["hits"] for r in per_replica.values()) + host_hits
     queries = sum(r["queries"] for r in per_replica.values())
     computed = sum(r["prefill_tokens"] for r in per_replica.values())
     offered = ideals["prefill_tokens_offered"]
@@ -75,12 +79,14 @@ def prefix_metrics(
         **{k: v for k, v in ideals.items() if k != "prefill_tokens_offered"},
         "of_ideal": rate / ideal if rate is not None and ideal else None,
         "hits_tokens": hits,
+        **({"host_hits_tokens": host_hits, "host_share": _rate(host_hits, hits)} if has_host
+           else {}),
         "queries_tokens": queries,
         "prefill_tokens_computed": computed,
         "prefill_tokens_offered": offered,
         "computed_of_offered": computed / offered if offered else None,
         "replicas": {
-            name: {**r, "hit_rate": _rate(r["hits"], r["queries"])}
+            name: {**r, "hit_rate": _rate(r["hits"] + r.get("host_hits", 0), r["queries"])}
             for name, r in per_replica.items()
         },
     }

@@ -407,14 +407,19 @@ def _tokens(x: int) -> str:
 def _prefix_table(runs: Iterable[Run]) -> Table:
     """Per run: the engines' prefix-cache hit rate against the trace's ideal, per replica, and
     the prefill tokens the engines computed against those offered."""
+    runs = list(runs)
+    # a fleet with a host KV tier: the hits include those loaded from it, and which share
+    host = any("host_share" in (r.metrics.get("prefix_cache") or {}) for r in runs)
     t = Table(
         title="prefix cache (hit rate = engine hits / queries, prompt tokens at first admission; "
-        "ideal = one infinite cache over the requests as offered; fleet KV = one LRU cache of "
-        "the fleet's whole KV)",
+        + ("GPU and host-tier hits; from host = the hits loaded from host DRAM; " if host
+           else "")
+        + "ideal = one infinite cache over the requests as offered; fleet KV = one LRU cache of "
+        "the fleet's whole KV" + (", GPU + host)" if host else ")"),
         title_justify="left",
     )
-    for col in ("policy", "hit rate", "ideal", "of ideal", "fleet KV", "per replica",
-                "prefill computed", "offered", "computed/offered"):
+    for col in ("policy", "hit rate", *(("from host",) if host else ()), "ideal", "of ideal",
+                "fleet KV", "per replica", "prefill computed", "offered", "computed/offered"):
         t.add_column(col, justify="left" if col in ("policy", "per replica") else "right")
     for run in runs:
         pc = run.metrics.get("prefix_cache")
@@ -424,6 +429,7 @@ def _prefix_table(runs: Iterable[Run]) -> Table:
         t.add_row(
             run_label(run),
             _pct(pc["hit_rate"]),
+            *((_pct(pc.get("host_share")),) if host else ()),
             _pct(pc["ideal_hit_rate"]),
             _num(pc["of_ideal"], ".2f"),
             _pct(pc["ideal_fleet_kv_hit_rate"]),

@@ -359,7 +359,10 @@ def run_scenario(
                 metrics["retries"] = retry_stats(result, prep.slos)
             if result.prefix_cache:
                 if ideals is None:
-                    kv = sum(p.profile.kv_capacity_tokens for p in prep.fleet)
+                    kv = sum(
+                        p.profile.kv_capacity_tokens + p.profile.host_kv_tokens
+                        for p in prep.fleet
+                    )
                     ideals = workload_ideals(wl.arrivals, kv)
                 metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, ideals)
             run = Run(policy, the_load, offered, result, metrics, count, router, len(configs))

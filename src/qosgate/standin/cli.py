@@ -50,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as vLLM: tokens per KV block, the prefix cache's unit")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="as vLLM: each usage reports prompt_tokens_details.cached_tokens")
+    p.add_argument("--kv-offloading-size", type=float, default=None, metavar="GIB",
+                   help="as vLLM: a host (CPU DRAM) KV cache of this many GiB beside the GPU's "
+                   "(unset: none)")
+    p.add_argument("--kv-offloading-backend", choices=["native"], default="native",
+                   help="as vLLM; only its native CPU offloading is modelled")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -70,24 +75,28 @@ def main(argv: list[str] | None = None) -> None:
         if args.slow <= 0:
             build_parser().error("--slow must be > 0")
         faults.append(Fault("slow", factor=args.slow))
-    app = StandIn(
-        profile=args.profile,
-        policy=args.scheduling_policy,
-        time_scale=args.time_scale,
-        served_model_name=args.served_model_name,
-        max_num_seqs=args.max_num_seqs,
-        default_max_tokens=args.default_max_tokens,
-        eos_after=args.eos_after,
-        record=args.record,
-        max_model_len=args.max_model_len,
-        faults=faults,
-        embed_overhead_ms=args.embed_overhead_ms,
-        embed_token_us=args.embed_token_us,
-        embed_dim=args.embed_dim,
-        prefix_caching=args.enable_prefix_caching,
-        block_size=args.block_size,
-        prompt_tokens_details=args.enable_prompt_tokens_details,
-    )
+    try:
+        app = StandIn(
+            profile=args.profile,
+            policy=args.scheduling_policy,
+            time_scale=args.time_scale,
+            served_model_name=args.served_model_name,
+            max_num_seqs=args.max_num_seqs,
+            default_max_tokens=args.default_max_tokens,
+            eos_after=args.eos_after,
+            record=args.record,
+            max_model_len=args.max_model_len,
+            faults=faults,
+            embed_overhead_ms=args.embed_overhead_ms,
+            embed_token_us=args.embed_token_us,
+            embed_dim=args.embed_dim,
+            prefix_caching=args.enable_prefix_caching,
+            block_size=args.block_size,
+            prompt_tokens_details=args.enable_prompt_tokens_details,
+            kv_offloading_size=args.kv_offloading_size,
+        )
+    except ValueError as exc:  # a profile or size the stand-in cannot use
+        build_parser().error(str(exc))
     kwargs: dict[str, Any] = {}
     try:
         import uvloop  # noqa: F401

@@ -7,10 +7,12 @@ from qosgate.models.simmodel import EngineMetrics
 
 
 def vllm_metrics_text(model: str, m: EngineMetrics, itl_wall_s: float,
-                      success: dict[str, int], prefix_caching: bool = True) -> str:
+                      success: dict[str, int], prefix_caching: bool = True,
+                      kv_offloading: bool = False) -> str:
     """The exposition: the simulated engine's counts ``m``, the inter-token latency's sum in
     wall seconds, what the engine finished by ``finished_reason``, and the prefix cache's
-    lookups in tokens (none counted with ``prefix_caching`` off, as vLLM's)."""
+    lookups in tokens (none counted with ``prefix_caching`` off, as vLLM's); with
+    ``kv_offloading`` (a host KV tier) also the connector's lookups, as vLLM names them."""
     lbl = f'engine="0",model_name="{model}"'
     lines = [
         "# TYPE vllm:num_requests_running gauge",
@@ -45,4 +47,12 @@ def vllm_metrics_text(model: str, m: EngineMetrics, itl_wall_s: float,
         "# TYPE vllm:prefix_cache_hits counter",
         f"vllm:prefix_cache_hits_total{{{lbl}}} {hits}",
     ]
+    if kv_offloading:
+        lines += [
+            "# TYPE vllm:external_prefix_cache_queries counter",
+            f"vllm:external_prefix_cache_queries_total{{{lbl}}} "
+            f"{m.external_prefix_cache_queries_total}",
+            "# TYPE vllm:external_prefix_cache_hits counter",
+            f"vllm:external_prefix_cache_hits_total{{{lbl}}} {m.external_prefix_cache_hits_total}",
+        ]
     return "\n".join(lines) + "\n"

@@ -41,6 +41,11 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   tokens looked up / found cached at a request's first admission; 0 with the cache off, as
   vLLM counts no lookup then); with ``--enable-prompt-tokens-details``, each usage carries
   ``prompt_tokens_details.cached_tokens`` where vLLM 0.32 puts it;
+- vLLM's CPU KV offloading, ``--kv-offloading-size GiB`` (``--kv-offloading-backend native``,
+  the only one): the engine gets a host KV tier of that many GiB (``models/simmodel.py``: every
+  computed block written through to it, a later prompt loading what the GPU cache lost at the
+  profile's PCIe cost), and ``/metrics`` adds ``vllm:external_prefix_cache_queries_total`` /
+  ``_hits_total`` as vLLM 0.32 exports them;
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
   ``--record FILE``, one JSON line per request;
 - fault switches, for tests and benchmarks of a fleet (``standin/faults.py``): ``--fault SPEC``
@@ -70,7 +75,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
-from qosgate.models.simmodel import Policy, SimEngine, load_profile
+from qosgate.models.simmodel import Policy, SimEngine, load_profile, with_host_tier
 from qosgate.models.step import SeqSpec
 from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.server.asgi import (
@@ -161,10 +166,15 @@ class StandIn:
         prefix_caching: bool = True,
         block_size: int = 16,
         prompt_tokens_details: bool = False,
+        kv_offloading_size: float | None = None,
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
             prof = prof.model_copy(update={"max_num_seqs": max_num_seqs})
+        # vLLM's --kv-offloading-size (GiB; native backend): a host KV tier in the engine
+        self.kv_offloading = kv_offloading_size is not None
+        if kv_offloading_size is not None:
+            prof = with_host_tier(prof, kv_offloading_size, block_size)
         self.sim = SimEngine(prof, policy)
         self.policy = policy
         self.model = served_model_name or prof.model
@@ -477,4 +487,4 @@ class StandIn:
     def metrics_text(self) -> str:
         itl = self._fold_itl()
         return vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success,
-                                 self.prefix_caching)
+                                 self.prefix_caching, self.kv_offloading)

@@ -34,10 +34,10 @@ nor than the prefill it would save (then it goes anywhere; the scheduler wakes a
 ``wake_at``). Sessions are a strong hint: a session's last turn's prompt counts as cached
 where it ran when the request carries no block keys.
 
-A **KV bound** comes before all of it, for the classes that are not strict: a replica is a candidate
-only while the prompts in flight there, with this one, fit ``kv_fill`` of its KV cache
-(``replica_kv_tokens``); where none has room the request stays in qosgate's queue until one
-does, at most ``kv_wait_s``. Why: near capacity with long prompts the window alone lets an
+A **KV bound** comes before all of it, for the classes that are not strict: a replica is a
+candidate only while the prompts in flight there, with this one, fit ``kv_fill`` of its KV
+cache (``replica_kv_tokens``); where none has room the request stays in qosgate's queue until
+one does, at most ``kv_wait_s``. Why: near capacity with long prompts the window alone lets an
 engine's KV overflow, and the engine then preempts running sequences (a higher-priority prompt
 evicts a lower one's decode) and computes their prompts again; that wasted prefill is what
 tips the fleet from keeping up into collapse, whatever the placement rule. In qosgate's queue

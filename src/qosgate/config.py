@@ -257,6 +257,20 @@ class CacheRouting(Strict):
         "saves) for its warm replica while that one is full; past it, it goes anywhere. 0: never")
     session_idle_s: float = Field(
         default=300.0, gt=0, description="a session not seen for this long forgets its replica")
+    kv_fill: float | None = Field(
+        default=0.95, gt=0, le=1, description="cache-aware sends a request of a class that "
+        "is not strict to a replica only while the prompts in flight there, "
+        "with this one, fill at most this share of replica_kv_tokens (its KV cache); where "
+        "none has room it stays queued here, up to kv_wait_s. An engine whose KV overflows "
+        "preempts running sequences and computes their prompts again: work that tips a fleet "
+        "near capacity into collapse. None: no bound")
+    replica_kv_tokens: int | None = Field(
+        default=None, ge=1, description="each replica's GPU KV cache in tokens, which its "
+        "running sequences hold (kv_fill's bound); None: replica_cache_tokens (set both where "
+        "the engine also keeps a host-memory KV tier: the cache is then larger than the KV)")
+    kv_wait_s: float = Field(
+        default=10.0, ge=0, description="the longest a request waits in the queue for KV room "
+        "(kv_fill) before it goes to a replica anyway")
 
 
 class Fleet(Strict):

@@ -249,6 +249,46 @@ def test_observe_cache_feeds_a_replica_that_publishes_kv_events() -> None:
     assert s.router.index.match("r0", _prefix(1, 2, 3)) == 0  # type: ignore[attr-defined]
 
 
+# ---------------------------------------------------------------- the KV bound
+def _kv_sched(**cache: object) -> Scheduler:
+    """Two replicas whose KV holds 1000 prompt tokens: r0 runs an 800-token prompt, r1 two
+    of 100 (least-load alone would send the next prompt to r0, the less loaded by its score)."""
+    s = _sched(n=2, window=8, replica_cache_tokens=1000, **cache)
+    assert _where(_submit(s, "big", 0.0, prompt=800)) == {"big": "r0"}
+    assert _where(_submit(s, "s1", 0.0, prompt=100)) == {"s1": "r1"}
+    assert _where(_submit(s, "s2", 0.0, prompt=100)) == {"s2": "r1"}
+    return s
+
+
+def test_a_replica_whose_kv_would_overflow_is_passed_over() -> None:
+    unbound = _kv_sched(kv_fill=None)
+    assert _where(_submit(unbound, "x", 0.0, prompt=300)) == {"x": "r0"}  # least-load's pick
+    s = _kv_sched(kv_fill=0.9)  # r0: 800 + 300 past 900; r1: 200 + 300 within it
+    assert _where(_submit(s, "x", 0.0, prompt=300)) == {"x": "r1"}
+    assert not s.router.holds(s.requests["x"], 0.0)
+
+
+def test_where_no_replica_has_kv_room_a_request_waits_in_the_queue_within_its_bound() -> None:
+    s = _kv_sched(kv_fill=0.9, kv_wait_s=5.0)
+    assert _submit(s, "b", 0.0, prompt=750, cls="batch") == []  # fits neither: held here
+    b = s.requests["b"]
+    assert b.state is State.QUEUED and s.router.holds(b, 0.0)
+    assert s.next_timer() == pytest.approx(5.0)
+    # realtime is never held: its engine priority is how it gets its TTFT
+    rt = _where(_submit(s, "rt", 0.0, prompt=750, cls="realtime"))["rt"]
+    s.first_token("rt", 0.5)
+    assert _where(s.complete("rt", 0.5, 5)) == {}  # neither has room for it yet
+    roomy = "r1" if rt == "r0" else "r0"
+    done = "big" if roomy == "r0" else "s1"
+    s.first_token(done, 1.0)
+    assert _where(s.complete(done, 1.0, 5)) == {"b": roomy}  # room again: it goes there
+    assert not s.router.holds(b, 1.0)
+    # held past its bound, a request goes anyway
+    s2 = _kv_sched(kv_fill=0.9, kv_wait_s=5.0)
+    assert _submit(s2, "b", 0.0, prompt=750, cls="api") == []
+    assert _where(s2.tick(5.0)) == {"b": "r0"}
+
+
 # ---------------------------------------------------------------- session-affinity
 def test_session_affinity_sticks_then_fails_over_and_rebinds() -> None:
     s = _sched("session-affinity", n=3)

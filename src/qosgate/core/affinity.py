@@ -33,6 +33,16 @@ may wait briefly for its warm replica while that one is full, no longer than ``w
 nor than the prefill it would save (then it goes anywhere; the scheduler wakes at that bound,
 ``wake_at``). Sessions are a strong hint: a session's last turn's prompt counts as cached
 where it ran when the request carries no block keys.
+
+A **KV bound** comes before all of it, for the classes that are not strict: a replica is a
+candidate only while the prompts in flight there, with this one, fit ``kv_fill`` of its KV
+cache (``replica_kv_tokens``); where none has room the request stays in qosgate's queue until
+one does, at most ``kv_wait_s``. Why: near capacity with long prompts the window alone lets an
+engine's KV overflow, and the engine then preempts running sequences (a higher-priority prompt
+evicts a lower one's decode) and computes their prompts again; that wasted prefill is what
+tips the fleet from keeping up into collapse, whatever the placement rule. In qosgate's queue
+a request waits in QoS order and costs nothing. A strict (realtime) request is never held:
+its engine priority is how it gets its TTFT.
 """
 
 from __future__ import annotations
@@ -132,9 +142,31 @@ class CacheAwareRouter(SessionAffinityRouter):
         self._uncached: dict[str, tuple[str, int]] = {}
         # requests left queued for their warm replica: id -> until when at most
         self._waiting: dict[str, float] = {}
+        # the prompt tokens a replica's in-flight requests may hold (None: no bound), and the
+        # requests left queued for want of it: id -> until when
+        kv_fill = cache.kv_fill
+        kv = cache.replica_kv_tokens or cache.replica_cache_tokens
+        self.kv_room = None if kv_fill is None else kv_fill * kv
+        self.kv_wait_s = cache.kv_wait_s
+        self._kv_held: dict[str, float] = {}
 
     # ------------------------------------------------------------------ placement
     def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        if self.kv_room is None or req.class_level in self.strict_ttft_s:
+            return self._pick(req, candidates, now)
+        until = self._kv_held.get(req.id)
+        if until is not None and now >= until:  # waited its bound: anywhere
+            return self._pick(req, candidates, now)
+        fits = [rep for rep in candidates if self.kv_fits(req, rep)]
+        rep = self._pick(req, fits, now) if fits else None
+        if rep is None and until is None and len(fits) < len(candidates):
+            self._kv_held[req.id] = now + self.kv_wait_s
+            if len(self._kv_held) > 4096:  # requests that ended while queued
+                self._kv_held = {k: t for k, t in self._kv_held.items() if t > now}
+        return rep
+
+    def _pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
+        """Where ``req`` goes among ``candidates`` (those within the KV bound), or None."""
         binding = self._binding(req, now)
         cached = [self.cached(req, rep, binding) for rep in candidates]
         if not any(cached):  # nothing warm for this prompt: exactly least-load
@@ -158,6 +190,17 @@ class CacheAwareRouter(SessionAffinityRouter):
             if key < best_key:
                 best, best_key = rep, key
         return best
+
+    def kv_fits(self, req: Request, rep: Replica) -> bool:
+        """``req``'s prompt fits ``rep``'s KV bound beside the prompts in flight there (a
+        replica with nothing in flight takes any prompt: the engine says if it cannot)."""
+        if not rep.inflight or self.kv_room is None:
+            return True
+        # (summed from the window, not kept as books: a paused request resuming is not placed)
+        held = req.prompt_tokens
+        for other in rep.inflight.values():
+            held += other.prompt_tokens
+        return held <= self.kv_room
 
     def cached(self, req: Request, rep: Replica, binding: Binding | None) -> int:
         """Prompt tokens of ``req`` that ``rep`` is expected to hold."""
@@ -219,6 +262,7 @@ class CacheAwareRouter(SessionAffinityRouter):
 
     # ------------------------------------------------------------------ the books
     def placed(self, req: Request, rep: Replica, now: float) -> int:
+        self._kv_held.pop(req.id, None)
         hit = self.cached(req, rep, self._binding(req, now))
         super().placed(req, rep, now)
         if req.prefix is not None:
@@ -252,8 +296,9 @@ class CacheAwareRouter(SessionAffinityRouter):
         self.index.observe(name, stored, removed, cleared)
 
     def holds(self, req: Request, now: float) -> bool:
-        until = self._waiting.get(req.id)
-        return until is not None and now < until
+        until = max(self._waiting.get(req.id, -_INF), self._kv_held.get(req.id, -_INF))
+        return now < until
 
     def wake_at(self, now: float) -> float:
-        return min((t for t in self._waiting.values() if t > now), default=_INF)
+        return min((t for held in (self._waiting, self._kv_held) for t in held.values()
+                    if t > now), default=_INF)

@@ -55,7 +55,8 @@ class Router(Protocol):
         ...
 
     def holds(self, req: Request, now: float) -> bool:
-        """``req`` is left queued by choice (it waits, within its bound, for a warm replica)."""
+        """``req`` is left queued by choice: it waits, within its bound, for a warm replica
+        or for KV room on one."""
         ...
 
     def wake_at(self, now: float) -> float:

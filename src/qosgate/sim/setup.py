@@ -128,11 +128,14 @@ class SimSetup:
 
 def passthrough_config(cfg: QosConfig) -> QosConfig:
     """``cfg`` with nothing that would hold a request in qosgate under ``engine-priority``: no
-    share of a window reserved for a class, no prefill budget next to realtime streams (the
-    engine's own priority queue is the whole policy there)."""
+    share of a window reserved for a class, no prefill budget next to realtime streams, no KV
+    bound of cache-aware's (the engine's own priority queue is the whole policy there)."""
     fleet = cfg.fleet
     if "prefill_budget_tokens" in type(fleet).model_fields:
         fleet = fleet.model_copy(update={"prefill_budget_tokens": None})
+    if "kv_fill" in type(fleet.cache).model_fields:
+        fleet = fleet.model_copy(
+            update={"cache": fleet.cache.model_copy(update={"kv_fill": None})})
     classes = tuple(
         c.model_copy(update={"reserved_share": 0.0})
         if "reserved_share" in type(c).model_fields

@@ -13,7 +13,7 @@ class that can give it back), the prefill budget and the strict-prompt hold (the
 classes' streams and prompts first), and the TPOT guard (an engine whose time per token slows
 past it holds the other classes off). The docstrings say why each is shaped as it is.
 
-Longer than most modules (about 560 lines): the isolation rules and the room they leave are one
+Longer than most modules (about 610 lines): the isolation rules and the room they leave are one
 set of counters read together; split, each half would need the other's.
 """
 

@@ -12,7 +12,7 @@ request is due, the ``Fleet`` says where a request may go and keeps each replica
 ``Backlog`` counts what waits, ``Pricing`` prices a request. Only the scheduler changes a request's
 state and emits decisions.
 
-Longer than most modules (about 670 lines): what is left is the request's state machine, one
+Longer than most modules (about 730 lines): what is left is the request's state machine, one
 short handler per event (submit, first byte, completion, failure, retry, cancel, timeout,
 preemption, dispatch); split further, a request's life would be written in two places.
 """

@@ -49,7 +49,7 @@ re-prefills prompt + generated tokens and its next token continues the index. As
 waiting seq is admitted in a step that preempted. Under "priority", a waiting seq that does not fit
 also preempts running seqs with a strictly larger value (vLLM V0 ``_schedule_priority_preemption``).
 
-One module (~640 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
+One module (~720 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
 running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
 function's state; apart, each piece
 would reach into the others' counters.

@@ -384,3 +384,12 @@ def test_hot_spot_one_system_prompt_many_tenants_spreads_and_stays_fair() -> Non
     # and the warm blocks did pay: most prompts were placed where the system prompt was held
     hits = sum(1 for d in h.dispatches if d.req.cached_tokens >= 40 * BLOCK)
     assert hits >= 0.9 * len(h.dispatches)
+
+
+@pytest.mark.parametrize(("router", "reads"), [("cache-aware", True), ("session-affinity", False),
+                                               ("least-load", False), ("most-free", False)])
+def test_only_a_router_that_weighs_prefixes_asks_the_gateway_for_them(router: str,
+                                                                      reads: bool) -> None:
+    """The gateway hashes a prompt's blocks only when the router reads them (``reads_prefix``):
+    under any other router it would be per-request work nobody uses."""
+    assert _sched(router).reads_prefix is reads

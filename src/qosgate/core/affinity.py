@@ -124,6 +124,7 @@ class CacheAwareRouter(SessionAffinityRouter):
     """Where the prompt's prefix is cached, weighed in time against load (module docstring)."""
 
     name = "cache-aware"
+    reads_prefix = True
 
     def __init__(self, ctx: RouterContext) -> None:
         super().__init__(ctx)

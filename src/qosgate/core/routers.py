@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 class Router(Protocol):
     name: str
+    # whether it reads ``Request.prefix``: the gateway hashes a prompt's blocks only for one
+    reads_prefix: bool
 
     def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
         """One of ``candidates`` (each eligible, serving the request's model, with room) or None
@@ -76,6 +78,8 @@ class RouterContext(NamedTuple):
 
 class RouterHooks:
     """The ``Router`` hooks of a router that keeps no state: each does nothing."""
+
+    reads_prefix = False
 
     def placed(self, req: Request, rep: Replica, now: float) -> int:
         return 0

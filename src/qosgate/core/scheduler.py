@@ -122,6 +122,11 @@ class Scheduler:
         return self.backlog.total
 
     @property
+    def reads_prefix(self) -> bool:
+        """Whether the router weighs a request's prefix keys (else nobody reads them)."""
+        return self.fleet.router.reads_prefix
+
+    @property
     def free_slots(self) -> int:
         return self.fleet.free_slots
 

@@ -180,7 +180,13 @@ class RequestFlow:
         prompt_tokens = estimate_prompt_tokens(b)
         # the prompt's keys: from its token ids where the replicas publish their KV events
         # (precise mode: as the engines' events name blocks), else from its text
-        prefix = None if self.precise is None else await self.precise.prefix_of(body, route, model)
+        # (only for a router that reads them: hashing a long prompt is not free)
+        prefix = None
+        if sched.reads_prefix:
+            if self.precise is not None:
+                prefix = await self.precise.prefix_of(body, route, model)
+            if prefix is None:
+                prefix = body_prefix(b)
         rid = self._id_prefix + str(next(self._ids))
         try:
             req = sched.make_request(
@@ -197,7 +203,7 @@ class RequestFlow:
                 asked,
                 model,
                 context=self.context(model),
-                prefix=prefix or body_prefix(b),
+                prefix=prefix,
                 session=session,
             )
         except QosInputError as exc:

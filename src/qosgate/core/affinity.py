@@ -63,6 +63,37 @@ _INF = float("inf")
 Row = tuple["Replica", bool, float]  # a candidate with room: (replica, saturated, load score)
 
 
+class Holds:
+    """Requests a router leaves queued by choice, each until when at most. An entry goes when
+    its request is placed; one whose request ended while queued (cancelled, timed out) is
+    dropped once it has expired, when the table grows past ``trim_at``."""
+
+    __slots__ = ("trim_at", "until")
+
+    def __init__(self, trim_at: int = 4096) -> None:
+        self.until: dict[str, float] = {}
+        self.trim_at = trim_at
+
+    def get(self, rid: str) -> float | None:
+        return self.until.get(rid)
+
+    def hold(self, rid: str, until: float, now: float) -> None:
+        self.until[rid] = until
+        if len(self.until) > self.trim_at:
+            self.until = {k: t for k, t in self.until.items() if t > now}
+
+    def release(self, rid: str) -> None:
+        self.until.pop(rid, None)
+
+    def holds(self, rid: str, now: float) -> bool:
+        until = self.until.get(rid)
+        return until is not None and now < until
+
+    def next_after(self, now: float) -> float:
+        """The first bound still ahead (inf: none)."""
+        return min((t for t in self.until.values() if t > now), default=_INF)
+
+
 class SessionAffinityRouter(LeastLoadRouter):
     """``least-load``, and a session's turns stick to the replica of its last turn while that
     replica is a candidate with room, not saturated and within the load release; otherwise
@@ -141,15 +172,15 @@ class CacheAwareRouter(SessionAffinityRouter):
         # request's part of them
         self.queued_uncached: dict[str, int] = {}
         self._uncached: dict[str, tuple[str, int]] = {}
-        # requests left queued for their warm replica: id -> until when at most
-        self._waiting: dict[str, float] = {}
+        # requests left queued for their warm replica
+        self._waiting = Holds()
         # the prompt tokens a replica's in-flight requests may hold (None: no bound), and the
-        # requests left queued for want of it: id -> until when
+        # requests left queued for want of it
         kv_fill = cache.kv_fill
         kv = cache.replica_kv_tokens or cache.replica_cache_tokens
         self.kv_room = None if kv_fill is None else kv_fill * kv
         self.kv_wait_s = cache.kv_wait_s
-        self._kv_held: dict[str, float] = {}
+        self._kv_held = Holds()
 
     # ------------------------------------------------------------------ placement
     def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
@@ -161,9 +192,7 @@ class CacheAwareRouter(SessionAffinityRouter):
         fits = [rep for rep in candidates if self.kv_fits(req, rep)]
         rep = self._pick(req, fits, now) if fits else None
         if rep is None and until is None and len(fits) < len(candidates):
-            self._kv_held[req.id] = now + self.kv_wait_s
-            if len(self._kv_held) > 4096:  # requests that ended while queued
-                self._kv_held = {k: t for k, t in self._kv_held.items() if t > now}
+            self._kv_held.hold(req.id, now + self.kv_wait_s, now)
         return rep
 
     def _pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
@@ -256,14 +285,12 @@ class CacheAwareRouter(SessionAffinityRouter):
             return False
         if until is None:
             until = now + min(self.warm_wait_s, best_hit / self.prefill_rate)
-            self._waiting[req.id] = until
-            if len(self._waiting) > 4096:  # requests that ended while waiting
-                self._waiting = {k: t for k, t in self._waiting.items() if t > now}
+            self._waiting.hold(req.id, until, now)
         return now < until
 
     # ------------------------------------------------------------------ the books
     def placed(self, req: Request, rep: Replica, now: float) -> int:
-        self._kv_held.pop(req.id, None)
+        self._kv_held.release(req.id)
         hit = self.cached(req, rep, self._binding(req, now))
         super().placed(req, rep, now)
         if req.prefix is not None:
@@ -271,7 +298,7 @@ class CacheAwareRouter(SessionAffinityRouter):
         uncached = req.prompt_tokens - hit
         self.queued_uncached[rep.name] = self.queued_uncached.get(rep.name, 0) + uncached
         self._uncached[req.id] = (rep.name, uncached)
-        self._waiting.pop(req.id, None)
+        self._waiting.release(req.id)
         return hit
 
     def started(self, req: Request, rep: Replica) -> None:
@@ -297,9 +324,7 @@ class CacheAwareRouter(SessionAffinityRouter):
         self.index.observe(name, stored, removed, cleared)
 
     def holds(self, req: Request, now: float) -> bool:
-        until = max(self._waiting.get(req.id, -_INF), self._kv_held.get(req.id, -_INF))
-        return now < until
+        return self._waiting.holds(req.id, now) or self._kv_held.holds(req.id, now)
 
     def wake_at(self, now: float) -> float:
-        return min((t for held in (self._waiting, self._kv_held) for t in held.values()
-                    if t > now), default=_INF)
+        return min(self._waiting.next_after(now), self._kv_held.next_after(now))

@@ -523,4 +523,4 @@ def load_config(path: str | Path) -> QosConfig:
     return config_from_mapping({k: v for k, v in raw.items() if k not in IO_SECTIONS})
 
 
-IO_SECTIONS = frozenset({"server", "upstreams", "engine", "redis", "embeddings"})
+IO_SECTIONS = frozenset({"server", "upstreams", "engine", "redis", "embeddings", "batches"})

@@ -33,7 +33,7 @@ from qosgate.config import QosConfig, Strict, read_yaml_mapping, validated
 from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
-__all__ = ["EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
+__all__ = ["BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
 
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -265,12 +265,44 @@ class RedisSettings(Strict):
     instance_id: str | None = Field(default=None, description="default: host-pid")
 
 
+class BatchSettings(Strict):
+    """The OpenAI Batch API (``/v1/files``, ``/v1/batches``): where jobs are kept and how their
+    lines are fed to the scheduler. A job is durable: its file, state and every line's answer
+    live in one SQLite database (WAL) under ``dir``."""
+
+    enabled: bool = Field(default=True, description="serve /v1/files and /v1/batches")
+    dir: Path | None = Field(
+        default=None, description="database and files; default: $XDG_STATE_HOME/qosgate "
+        "(~/.local/state/qosgate)")
+    max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1024,
+                                description="an uploaded batch file at most (OpenAI: 200 MB)")
+    max_lines: int = Field(default=50_000, ge=1,
+                           description="requests in one batch file at most (OpenAI: 50,000)")
+    windows: tuple[str, ...] = Field(
+        default=("24h",), description="completion_window values accepted (a number and s, m, h "
+        "or d); OpenAI accepts only 24h")
+    default_class: str = Field(
+        default="batch", description="a job's lines run at this class unless the job asks for "
+        "another (x-qos-class, or metadata qos_class); the tenant's allowed classes clamp it")
+    queued_per_job: int = Field(
+        default=32, ge=1, description="a job's lines waiting in the scheduler's queue at most "
+        "(beyond those running)")
+    retries: int = Field(default=3, ge=0,
+                         description="a line failed by its engine is tried again this many times")
+    backoff_s: float = Field(default=1.0, gt=0, description="first retry delay (doubles, jittered)")
+    backoff_max_s: float = Field(default=60.0, gt=0, description="longest retry delay")
+    lease_ttl_s: float = Field(
+        default=15.0, gt=0, le=600, description="several instances (redis.url): a job's owner "
+        "renews its lease within this; after it, another instance takes the job over")
+
+
 class GatewaySettings(Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
     engine: EngineSettings = EngineSettings()
     embeddings: EmbeddingsSettings = EmbeddingsSettings()
     redis: RedisSettings = RedisSettings()
+    batches: BatchSettings = BatchSettings()
 
 
 def load_settings(path: str | Path | None) -> GatewaySettings:
@@ -278,7 +310,7 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     if path is None:
         return GatewaySettings()
     raw = read_yaml_mapping(path)
-    sections = ("server", "upstreams", "engine", "embeddings", "redis")
+    sections = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
     data = {k: raw[k] for k in sections if raw.get(k) is not None}
     return settings_from_mapping(data)
 

@@ -20,6 +20,7 @@ from rich.progress import (
 from qosgate.config import Fleet
 from qosgate.core.routers import ROUTERS
 from qosgate.extras import PLOTS, missing
+from qosgate.sim.jobs import parse_job
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
@@ -145,6 +146,14 @@ def simulate_command(
                      f"(default {_DEFAULT_PREFILL_BUDGET}) or off "
                      "(docs/experiments/tpot-guard.md)."),
     ] = None,
+    job: Annotated[
+        list[str] | None,
+        typer.Option("--job", help="A batch job beside the live workload: "
+                     "LINES[@START][/WINDOW][,class=C][,tenant=T][,prompt=N][,output=N], e.g. "
+                     "20000@0s/1h,class=offline (start and window in s, m, h or d; default 0 "
+                     "and 24h; lengths default to the scenario's). Repeat for several; replaces "
+                     "the scenario's jobs. Each policy then runs without and with them."),
+    ] = None,
     list_scenarios: Annotated[
         bool, typer.Option("--list", help="List the built-in scenarios and exit.")
     ] = False,
@@ -220,6 +229,9 @@ def simulate_command(
             config = dict(sc.config)
             config["fleet"] = {**dict(config.get("fleet", {})), **fleet}
             changes["config"] = config
+        if job:
+            changes["jobs"] = [parse_job(text).model_dump(by_alias=True, exclude_none=True)
+                               for text in job]
         if changes:
             sc = override(sc, **changes)
         prep = prepare(sc, trace)
@@ -236,7 +248,8 @@ def simulate_command(
         if not (quiet or json_only):
             err.print(f"no plots: `{PLOTS.pip}` writes them", markup=False, soft_wrap=True)
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
-    total_runs = n_loads * len(sc.gateways.counts) * len(prep.configs()) * len(sc.policies)
+    total_runs = (n_loads * len(sc.gateways.counts) * len(prep.configs()) * len(sc.policies)
+                  * (2 if prep.jobs else 1))
     show = not (quiet or json_only)
     started = time.perf_counter()
     done_runs = 0

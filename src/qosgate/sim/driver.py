@@ -70,7 +70,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from qosgate.core import Decision, Dispatch, Finished, Preempt, Scheduler, State
+from qosgate.core import Decision, Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.models.simmodel import SimEngine
@@ -82,12 +82,15 @@ from qosgate.sim.events import (
     Event,
     EventHeap,
     FaultDue,
+    JobDue,
     ProbeDue,
     RetryDue,
     SampleDue,
     SyncDue,
 )
 from qosgate.sim.gateways import Gateways
+from qosgate.sim.job_feed import SimJobs
+from qosgate.sim.jobs import retry_rule
 from qosgate.sim.replica import SimReplica
 from qosgate.sim.results import RequestRecord, RunResult, Sample
 from qosgate.sim.setup import (
@@ -128,6 +131,7 @@ class Simulation:
             self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
         self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue) for p in self.plans}
         self.rep_list = list(self.reps.values())
+        self.plan_window = {p.name: p.window for p in self.plans}
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
         self.retry_arrivals: list[Arrival] = []  # attempts of refused requests
         self.retries_due = 0  # ... of which not sent yet
@@ -179,7 +183,19 @@ class Simulation:
             ArrivalDue: self._on_arrival,  # type: ignore[dict-item]
             RetryDue: self._on_retry,  # type: ignore[dict-item]
             SyncDue: self._on_sync,  # type: ignore[dict-item]
+            JobDue: self._on_job,  # type: ignore[dict-item]
         }
+        # batch jobs beside the workload: fed into gateway 0's scheduler (the instance that
+        # owns them), as the gateway's feeder does (``job_feed.py``)
+        self.jobs: SimJobs | None = None
+        self.job_events = 0  # job instants on the heap
+        self.feed_due = False  # a feed instant is on the heap
+        if setup.jobs:
+            self.jobs = SimJobs(setup.jobs, setup.batches.queued_per_job,
+                                retry_rule(setup.batches), setup.seed)
+            for k, jp in enumerate(setup.jobs):
+                self._push_job(jp.at, JobDue(k, "open"))
+                self._push_job(jp.deadline, JobDue(k, "expire"))
 
     # ------------------------------------------------------------------ decisions -> engines
     def apply(self, decisions: list[Decision], now: float) -> None:
@@ -316,6 +332,9 @@ class Simulation:
             rep = self.reps.get(req.replica)
             if rep is not None:
                 rep.forget(rid)
+        if self.jobs is not None and rid in self.jobs.owner:
+            self._line_ended(req, out, now)
+            return
         if now <= self.arrivals_end or self.snapshot is None:
             win = (req.first_token_at is not None, out)
         else:
@@ -349,6 +368,62 @@ class Simulation:
             self.last_finish = now
         if req.state is State.REJECTED and req.retry_after is not None:
             self._retry_later(a, now + req.retry_after)
+
+    def _line_ended(self, req: Request, out: int, now: float) -> None:
+        """A job line's attempt ended: the feeder records it, and looks for room a moment
+        later (as the gateway's feeder, woken by a line's end)."""
+        assert self.jobs is not None
+        rid = req.id
+        self.started.discard(rid)
+        self.last_rep.pop(rid, None)
+        k, line = self.jobs.owner[rid]
+        again = self.jobs.ended(rid, req.state.value, req.service_class, req.retry_after, out,
+                                now)
+        if again is not None:
+            self._push_job(again, JobDue(k, "line", line))
+        if not self.feed_due:
+            self.feed_due = True
+            self._push_job(now, JobDue(-1, "feed"))
+
+    def _push_job(self, t: float, ev: JobDue) -> None:
+        self.job_events += 1
+        self.events.push(t, ev, (ev.job, ev.line))
+
+    def _on_job(self, ev: JobDue, now: float) -> None:
+        assert self.jobs is not None
+        self.job_events -= 1
+        if ev.action == "open":
+            self.jobs.open(ev.job, now)
+        elif ev.action == "line":
+            self.jobs.due(ev.job, ev.line)
+        elif ev.action == "expire":
+            sched = self.gateways.schedulers[0]
+            for rid in self.jobs.expire(ev.job, now):
+                self.calls += 1
+                self.apply(sched.cancel(rid, now, "batch_expired"), now)
+            return
+        else:
+            self.feed_due = False
+        self._feed(now)
+
+    def _feed(self, now: float) -> None:
+        """Submit the lines the feed policy lets in now; its bound counts the windows of the
+        replicas that are up (under engine-priority, whose windows hold everything, each
+        replica's own window)."""
+        assert self.jobs is not None
+        sched = self.gateways.schedulers[0]
+        capacity = sum(min(r.window, self.plan_window[r.name])
+                       for r in sched.snapshot(now).replicas if r.up)
+        plans = self.jobs.plans
+        for k, _line, rid in self.jobs.take(capacity, now):
+            jp = plans[k]
+            prompt, output = jp.lines[_line]
+            a = Arrival(now, rid, -1, prompt, output, max(output, jp.max_tokens))
+            self.arr[rid] = a
+            self.gateways.of[rid] = 0
+            self.calls += 2
+            req = sched.make_request(rid, jp.inputs, now, prompt, a.max_tokens)
+            self.apply(sched.submit(req, now), now)
 
     def _retry_later(self, a: Arrival, t: float) -> None:
         """The client of a refused request sends it again at ``t`` (its Retry-After), while it
@@ -495,7 +570,8 @@ class Simulation:
     def live(self) -> bool:
         """Arrivals to come, or requests without an outcome (once not, for good)."""
         return (self.next_arrival < len(self.setup.workload.arrivals) or self.retries_due > 0
-                or len(self.records) < self.sent)
+                or len(self.records) < self.sent
+                or (self.jobs is not None and self.jobs.live()))
 
     def run(self) -> RunResult:
         gws = self.gateways.schedulers
@@ -529,6 +605,7 @@ class Simulation:
                 and t_tmr == INF
                 and not self.arrivals_end_due
                 and not self.faults_left
+                and not self.job_events
                 and all(r.buf is None and (r.stuck or not r.engine.has_work()) for r in reps)
                 and all(r.alive == r.told_up for r in reps)
             ):
@@ -642,6 +719,10 @@ class Simulation:
         for sched in self.gateways.schedulers:
             for (_cls, _tenant, outcome, _reason), count in sched.outcomes.items():
                 ledger[outcome] += count
+        jobs = self.jobs
+        if jobs is not None:  # the core's ledger less the job lines': the live requests'
+            ledger.subtract(jobs.outcomes)
+            ledger = Counter({k: v for k, v in ledger.items() if v})
         arrivals = (*self.setup.workload.arrivals, *self.retry_arrivals)
         records = [self.records[a.rid] for a in arrivals if a.rid in self.records]
         views = [s.snapshot(now) for s in self.gateways.schedulers]
@@ -672,6 +753,9 @@ class Simulation:
                 if self.gateways.shared else {}
             ),
             prefix_cache=self._prefix_cache(),
+            jobs=jobs.records() if jobs is not None else [],
+            job_outcomes=dict(sorted(jobs.outcomes.items())) if jobs is not None else {},
+            job_attempts=sum(j.submitted for j in jobs.jobs) if jobs is not None else 0,
         )
 
     def _prefix_cache(self) -> dict[str, dict[str, int]]:

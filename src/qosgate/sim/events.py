@@ -3,9 +3,10 @@ kind (``RANK``), then by a tie key within the kind.
 
 Why a rank and not only a sequence number: at one instant the driver has always handled the
 kinds in one order -- the end of the arrival window, a sample, a probe, a fault, a scheduler
-timer, an arrival, a client's retry, a shared-state sync -- and every printed table depends on
-it. Within a kind the tie key keeps each source's own order: faults in their sorted order,
-retries in the order they were scheduled, syncs by gateway then by when they were scheduled.
+timer, an arrival, a client's retry, a shared-state sync, then a batch job's (last, so a run
+without jobs keeps its order) -- and every printed table depends on it. Within a kind the tie
+key keeps each source's own order: faults in their sorted order, retries in the order they were
+scheduled, syncs by gateway then by when they were scheduled.
 Scheduler timers are not on the heap (each gateway's ``next_timer()`` moves with every fact it
 is given); the driver compares the earliest one with the heap's top at rank ``TIMER_RANK``.
 Engine events are not on it either: an engine's next event is found by advancing it, and it
@@ -86,7 +87,20 @@ class SyncDue:
     GATED: ClassVar[bool] = True
 
 
-Event = ArrivalsEnd | SampleDue | ProbeDue | FaultDue | ArrivalDue | RetryDue | SyncDue
+@dataclass(frozen=True, slots=True)
+class JobDue:
+    """A batch job's instant (``job_feed.py``): ``open`` (submitted), ``expire`` (its window
+    closes), ``line`` (a line's back-off or Retry-After is over) or ``feed`` (lines ended: the
+    feeder looks for room, as the gateway's feeder wakes on a line's end)."""
+
+    job: int
+    action: str
+    line: int = -1
+    RANK: ClassVar[int] = 8
+    GATED: ClassVar[bool] = False
+
+
+Event = ArrivalsEnd | SampleDue | ProbeDue | FaultDue | ArrivalDue | RetryDue | SyncDue | JobDue
 
 
 class EventHeap:

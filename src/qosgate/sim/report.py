@@ -15,6 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from qosgate.sim.job_metrics import jobs_ok
+from qosgate.sim.jobs import JobPlan
 from qosgate.sim.scenario_file import Gateways, describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
@@ -84,13 +86,15 @@ def _timeseries(run: Run) -> dict[str, Any]:
 
 def one_outcome_each(run: Run) -> bool:
     """Every request of the run has exactly one outcome: one record per arrival, none left
-    live, and the core's outcome ledger sums to the arrivals."""
+    live, and the core's outcome ledger sums to the arrivals; and with batch jobs, every line
+    of each ended once, none answered twice (``job_metrics.jobs_ok``)."""
     r = run.result
     return (
         not r.unfinished
         and len(r.records) == r.arrivals
         and len({x.rid for x in r.records}) == r.arrivals
         and sum(r.outcomes.values()) == r.arrivals
+        and (not r.jobs or jobs_ok(r.jobs, r.job_outcomes, r.job_attempts))
     )
 
 
@@ -99,6 +103,7 @@ def run_document(run: Run) -> dict[str, Any]:
     m = run.metrics
     return {
         "policy": run.policy,
+        **({"jobs_on": run.jobs} if run.jobs is not None else {}),
         "router": run.router,
         "load": run.load,
         "offered_rps": run.offered_rps,
@@ -130,6 +135,23 @@ def run_document(run: Run) -> dict[str, Any]:
         **({"retries": m["retries"]} if m.get("retries") else {}),
         # only with a workload that carries prefixes (see ``prefix_stats``)
         **({"prefix_cache": m["prefix_cache"]} if m.get("prefix_cache") else {}),
+        # only with batch jobs beside the workload (``job_metrics``)
+        **({"jobs": m["jobs"], "job_attempt_outcomes": r.job_outcomes} if m.get("jobs") else {}),
+    }
+
+
+FEED_SETTINGS = ("default_class", "queued_per_job", "retries", "backoff_s", "backoff_max_s")
+
+
+def _job_plan(jp: JobPlan, idle_rate: float) -> dict[str, Any]:
+    prompts = [p for p, _ in jp.lines]
+    outputs = [o for _, o in jp.lines]
+    return {
+        "name": jp.name, "lines": len(jp.lines), "at_s": jp.at, "window_s": jp.window,
+        "class": jp.qos_class, "tenant": jp.tenant,
+        "mean_prompt_tokens": math.fsum(prompts) / len(prompts),
+        "mean_output_tokens": math.fsum(outputs) / len(outputs),
+        "idle_fleet_lines_per_s": idle_rate,
     }
 
 
@@ -174,6 +196,11 @@ def document(res: ScenarioResult) -> dict[str, Any]:
             "capacity_measured": prep.capacity_measured,
             "trace": prep.trace_path.name if prep.trace_path is not None else None,
             "attribution": attribution(prep),
+            # only with batch jobs (a document without them is unchanged)
+            **({"jobs": [_job_plan(jp, rate) for jp, rate in
+                         zip(prep.jobs, prep.job_idle_rates, strict=True)],
+                "batches": {k: v for k, v in s.batches.model_dump().items()
+                            if k in FEED_SETTINGS}} if prep.jobs else {}),
         },
         "slo": {
             c: {"ttft_ms": v.ttft_s * 1000.0, "tpot_ms": v.tpot_s * 1000.0}
@@ -201,6 +228,8 @@ def csv_rows(res: ScenarioResult) -> list[dict[str, Any]]:
             base["gateways"] = run.gateways
         if run.routers > 1:  # which router (absent with one, as before)
             base["router"] = run.router
+        if run.jobs is not None:  # without or with the batch jobs (absent without jobs)
+            base["jobs_on"] = run.jobs
         rows.append({**base, "group_kind": "total", "group": "all", **m["totals"]})
         for kind, singular in GROUP_KINDS.items():
             for name, g in m[kind].items():

@@ -11,6 +11,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from qosgate.sim.fmt import ms as _ms
+from qosgate.sim.fmt import num as _num
+from qosgate.sim.fmt import pct as _pct
+from qosgate.sim.job_tables import jobs_header, jobs_table, live_compare_table, predictions
 from qosgate.sim.report import WINDOW_NOTE, ledger_text
 from qosgate.sim.scenario_file import describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
@@ -18,35 +22,16 @@ from qosgate.sim.setup import PASSTHROUGH_WINDOW
 
 
 def policy_label(run: Run) -> str:
-    """The run's policy, with its router when several routers are compared."""
-    return run.policy if run.routers == 1 else f"{run.policy} {run.router}"
+    """The run's policy, with its router when several routers are compared, and ``+jobs`` for
+    the run with the scenario's batch jobs beside the workload."""
+    label = run.policy if run.routers == 1 else f"{run.policy} {run.router}"
+    return f"{label} +jobs" if run.jobs else label
 
 
 def run_label(run: Run) -> str:
     """``policy_label``, with the gateway count when there are several."""
     label = policy_label(run)
     return label if run.gateways == 1 else f"{label} {run.gateways}gw"
-
-
-def _ms(x: float | None) -> str:
-    """Compact: 356ms, 1.25s, 13.9s, 62s."""
-    if x is None:
-        return "-"
-    if x < 1000:
-        return f"{x:.0f}ms"
-    if x < 10_000:
-        return f"{x / 1000:.2f}s"
-    if x < 100_000:
-        return f"{x / 1000:.1f}s"
-    return f"{x / 1000:.0f}s"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def _num(x: float | None, fmt: str = ".1f") -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 def _group_table(title: str, runs: Iterable[Run], kind: str, label: str) -> Table:
@@ -517,6 +502,8 @@ def print_report(res: ScenarioResult, console: Console) -> None:
                 f"{head.result.arrivals} requests at {head.offered_rps:.2f} req/s{load}, "
                 f"arrival window {head.result.arrivals_end:.0f} s"
             )
+        if prep.jobs:
+            console.print(jobs_header(res), highlight=False)
         console.print(_group_table("per class", res.runs, "classes", "class"))
         if any(len(r.metrics["tenants"]) > 1 for r in res.runs):
             console.print(_group_table("per tenant", res.runs, "tenants", "tenant"))
@@ -541,6 +528,11 @@ def print_report(res: ScenarioResult, console: Console) -> None:
         console.print(_limits_table(res))
     if any(x["refused_first"] for r in res.runs for x in r.metrics.get("retries", {}).values()):
         console.print(_retries_table(res))
+    if prep.jobs:
+        console.print(live_compare_table(res, run_label))
+        console.print(jobs_table([r for r in res.runs if r.jobs], run_label))
+        for line in predictions(res, run_label):
+            console.print(line, highlight=False)
     console.print(f"[dim]{WINDOW_NOTE}[/dim]", highlight=False)
     console.print(ledger_text(res), highlight=False)
     note = attribution(prep)

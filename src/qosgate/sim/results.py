@@ -49,6 +49,31 @@ class Sample:
 
 
 @dataclass(slots=True)
+class JobRecord:
+    """One batch job's run (``job_feed.py``): its lines by outcome and when it started and
+    ended (virtual seconds; ``finished_at`` None if the run ended first)."""
+
+    name: str
+    qos_class: str  # the class its lines asked for
+    tenant: str
+    lines: int
+    at: float  # submitted
+    window: float  # its completion window (deadline = at + window)
+    done: int  # lines answered (completed)
+    failed: int  # lines final with an error (client errors, engine failures past the retries)
+    expired: int  # lines not answered when the window closed
+    submitted: int  # attempts handed to the scheduler (first tries, retries and waits)
+    retried: int  # attempts after an engine failure
+    waited: int  # attempts after a refusal that asked to wait
+    output_tokens: int
+    started_at: float | None
+    finished_at: float | None
+    status: str  # completed | expired | in_progress
+    answered_twice: int = 0  # lines with more than one completed attempt: must be 0
+    served_classes: dict[str, int] = field(default_factory=dict)  # completed lines by class
+
+
+@dataclass(slots=True)
 class RunResult:
     policy: str
     classes: tuple[str, ...]
@@ -81,3 +106,10 @@ class RunResult:
     # a workload with prefixes: per replica, the engines' prefix-cache queries and hits and the
     # prefill tokens they computed (tokens; empty without prefixes)
     prefix_cache: dict[str, dict[str, int]] = field(default_factory=dict)
+    # batch jobs beside the workload (``job_feed.py``; empty without): each job's run, and its
+    # lines' attempts by outcome (kept out of ``records`` and ``outcomes``, which are the live
+    # requests')
+    jobs: list[JobRecord] = field(default_factory=list)
+    job_outcomes: dict[str, int] = field(default_factory=dict)
+    job_attempts: int = 0
+

@@ -46,6 +46,12 @@ Routers. ``routers: [least-load, cache-aware]`` (or ``--router least-load,cache-
 every policy once per fleet router (``fleet.router``), on the same requests; unset, the config's
 own router alone.
 
+Jobs. ``jobs: [{lines: 20000, at_s: 0, window_s: 3600, class: offline, tenant: acme}]`` (or
+``--job 20000@0s/1h,class=offline``) feeds batch jobs into the same scheduler beside the live
+workload, as the gateway's feeder does (``jobs.py``, ``job_feed.py``), with the ``batches``
+settings of the gateway's config (``queued_per_job``, ``retries``, ``backoff_s``, ...). Every
+policy then runs twice, without and with the jobs, so the live classes' figures compare.
+
 Description. ``{load}``, ``{time_scale}`` and ``{duration}`` in a description are replaced by the
 values the run uses (``--load``, ``--time-scale``, ``--duration`` included); an override of a
 value the description does not template is noted after it.
@@ -62,6 +68,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from qosgate.config import Strict, read_yaml_mapping, validated
+from qosgate.settings import BatchSettings
+from qosgate.sim.jobs import Job
 from qosgate.sim.setup import (
     SIM_POLICIES,
     EngineQueue,
@@ -197,6 +205,10 @@ class Scenario(Strict):
         default=0, ge=0, le=20, description="clients honour a refusal's Retry-After: each "
         "refused request is sent again that much later, up to this many times (0: a refusal "
         "is final)")
+    # batch jobs fed beside the live workload (``jobs.py``), and the gateway's feed settings
+    # for them (config section ``batches``: queued_per_job, retries, backoff_s, ...)
+    jobs: tuple[Job, ...] = ()
+    batches: BatchSettings = BatchSettings()
 
     @model_validator(mode="after")
     def _ok(self) -> Scenario:
@@ -239,6 +251,8 @@ class Scenario(Strict):
         laws: list[object] = [self.lengths.prompt, self.lengths.output]
         for s in self.mix:
             laws += [s.prompt, s.output]
+        for j in self.jobs:
+            laws += [j.prompt, j.output]
         return self.arrivals.process == "trace" or any(isinstance(x, FromTrace) for x in laws)
 
 

@@ -19,6 +19,8 @@ from qosgate.core import Classifier, QosInputError
 from qosgate.models.simmodel import EngineProfile, load_profile
 from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.driver import run_policy
+from qosgate.sim.job_metrics import fluid_finish, job_stats
+from qosgate.sim.jobs import JobPlan, plan_jobs
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.prefix_stats import prefix_metrics, workload_ideals
 from qosgate.sim.results import RunResult
@@ -63,6 +65,10 @@ class Prepared:
     faults: tuple[FaultPlan, ...] = ()
     # the config of each router compared (``Scenario.routers``), in order; empty: ``cfg`` alone
     router_cfgs: dict[str, QosConfig] = field(default_factory=dict)
+    # batch jobs beside the workload (``jobs.py``), and each one's rate alone on the fleet
+    # (lines/s: the replicas' saturated throughput for its line lengths)
+    jobs: tuple[JobPlan, ...] = ()
+    job_idle_rates: tuple[float, ...] = ()
 
     def configs(self) -> dict[str, QosConfig]:
         """Each router run, by name: the scenario's routers, or the config's own router."""
@@ -199,10 +205,21 @@ def prepare(
                 f"{', '.join(p.name for p in plans)}"
             )
         faults.append(FaultPlan(f.name(), f.kind, f.at_s, f.until_s, f.factor or 1.0))
+    try:
+        jobs = plan_jobs(s.jobs, s.lengths, trace, api_keys, s.seed, s.max_tokens,
+                         s.batches.default_class)
+        classifier = Classifier(cfg)
+        for jp in jobs:
+            classifier.classify(jp.inputs)
+    except QosInputError as exc:
+        raise ScenarioError(f"scenario {s.name}: a job: {exc.message}") from None
+    except ValueError as exc:
+        raise ScenarioError(f"scenario {s.name}: {exc}") from None
     first = plans[0]
     prep = Prepared(
         s, cfg, first.profile, first.window, mean_tokens, slos, api_keys, path, trace,
-        fleet=tuple(plans), faults=tuple(faults), router_cfgs=router_cfgs,
+        fleet=tuple(plans), faults=tuple(faults), router_cfgs=router_cfgs, jobs=jobs,
+        job_idle_rates=tuple(_idle_rate(plans, jp, s.max_tokens) for jp in jobs),
     )
     need = s.arrivals.load is not None or s.sweep is not None
     if measure_capacity is None:
@@ -223,6 +240,21 @@ def prepare(
         prep.capacity_rps = total
         prep.capacity_measured = True
     return prep
+
+
+def _idle_rate(plans: list[ReplicaPlan], job: JobPlan, max_tokens: int) -> float:
+    """Lines/s the fleet completes for ``job``'s lines with nothing else running: each replica's
+    saturated throughput (its window always full of the job's lines), summed."""
+    biggest = max(p.window for p in plans)
+    sample = job.lines[: max(4000, 4 * biggest)]
+    each: dict[tuple[EngineProfile, int], float] = {}
+    total = 0.0
+    for p in plans:
+        key = (p.profile, p.window)
+        if key not in each:
+            each[key] = saturation_throughput(p.profile, p.window, sample, max_tokens)
+        total += each[key]
+    return total
 
 
 def workload_for(prep: Prepared, load: float | None = None) -> Workload:
@@ -253,9 +285,11 @@ def workload_for(prep: Prepared, load: float | None = None) -> Workload:
 
 
 def setup_for(
-    prep: Prepared, workload: Workload, gateways: int = 1, cfg: QosConfig | None = None
+    prep: Prepared, workload: Workload, gateways: int = 1, cfg: QosConfig | None = None,
+    jobs: bool = False,
 ) -> SimSetup:
-    """``cfg``: one router's config (``Prepared.configs``); None: the scenario's."""
+    """``cfg``: one router's config (``Prepared.configs``); None: the scenario's. ``jobs``: the
+    scenario's batch jobs run beside the workload."""
     s = prep.scenario
     return SimSetup(
         cfg=prep.cfg if cfg is None else cfg,
@@ -270,6 +304,9 @@ def setup_for(
         probe_interval=s.probe_interval_s,
         gateways=s.gateways.plan(gateways),
         retries=s.retries,
+        jobs=prep.jobs if jobs else (),
+        batches=s.batches,
+        seed=s.seed,
     )
 
 
@@ -284,6 +321,9 @@ class Run:
     gateways: int = 1  # gateway instances in front of the fleet
     router: str = "least-load"  # the fleet router of its gateways
     routers: int = 1  # routers the scenario compares (more than one: each run is labelled)
+    # with batch jobs in the scenario: whether they ran beside the workload in this run (each
+    # policy runs without and with them); None: the scenario has none
+    jobs: bool | None = None
 
 
 @dataclass(slots=True)
@@ -321,10 +361,12 @@ def run_scenario(
             the_load = offered / prep.capacity_rps
         ideals: dict[str, Any] | None = None  # the workload's prefix ideals, once per load
         configs = prep.configs()
-        for count, (router, rcfg), policy in itertools.product(
-            s.gateways.counts, configs.items(), s.policies
+        # with jobs, each policy runs without them, then with them: the live figures compare
+        with_jobs = (False, True) if prep.jobs else (False,)
+        for count, (router, rcfg), policy, jobs in itertools.product(
+            s.gateways.counts, configs.items(), s.policies, with_jobs
         ):
-            setup = setup_for(prep, wl, count, rcfg)
+            setup = setup_for(prep, wl, count, rcfg, jobs)
             cb = None
             if progress is not None:
                 span = wl.duration
@@ -365,10 +407,23 @@ def run_scenario(
                     )
                     ideals = workload_ideals(wl.arrivals, kv)
                 metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, ideals)
-            run = Run(policy, the_load, offered, result, metrics, count, router, len(configs))
+            if result.jobs:
+                metrics["jobs"] = _job_metrics(prep, wl, result)
+            run = Run(policy, the_load, offered, result, metrics, count, router, len(configs),
+                      jobs if prep.jobs else None)
             out.runs.append(run)
             if on_run is not None:
                 on_run(run)
+    return out
+
+
+def _job_metrics(prep: Prepared, wl: Workload, result: RunResult) -> dict[str, Any]:
+    """Each job's figures (``job_metrics.job_stats``), by name."""
+    times = [a.t for a in wl.arrivals]
+    out: dict[str, Any] = {}
+    for job, rate in zip(result.jobs, prep.job_idle_rates, strict=True):
+        spare = fluid_finish(job.lines, rate, job.at, times, prep.capacity_rps)
+        out[job.name] = job_stats(job, rate, spare)
     return out
 
 

@@ -5,12 +5,14 @@ and the clients' retries. ``scenarios.py`` builds a ``SimSetup`` from a scenario
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from qosgate.config import QosConfig
 from qosgate.core import POLICY_NAMES
 from qosgate.models.simmodel import EngineProfile
+from qosgate.settings import BatchSettings
+from qosgate.sim.jobs import JobPlan
 from qosgate.sim.workload import Workload
 
 PASSTHROUGH_WINDOW = 1 << 30
@@ -117,6 +119,10 @@ class SimSetup:
     # clients that honour a refusal's Retry-After: each refused request is sent again that many
     # seconds later, up to this many times (0: clients take the refusal as final)
     retries: int = 0
+    # batch jobs fed beside the workload (``job_feed.py``), with the gateway's feed settings
+    jobs: tuple[JobPlan, ...] = ()
+    batches: BatchSettings = field(default_factory=BatchSettings)
+    seed: int = 0  # the jobs' retry jitter
 
     def plans(self) -> tuple[ReplicaPlan, ...]:
         if self.fleet:

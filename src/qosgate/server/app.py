@@ -12,8 +12,10 @@ import functools
 import gc
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,6 +26,9 @@ from qosgate.core import QosInputError, ReplicaSpec, Request, Scheduler
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import prime
+from qosgate.runtime.batches.feeder import Feeder
+from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
+from qosgate.runtime.batches.store import BatchStore
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
@@ -45,11 +50,12 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, request_key
+from qosgate.server.batch_lines import FlowLines
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
 from qosgate.server.status import status_view
-from qosgate.settings import GatewaySettings
+from qosgate.settings import BatchSettings, GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import context_of, merge_cards, models_list
 from qosgate.wire.sse import JSON_HEADERS
@@ -69,6 +75,14 @@ async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None
                    "invalid_request_error", "method_not_allowed"),
         [*JSON_HEADERS, (b"allow", allow)],
     )
+
+
+def batches_dir(bs: BatchSettings) -> Path:
+    """Where batch jobs are kept: ``batches.dir``, else ``$XDG_STATE_HOME/qosgate``."""
+    if bs.dir is not None:
+        return bs.dir
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "qosgate"
 
 
 def _local_port(scope: Scope) -> int | None:
@@ -151,6 +165,17 @@ class Gateway:
         self.precise = PreciseCache.build(upstreams, self.scheduler, self.driver)
         self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,
                                 self.metrics, self.models, self._context, self.precise)
+        # batch jobs: a durable store, and the feeder that runs their lines through self.flow
+        bs = settings.batches
+        self.batch_store: BatchStore | None = None
+        self.feeder: Feeder | None = None
+        if bs.enabled:
+            self.batch_store = BatchStore(batches_dir(bs), time.time, bs.max_lines)
+            lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
+                            if rs.url else LocalLease())
+            self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
+                                 self._batch_capacity, lambda m: m in self.models(), time.time,
+                                 self.clock)
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
         self._contexts: dict[str, int | None] = {}
@@ -164,6 +189,11 @@ class Gateway:
         """May ``replica`` still take another dispatch (its batcher's question)."""
         rep = self.scheduler.replicas.get(replica)
         return rep is not None and rep.free > 0
+
+    def _batch_capacity(self) -> int:
+        """Requests the fleet runs at once (the replicas' windows): a job keeps this many
+        lines in flight, and its queue, so that it fills an idle fleet."""
+        return sum(rep.window for rep in self.scheduler.replicas.values())
 
     def _on_finished(self, req: Request) -> None:
         """A request ended (driver hook): the metrics, and a slot freed (a batch waiting for
@@ -204,6 +234,9 @@ class Gateway:
             prime(self.shared.ledger, [(t.name, t.limits) for t in self.cfg.tenants],
                   self.clock())
             await self.shared.start()
+        if self.batch_store is not None and self.feeder is not None:
+            await self.batch_store.open()
+            self.feeder.start()
         self.started = True
         # Everything loaded so far lives as long as the process: move it out of the cyclic
         # collector's reach, so that its collections only walk what requests allocate (they
@@ -222,14 +255,20 @@ class Gateway:
                         "set server.metrics_auth (admin key) or server.metrics_port", srv.port)
 
     async def shutdown(self) -> None:
+        if self.feeder is not None:  # before the driver: running lines are disconnected
+            await self.feeder.stop()
         if self.precise is not None:
             await self.precise.close()
         await self.driver.close()
+        if self.batch_store is not None:
+            await self.batch_store.close()
         if self.shared is not None:
             await self.shared.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
+        if self.feeder is not None:
+            self.feeder.pause()
         n = self.driver.drain("shutting_down")
         log.warning("shutting down: %d queued request(s) rejected, %d running",
                     n, len(self.driver.tickets))

@@ -130,6 +130,7 @@ class Feeder:
         self._next_sweep = -math.inf
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._paused = False
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -151,6 +152,10 @@ class Feeder:
                 await self.lease.release(job.rec.id)
         self.jobs.clear()
         await self.lease.close()
+
+    def pause(self) -> None:
+        """Start no more lines (a draining gateway): the running ones end and are written."""
+        self._paused = True
 
     def notify(self, batch_id: str | None = None) -> None:
         """A job was created or asked to cancel (the HTTP routes' hook): look again now."""
@@ -197,6 +202,10 @@ class Feeder:
         for job in list(self.jobs.values()):
             await self._guard(job, self._drive(job))
         feedable = [j for j in self.jobs.values() if j.rec.status == "in_progress"]
+        if self._paused:
+            for job in feedable:
+                await self._guard(job, self._feed(job, 0, now))
+            return
         grants = dict(plan([self._feed_view(j, now) for j in feedable],
                            self.settings.queued_per_job, self.capacity()))
         for job in feedable:
@@ -250,6 +259,10 @@ class Feeder:
             return
         if rec.status == "cancelling":
             await self._end(job, "cancelled")
+            return
+        if rec.status == "finalizing":  # a finish a crash interrupted: done again
+            job.rec = await self.store.finish(rec.id, job.fence, "completed")
+            await self._drop(job)
             return
         if rec.status != "in_progress":
             if rec.status in TERMINAL:

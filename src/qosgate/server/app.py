@@ -24,6 +24,7 @@ from qosgate.core import QosInputError, ReplicaSpec, Request, Scheduler
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import prime
+from qosgate.runtime.batches.store import BatchStore, default_directory
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
@@ -45,6 +46,7 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, request_key
+from qosgate.server.batches import BatchRoutes
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
@@ -159,6 +161,11 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
+        bs = settings.batches  # the Batch API: its store is opened at startup
+        self.batch_store = (BatchStore(bs.dir or default_directory(), time.time, bs.max_lines)
+                            if bs.enabled else None)
+        self.batch_routes = (BatchRoutes(cfg, settings, self.batch_store, self.scheduler,
+                                         self.metrics) if self.batch_store is not None else None)
 
     def _room(self, replica: str) -> bool:
         """May ``replica`` still take another dispatch (its batcher's question)."""
@@ -197,6 +204,8 @@ class Gateway:
         return {name: e.ready for name, e in self.engines.items()}
 
     async def startup(self) -> None:
+        if self.batch_store is not None:
+            await self.batch_store.open()
         await self.driver.start()
         if self.precise is not None:
             self.precise.start()
@@ -227,6 +236,8 @@ class Gateway:
         await self.driver.close()
         if self.shared is not None:
             await self.shared.close()
+        if self.batch_store is not None:
+            await self.batch_store.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
@@ -275,6 +286,9 @@ class Gateway:
                 return
             if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
                 await _not_allowed(send, method, path, b"GET, HEAD")
+                return
+            if self.batch_routes is not None and await self.batch_routes.handle(
+                    scope, receive, send):
                 return
             await send_bytes(
                 send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",

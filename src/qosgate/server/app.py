@@ -12,10 +12,8 @@ import functools
 import gc
 import logging
 import math
-import os
 import time
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -28,7 +26,7 @@ from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import prime
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
-from qosgate.runtime.batches.store import BatchStore
+from qosgate.runtime.batches.store import BatchStore, default_directory
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
@@ -51,11 +49,12 @@ from qosgate.server.asgi import (
 )
 from qosgate.server.auth import denied_message, request_key
 from qosgate.server.batch_lines import FlowLines
+from qosgate.server.batches import BatchRoutes
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
 from qosgate.server.status import status_view
-from qosgate.settings import BatchSettings, GatewaySettings
+from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import context_of, merge_cards, models_list
 from qosgate.wire.sse import JSON_HEADERS
@@ -75,14 +74,6 @@ async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None
                    "invalid_request_error", "method_not_allowed"),
         [*JSON_HEADERS, (b"allow", allow)],
     )
-
-
-def batches_dir(bs: BatchSettings) -> Path:
-    """Where batch jobs are kept: ``batches.dir``, else ``$XDG_STATE_HOME/qosgate``."""
-    if bs.dir is not None:
-        return bs.dir
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "qosgate"
 
 
 def _local_port(scope: Scope) -> int | None:
@@ -165,17 +156,6 @@ class Gateway:
         self.precise = PreciseCache.build(upstreams, self.scheduler, self.driver)
         self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,
                                 self.metrics, self.models, self._context, self.precise)
-        # batch jobs: a durable store, and the feeder that runs their lines through self.flow
-        bs = settings.batches
-        self.batch_store: BatchStore | None = None
-        self.feeder: Feeder | None = None
-        if bs.enabled:
-            self.batch_store = BatchStore(batches_dir(bs), time.time, bs.max_lines)
-            lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
-                            if rs.url else LocalLease())
-            self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
-                                 self._batch_capacity, lambda m: m in self.models(), time.time,
-                                 self.clock)
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
         self._contexts: dict[str, int | None] = {}
@@ -184,6 +164,20 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
+        bs = settings.batches  # the Batch API: its store is opened at startup
+        self.batch_store = (BatchStore(bs.dir or default_directory(), time.time, bs.max_lines)
+                            if bs.enabled else None)
+        self.batch_routes = (BatchRoutes(cfg, settings, self.batch_store, self.scheduler,
+                                         self.metrics) if self.batch_store is not None else None)
+        # the feeder runs the jobs' lines through self.flow; the routes wake it
+        self.feeder: Feeder | None = None
+        if self.batch_store is not None and self.batch_routes is not None:
+            lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
+                            if rs.url else LocalLease())
+            self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
+                                 self._batch_capacity, lambda m: m in self.models(), time.time,
+                                 self.clock)
+            self.batch_routes.on_created = self.batch_routes.on_cancel = self.feeder.notify
 
     def _room(self, replica: str) -> bool:
         """May ``replica`` still take another dispatch (its batcher's question)."""
@@ -227,6 +221,8 @@ class Gateway:
         return {name: e.ready for name, e in self.engines.items()}
 
     async def startup(self) -> None:
+        if self.batch_store is not None:
+            await self.batch_store.open()
         await self.driver.start()
         if self.precise is not None:
             self.precise.start()
@@ -234,8 +230,7 @@ class Gateway:
             prime(self.shared.ledger, [(t.name, t.limits) for t in self.cfg.tenants],
                   self.clock())
             await self.shared.start()
-        if self.batch_store is not None and self.feeder is not None:
-            await self.batch_store.open()
+        if self.feeder is not None:
             self.feeder.start()
         self.started = True
         # Everything loaded so far lives as long as the process: move it out of the cyclic
@@ -260,10 +255,10 @@ class Gateway:
         if self.precise is not None:
             await self.precise.close()
         await self.driver.close()
-        if self.batch_store is not None:
-            await self.batch_store.close()
         if self.shared is not None:
             await self.shared.close()
+        if self.batch_store is not None:
+            await self.batch_store.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
@@ -314,6 +309,9 @@ class Gateway:
                 return
             if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
                 await _not_allowed(send, method, path, b"GET, HEAD")
+                return
+            if self.batch_routes is not None and await self.batch_routes.handle(
+                    scope, receive, send):
                 return
             await send_bytes(
                 send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",

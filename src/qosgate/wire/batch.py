@@ -116,6 +116,22 @@ def group_key(model: str, prompt: bytes) -> int:
                ^ xxhash.xxh3_64_intdigest(model.encode())) >> 1  # fits SQLite's signed 64 bits
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def window_seconds(window: str) -> float | None:
+    """A ``completion_window`` (a number and s, m, h or d: ``24h``) in seconds; None if it is
+    not one."""
+    unit = _UNITS.get(window[-1:])
+    try:
+        n = float(window[:-1])
+    except ValueError:
+        return None
+    if unit is None or not n > 0 or n == float("inf"):
+        return None
+    return n * unit
+
+
 def duplicate_problem(custom_id: str) -> LineProblem:
     return LineProblem(
         "duplicate_custom_id",

@@ -26,7 +26,7 @@ tenants:
   - {name: other, api_keys: [sk-other]}
   - {name: clamped, api_keys: [sk-clamped], allowed_classes: [batch, offline]}
 engine: {kind: sim, time_scale: 0.02}
-batches: {max_file_bytes: 4096, max_lines: 20, windows: ["24h", "2h"]}
+batches: {max_file_bytes: 4096, max_lines: 20, windows: ["24h", "2h"], feed: false}
 """
 
 

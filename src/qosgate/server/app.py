@@ -171,7 +171,7 @@ class Gateway:
                                          self.metrics) if self.batch_store is not None else None)
         # the feeder runs the jobs' lines through self.flow; the routes wake it
         self.feeder: Feeder | None = None
-        if self.batch_store is not None and self.batch_routes is not None:
+        if bs.feed and self.batch_store is not None and self.batch_routes is not None:
             lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
                             if rs.url else LocalLease())
             self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,

@@ -23,7 +23,8 @@ A spec is a kind followed by ``:key=value`` options::
 and, for every kind but ``die``/``refuse``, ``for=S`` (it clears itself after S seconds),
 ``at=S`` (it starts S seconds from now) and, for the per-request ones (``hang-*``, ``429``,
 ``503``, ``500``), ``count=N`` (only the next N generation requests). One fault of each kind is
-active at a time (429, 503 and 500 share one slot); switching one on replaces the one of its kind. Health
+active at a time (429, 503 and 500 share one slot); switching one on replaces the one of its
+kind. Health
 (``/health``, ``/v1/models``), ``/metrics`` and the admin and debug routes are never affected:
 a hung engine whose model list still answers is exactly what outlier detection is for.
 

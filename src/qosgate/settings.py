@@ -271,6 +271,9 @@ class BatchSettings(Strict):
     live in one SQLite database (WAL) under ``dir``."""
 
     enabled: bool = Field(default=True, description="serve /v1/files and /v1/batches")
+    feed: bool = Field(
+        default=True, description="run jobs' lines on this instance (false: it serves the API "
+        "only, and instances sharing the directory and Redis run the jobs)")
     dir: Path | None = Field(
         default=None, description="database and files; default: $XDG_STATE_HOME/qosgate "
         "(~/.local/state/qosgate)")

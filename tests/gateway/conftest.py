@@ -45,7 +45,10 @@ class Server:
         self.log = log
         self.stop_timeout = stop_timeout
         self._log_f = log.open("wb")
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+        # a gateway keeps batch jobs under $XDG_STATE_HOME/qosgate: each server its own, in
+        # the test's tmp dir (a config's batches.dir still wins)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200",
+                   XDG_STATE_HOME=str(log.parent / f"state-{port}"))
         self.proc = subprocess.Popen(args, stdout=self._log_f, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + ready_timeout
         while True:

@@ -24,6 +24,9 @@ from qosgate.core import QosInputError, ReplicaSpec, Request, Scheduler
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import prime
+from qosgate.runtime.batches.feeder import Feeder
+from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
+from qosgate.runtime.batches.store import BatchStore, default_directory
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
@@ -45,6 +48,8 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, request_key
+from qosgate.server.batch_lines import FlowLines
+from qosgate.server.batches import BatchRoutes
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, GatewayMetrics
@@ -159,11 +164,30 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
+        bs = settings.batches  # the Batch API: its store is opened at startup
+        self.batch_store = (BatchStore(bs.dir or default_directory(), time.time, bs.max_lines)
+                            if bs.enabled else None)
+        self.batch_routes = (BatchRoutes(cfg, settings, self.batch_store, self.scheduler,
+                                         self.metrics) if self.batch_store is not None else None)
+        # the feeder runs the jobs' lines through self.flow; the routes wake it
+        self.feeder: Feeder | None = None
+        if bs.feed and self.batch_store is not None and self.batch_routes is not None:
+            lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
+                            if rs.url else LocalLease())
+            self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
+                                 self._batch_capacity, lambda m: m in self.models(), time.time,
+                                 self.clock)
+            self.batch_routes.on_created = self.batch_routes.on_cancel = self.feeder.notify
 
     def _room(self, replica: str) -> bool:
         """May ``replica`` still take another dispatch (its batcher's question)."""
         rep = self.scheduler.replicas.get(replica)
         return rep is not None and rep.free > 0
+
+    def _batch_capacity(self) -> int:
+        """Requests the fleet runs at once (the replicas' windows): a job keeps this many
+        lines in flight, and its queue, so that it fills an idle fleet."""
+        return sum(rep.window for rep in self.scheduler.replicas.values())
 
     def _on_finished(self, req: Request) -> None:
         """A request ended (driver hook): the metrics, and a slot freed (a batch waiting for
@@ -197,6 +221,8 @@ class Gateway:
         return {name: e.ready for name, e in self.engines.items()}
 
     async def startup(self) -> None:
+        if self.batch_store is not None:
+            await self.batch_store.open()
         await self.driver.start()
         if self.precise is not None:
             self.precise.start()
@@ -204,6 +230,8 @@ class Gateway:
             prime(self.shared.ledger, [(t.name, t.limits) for t in self.cfg.tenants],
                   self.clock())
             await self.shared.start()
+        if self.feeder is not None:
+            self.feeder.start()
         self.started = True
         # Everything loaded so far lives as long as the process: move it out of the cyclic
         # collector's reach, so that its collections only walk what requests allocate (they
@@ -222,14 +250,20 @@ class Gateway:
                         "set server.metrics_auth (admin key) or server.metrics_port", srv.port)
 
     async def shutdown(self) -> None:
+        if self.feeder is not None:  # before the driver: running lines are disconnected
+            await self.feeder.stop()
         if self.precise is not None:
             await self.precise.close()
         await self.driver.close()
         if self.shared is not None:
             await self.shared.close()
+        if self.batch_store is not None:
+            await self.batch_store.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
+        if self.feeder is not None:
+            self.feeder.pause()
         n = self.driver.drain("shutting_down")
         log.warning("shutting down: %d queued request(s) rejected, %d running",
                     n, len(self.driver.tickets))
@@ -275,6 +309,9 @@ class Gateway:
                 return
             if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
                 await _not_allowed(send, method, path, b"GET, HEAD")
+                return
+            if self.batch_routes is not None and await self.batch_routes.handle(
+                    scope, receive, send):
                 return
             await send_bytes(
                 send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",

@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", default=[], type=_fault_arg, metavar="SPEC",
                    help="switch a fault on at start (repeatable): die[:after=S], refuse[:for=S], "
                    "hang-first-byte, hang-mid-stream[:after=N], slow:factor=F, "
-                   "429|503[:retry-after=S]; options for=S, at=S, count=N "
+                   "429|503[:retry-after=S], 500; options for=S, at=S, count=N "
                    "(see qosgate.standin.faults)")
     p.add_argument("--slow", type=float, default=None, metavar="FACTOR",
                    help="every engine step takes FACTOR times as long (the fault slow:factor=F)")

@@ -17,11 +17,14 @@ A spec is a kind followed by ``:key=value`` options::
     429[:retry-after=S] / 503[:...]     answer every generation request with that status and
                                         ``Retry-After: S`` (default 1; ``retry-after=none``: no
                                         header), in vLLM's error format
+    500                                 answer every generation request with an engine failure
+                                        (no ``Retry-After``)
 
 and, for every kind but ``die``/``refuse``, ``for=S`` (it clears itself after S seconds),
 ``at=S`` (it starts S seconds from now) and, for the per-request ones (``hang-*``, ``429``,
-``503``), ``count=N`` (only the next N generation requests). One fault of each kind is active at
-a time (429 and 503 share one slot); switching one on replaces the one of its kind. Health
+``503``, ``500``), ``count=N`` (only the next N generation requests). One fault of each kind is
+active at a time (429, 503 and 500 share one slot); switching one on replaces the one of its
+kind. Health
 (``/health``, ``/v1/models``), ``/metrics`` and the admin and debug routes are never affected:
 a hung engine whose model list still answers is exactly what outlier detection is for.
 
@@ -47,9 +50,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import uvicorn
 
-KINDS = ("die", "refuse", "hang-first-byte", "hang-mid-stream", "slow", "429", "503")
+KINDS = ("die", "refuse", "hang-first-byte", "hang-mid-stream", "slow", "429", "503", "500")
 PROCESS_KINDS = frozenset({"die", "refuse"})  # acted on once, not a state requests consult
-_PER_REQUEST = frozenset({"hang-first-byte", "hang-mid-stream", "429", "503"})
+STATUS_KINDS = frozenset({"429", "503", "500"})  # answered with that HTTP status (one slot)
+_PER_REQUEST = frozenset({"hang-first-byte", "hang-mid-stream", *STATUS_KINDS})
 _OPTIONS: dict[str, frozenset[str]] = {
     "die": frozenset({"after"}),
     "refuse": frozenset({"for", "at"}),
@@ -58,6 +62,7 @@ _OPTIONS: dict[str, frozenset[str]] = {
     "slow": frozenset({"factor", "for", "at"}),
     "429": frozenset({"retry-after", "for", "at", "count"}),
     "503": frozenset({"retry-after", "for", "at", "count"}),
+    "500": frozenset({"for", "at", "count"}),
 }
 
 
@@ -77,7 +82,7 @@ class Fault:
 
     @property
     def slot(self) -> str:
-        return "status" if self.kind in ("429", "503") else self.kind
+        return "status" if self.kind in STATUS_KINDS else self.kind
 
     @property
     def chunks(self) -> int:
@@ -125,7 +130,7 @@ def _build(kind: str, opts: Mapping[str, object]) -> Fault:
         if key not in allowed:
             known = ", ".join(sorted(allowed)) or "none"
             raise FaultError(f"fault {kind!r} takes no option {key!r} (its options: {known})")
-    f = Fault(kind)
+    f = Fault(kind, retry_after=None) if kind == "500" else Fault(kind)
     if "after" in opts:
         after = _seconds("after", opts["after"])
         if kind == "hang-mid-stream" and not float(after).is_integer():
@@ -224,7 +229,7 @@ class FaultSwitch:
             n = len(self._on)
             self._on.clear()
             return n
-        slot = "status" if kind in ("429", "503") else kind
+        slot = "status" if kind in STATUS_KINDS else kind
         return 1 if self._on.pop(slot, None) is not None else 0
 
     def _get(self, slot: str, now: float | None) -> _Active | None:
@@ -251,7 +256,7 @@ class FaultSwitch:
 
     # ---- what a request meets (each call counts as one request affected)
     def take_status(self, now: float | None = None) -> Fault | None:
-        """A 429/503 fault to answer this request with, if one is on."""
+        """A 429/503/500 fault to answer this request with, if one is on."""
         return self._take("status", now)
 
     def take_hang(self, now: float | None = None) -> bool:

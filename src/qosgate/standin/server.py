@@ -445,9 +445,10 @@ class StandIn:
             ra = fault.retry_after
             value = str(int(ra)) if float(ra).is_integer() else repr(ra)
             headers.append((b"retry-after", value.encode()))
-        msg = ("Too many requests (stand-in fault)." if code == 429
-               else "Service unavailable (stand-in fault).")
-        kind = "RateLimitError" if code == 429 else "ServiceUnavailableError"
+        msg, kind = {
+            429: ("Too many requests (stand-in fault).", "RateLimitError"),
+            503: ("Service unavailable (stand-in fault).", "ServiceUnavailableError"),
+        }.get(code, ("Internal server error (stand-in fault).", "InternalServerError"))
         await send_json(send, code, _error(msg, kind, None, code), headers)
 
     async def _admin_fault(self, scope: Scope, receive: Receive, send: Send) -> None:

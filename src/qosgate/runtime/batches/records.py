@@ -66,6 +66,7 @@ class BatchRecord:
     metadata: dict[str, str] | None = None
     errors: tuple[BatchError, ...] = ()
     fence: int = 0  # the fencing token of its current owner (runtime/batches/lease.py)
+    model: str | None = None  # the model its lines ask for (known once validated)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,242 @@
+"""Batch jobs run end to end: the official ``openai`` client, real gateway processes, the vLLM
+stand-in recording every body it receives. Every custom_id answered exactly once -- through a
+``kill -9`` of the gateway and its restart -- cancel and expiry keeping what finished, a line the
+tenant's limit refused waiting its turn, a line the engine fails retried, then in the error file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from tests.gateway.conftest import (
+    MODEL,
+    Server,
+    http,
+    metric_values,
+    start_gateway,
+    start_standin,
+    wait_until,
+)
+
+CHAT = "/v1/chat/completions"
+_LINE = re.compile(rb"line (\d+)\b")
+
+
+def config(tmp: Path, standin: Server, extra: str = "", capacity: int = 8) -> Path:
+    path = tmp / f"gw-{time.monotonic_ns()}.yaml"
+    path.write_text(f"""
+tenants:
+  - {{name: acme, api_keys: [sk-acme]}}
+  - {{name: pair, api_keys: [sk-pair], limits: {{max_concurrent: 2}}}}
+upstreams:
+  - url: {standin.url}
+    capacity: {capacity}
+batches:
+  dir: {tmp / "batches"}
+  windows: ["24h", "3s"]
+  backoff_s: 0.05
+  backoff_max_s: 0.2
+  retries: 2
+{extra}""")
+    return path
+
+
+@pytest.fixture
+def standin(tmp_path: Path) -> Iterator[Server]:
+    """A stand-in recording every body it receives (``--record``); slow enough that a job
+    takes seconds (a kill, a cancel and an expiry land mid-job)."""
+    s = start_standin(tmp_path, "--record", str(tmp_path / "bodies.jsonl"),
+                      "--time-scale", "0.5")
+    yield s
+    s.stop()
+
+
+def bodies(tmp: Path) -> Counter[int]:
+    """How many times the engine received each line (by the ``line N`` its prompt names)."""
+    seen: Counter[int] = Counter()
+    path = tmp / "bodies.jsonl"
+    if path.exists():
+        for raw in path.read_bytes().splitlines():
+            m = _LINE.search(base64.b64decode(json.loads(raw)["body"]))
+            if m is not None:
+                seen[int(m.group(1))] += 1
+    return seen
+
+
+def client(gw: Server, key: str = "sk-acme") -> OpenAI:
+    return OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+
+
+def submit(c: OpenAI, tmp: Path, n: int, window: str = "24h", max_tokens: int = 8) -> str:
+    path = tmp / f"in-{n}.jsonl"
+    path.write_text("".join(json.dumps({
+        "custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+        "body": {"model": MODEL, "max_tokens": max_tokens,
+                 "messages": [{"role": "user", "content": f"line {i} of the job"}]},
+    }) + "\n" for i in range(n)))
+    with path.open("rb") as f:
+        fid = c.files.create(file=f, purpose="batch").id
+    return c.batches.create(input_file_id=fid, endpoint=CHAT,
+                            completion_window=window).id  # type: ignore[arg-type]
+
+
+def wait_status(c: OpenAI, batch_id: str, statuses: set[str], timeout: float = 60) -> Any:
+    got: list[Any] = []
+
+    def ended() -> bool:
+        got[:] = [c.batches.retrieve(batch_id)]
+        return got[0].status in statuses
+
+    assert wait_until(ended, timeout=timeout, every=0.1), got
+    return got[0]
+
+
+def lines_of(c: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(x) for x in c.files.content(file_id).content.splitlines()]
+
+
+def completed_so_far(c: OpenAI, batch_id: str) -> int:
+    rc = c.batches.retrieve(batch_id).request_counts
+    return 0 if rc is None else rc.completed
+
+
+def test_a_200_line_job_answers_every_custom_id_once(standin: Server, tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path, "--config", str(config(tmp_path, standin)))
+    try:
+        c = client(gw)
+        bid = submit(c, tmp_path, 200)
+        done = wait_status(c, bid, {"completed", "failed"})
+        assert done.status == "completed"
+        assert done.request_counts.model_dump() == {"total": 200, "completed": 200, "failed": 0}
+        out = lines_of(c, done.output_file_id)
+        assert sorted(x["custom_id"] for x in out) == sorted(f"req-{i}" for i in range(200))
+        assert all(x["response"]["status_code"] == 200 for x in out)
+        assert done.error_file_id is None
+        seen = bodies(tmp_path)
+        assert sum(seen.values()) == 200 and set(seen.values()) == {1}
+    finally:
+        gw.stop()
+
+
+def answered_lines(tmp: Path) -> set[int]:
+    """The lines with an answer recorded in the job's database (read beside the gateway)."""
+    with sqlite3.connect(tmp / "batches" / "batches.sqlite3") as db:
+        return {r[0] for r in db.execute("SELECT line FROM lines WHERE answered = 1")}
+
+
+def test_kill_9_mid_job_then_restart_loses_and_doubles_nothing(standin: Server,
+                                                              tmp_path: Path) -> None:
+    cfg = config(tmp_path, standin)
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    c = client(gw)
+    bid = submit(c, tmp_path, 200)
+    assert wait_until(lambda: 20 <= completed_so_far(c, bid) < 150, timeout=60, every=0.05)
+    gw.proc.kill()  # SIGKILL: no shutdown, no last writes
+    gw.proc.wait()
+    gw.stop()
+    before = answered_lines(tmp_path)
+    assert 20 <= len(before) < 200
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    try:
+        c = client(gw)
+        done = wait_status(c, bid, {"completed", "failed"})
+        assert done.status == "completed"
+        out = lines_of(c, done.output_file_id)
+        ids = Counter(x["custom_id"] for x in out)
+        assert ids == Counter(f"req-{i}" for i in range(200))
+        seen = bodies(tmp_path)
+        assert set(seen) == set(range(200))
+        twice = {line for line, n in seen.items() if n > 1}
+        assert not twice & before  # no line answered before the kill ran again
+        assert max(seen.values()) <= 2
+    finally:
+        gw.stop()
+
+
+def test_cancel_mid_job_keeps_the_finished_lines(standin: Server, tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path, "--config", str(config(tmp_path, standin, capacity=4)))
+    try:
+        c = client(gw)
+        bid = submit(c, tmp_path, 200)
+        assert wait_until(lambda: completed_so_far(c, bid) >= 10, timeout=60, every=0.05)
+        assert c.batches.cancel(bid).status in ("cancelling", "cancelled")
+        done = wait_status(c, bid, {"cancelled"})
+        out, err = lines_of(c, done.output_file_id), lines_of(c, done.error_file_id)
+        assert len(out) >= 10 and len(out) + len(err) == 200
+        assert {x["custom_id"] for x in out}.isdisjoint(x["custom_id"] for x in err)
+        assert all(x["response"]["status_code"] == 200 for x in out)
+        assert {x["error"]["code"] for x in err} == {"batch_cancelled"}
+        assert done.request_counts.completed == len(out)
+        assert set(bodies(tmp_path).values()) == {1}
+    finally:
+        gw.stop()
+
+
+def test_a_job_past_its_window_ends_expired_keeping_the_finished(standin: Server,
+                                                                 tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path, "--config", str(config(tmp_path, standin, capacity=2)))
+    try:
+        c = client(gw)
+        bid = submit(c, tmp_path, 200, window="3s", max_tokens=32)
+        done = wait_status(c, bid, {"expired", "completed"})
+        assert done.status == "expired"
+        out, err = lines_of(c, done.output_file_id), lines_of(c, done.error_file_id)
+        assert len(out) >= 1 and len(out) + len(err) == 200
+        assert {x["error"]["code"] for x in err} == {"batch_expired"}
+        assert all(x["response"]["status_code"] == 200 for x in out)
+    finally:
+        gw.stop()
+
+
+def test_lines_the_tenant_limit_refuses_wait_and_succeed(standin: Server,
+                                                          tmp_path: Path) -> None:
+    gw = start_gateway(tmp_path, "--config", str(config(tmp_path, standin)))
+    try:
+        c = client(gw, "sk-pair")  # at most 2 requests at once: the rest are refused (429)
+        bid = submit(c, tmp_path, 12, max_tokens=4)
+        done = wait_status(c, bid, {"completed", "failed"})
+        assert done.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
+        _, _, text = http("GET", gw.url + "/metrics")
+        refused = metric_values(text.decode(), "qosgate_requests_total")
+        assert sum(v for k, v in refused.items()
+                   if ("reason", "concurrency_limit") in k and ("tenant", "pair") in k) > 0
+        assert set(bodies(tmp_path).values()) == {1}
+    finally:
+        gw.stop()
+
+
+def test_a_line_the_engine_fails_is_retried_then_in_the_error_file(standin: Server,
+                                                                   tmp_path: Path) -> None:
+    # no ejection of the failing replica: its lines would wait for it in the queue
+    cfg = config(tmp_path, standin, "fleet: {outlier: {enabled: false}}")
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    try:
+        status, _, _ = http("POST", standin.url + "/admin/fault",
+                            json.dumps({"fault": "500"}).encode(),
+                            {"Content-Type": "application/json"})
+        assert status == 200
+        c = client(gw)
+        bid = submit(c, tmp_path, 3)
+        done = wait_status(c, bid, {"completed", "failed"})
+        assert done.request_counts.model_dump() == {"total": 3, "completed": 0, "failed": 3}
+        err = lines_of(c, done.error_file_id)
+        assert sorted(x["custom_id"] for x in err) == ["req-0", "req-1", "req-2"]
+        assert {x["response"]["status_code"] for x in err} == {502}
+        seen = bodies(tmp_path)
+        assert all(n >= 3 for n in seen.values())  # the first try and 2 retries at least
+    finally:
+        http("DELETE", standin.url + "/admin/fault")
+        gw.stop()

@@ -9,6 +9,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import openai
 import pytest
@@ -19,7 +20,7 @@ from qosgate.runtime.batches.store import BatchStore
 from tests.gateway.conftest import Server, http, start_gateway
 
 MODEL = "qosgate-sim"
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 CONFIG = """
 tenants:
   - {name: acme, api_keys: [sk-acme]}
@@ -116,7 +117,7 @@ def test_create_refuses_bad_parameters(gateway: Server, tmp_path: Path) -> None:
     c = client(gateway)
     fid = upload(c, tmp_path, [line("a")])
     with pytest.raises(openai.BadRequestError) as e:
-        c.batches.create(input_file_id=fid, endpoint="/v1/responses",  # type: ignore[arg-type]
+        c.batches.create(input_file_id=fid, endpoint="/v1/responses",
                          completion_window="24h")
     assert e.value.param == "endpoint"
     with pytest.raises(openai.BadRequestError) as e:

@@ -143,8 +143,14 @@ def test_a_job_asks_for_its_class(gateway: Server, tmp_path: Path) -> None:
                                metadata={"qos_class": "offline"})
     header = c.batches.create(input_file_id=fid, endpoint=CHAT, completion_window="24h",
                               extra_headers={"x-qos-class": "Offline"})
-    classes = asyncio.run(_classes(state_dir(gateway), [default.id, offline.id, header.id]))
-    assert classes == ["batch", "offline", "offline"]
+    fid = upload(client(gateway, "sk-clamped"), tmp_path, [line("a")])
+    clamped = client(gateway, "sk-clamped").batches.create(
+        input_file_id=fid, endpoint=CHAT, completion_window="24h",
+        extra_headers={"x-qos-class": "realtime"})
+    ids = [default.id, offline.id, header.id, clamped.id]
+    # the tenant allowed only batch and offline asks for realtime: batch, as its requests get
+    assert asyncio.run(_classes(state_dir(gateway), ids)) == [
+        "batch", "offline", "offline", "batch"]
 
 
 async def _classes(directory: Path, ids: list[str]) -> list[str]:

@@ -9,10 +9,22 @@ random examples (and more of them); anything it finds becomes a fixed test case.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
 settings.register_profile("explore", derandomize=False, database=None, print_blob=True,
                           max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _batch_state_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A gateway keeps batch jobs under ``$XDG_STATE_HOME/qosgate``: a test's gateway (in this
+    process, or one it starts) keeps them in the session's tmp dir, never in the user's."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    yield
+    mp.undo()

@@ -9,6 +9,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Final
 
 import openai
 import pytest
@@ -19,7 +20,7 @@ from qosgate.runtime.batches.store import BatchStore
 from tests.gateway.conftest import Server, http, start_gateway
 
 MODEL = "qosgate-sim"
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 CONFIG = """
 tenants:
   - {name: acme, api_keys: [sk-acme]}
@@ -116,7 +117,7 @@ def test_create_refuses_bad_parameters(gateway: Server, tmp_path: Path) -> None:
     c = client(gateway)
     fid = upload(c, tmp_path, [line("a")])
     with pytest.raises(openai.BadRequestError) as e:
-        c.batches.create(input_file_id=fid, endpoint="/v1/responses",  # type: ignore[arg-type]
+        c.batches.create(input_file_id=fid, endpoint="/v1/responses",
                          completion_window="24h")
     assert e.value.param == "endpoint"
     with pytest.raises(openai.BadRequestError) as e:
@@ -142,8 +143,14 @@ def test_a_job_asks_for_its_class(gateway: Server, tmp_path: Path) -> None:
                                metadata={"qos_class": "offline"})
     header = c.batches.create(input_file_id=fid, endpoint=CHAT, completion_window="24h",
                               extra_headers={"x-qos-class": "Offline"})
-    classes = asyncio.run(_classes(state_dir(gateway), [default.id, offline.id, header.id]))
-    assert classes == ["batch", "offline", "offline"]
+    fid = upload(client(gateway, "sk-clamped"), tmp_path, [line("a")])
+    clamped = client(gateway, "sk-clamped").batches.create(
+        input_file_id=fid, endpoint=CHAT, completion_window="24h",
+        extra_headers={"x-qos-class": "realtime"})
+    ids = [default.id, offline.id, header.id, clamped.id]
+    # the tenant allowed only batch and offline asks for realtime: batch, as its requests get
+    assert asyncio.run(_classes(state_dir(gateway), ids)) == [
+        "batch", "offline", "offline", "batch"]
 
 
 async def _classes(directory: Path, ids: list[str]) -> list[str]:

@@ -121,6 +121,15 @@ class Classifier:
             budget_s=budget_s,
         )
 
+    def clamp(self, tenant: str, name: str) -> str:
+        """The class ``name`` (a known one) as the tenant's allowed classes leave it, the same
+        clamp a request's class gets (without the tier's boost: that is applied when the
+        request is classified)."""
+        allowed = self._allowed.get(tenant)
+        if not allowed:
+            return name
+        return self._classes[_clamp_to_allowed(self._level_of[name], allowed)].name
+
     def _requested_level(self, inputs: QosInputs, tenant: Tenant | None) -> int:
         if inputs.qos_class is not None:
             level = self._level_of.get(inputs.qos_class)

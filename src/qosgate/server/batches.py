@@ -311,10 +311,11 @@ class BatchRoutes:
             raise _Refusal(400, "The body must be a JSON object.", None, "invalid_body")
         return body
 
-    def _job_class(self, scope: Scope, metadata: dict[str, str] | None) -> str:
+    def _job_class(self, scope: Scope, tenant: str, metadata: dict[str, str] | None) -> str:
         """The class a job's lines ask for: ``x-qos-class``, else ``metadata.qos_class``,
         else ``batches.default_class``; checked by the classifier as a request's class is
-        (an unknown class is a 400), and clamped when each line is classified as it runs."""
+        (an unknown class is a 400) and clamped to the tenant's allowed classes as a
+        request's is (the tier's boost is the classifier's when each line runs)."""
         raw = header(scope, b"x-qos-class")
         name = (raw.decode("latin-1").strip() if raw is not None else
                 (metadata or {}).get("qos_class") or self.batches.default_class)
@@ -326,7 +327,7 @@ class BatchRoutes:
                 raise
             param = "x-qos-class" if raw is not None else "metadata.qos_class"
             raise _Refusal(400, exc.message, param, exc.code) from None
-        return name
+        return self.classifier.clamp(tenant, name)
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -351,7 +352,7 @@ class BatchRoutes:
                            f"{list(self.batches.windows)}, not {window!r}.",
                            "completion_window", "invalid_value")
         metadata = _metadata(body.get("metadata"))
-        qos_class = self._job_class(scope, metadata)
+        qos_class = self._job_class(scope, tenant, metadata)
         file_id = body["input_file_id"]
         rec = await self.store.file(file_id, tenant)
         if rec is None:

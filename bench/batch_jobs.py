@@ -12,9 +12,13 @@ in front of the same stand-ins, each ``--window`` seconds after a warm-up:
 2. *live + job*: the same stream and a 5,000-line job (``POST /v1/files`` + ``/v1/batches``,
    the default class ``batch``);
 3. *live + loop*: the same stream and a saturating client loop of batch-class requests (as
-   many open at once as the feeder keeps in flight: the replicas' windows + ``queued_per_job``),
-   the job's own request each;
+   many open at once as the replicas' windows hold, plus ``queued_per_job``), the job's own
+   request each;
 4. *job*: the job alone; 5. *loop*: the loop alone.
+
+The job (or the loop) starts after the gateway has watched its live traffic for two
+``batches.live_window_s`` (set to ``LIVE_WINDOW_S`` here), as a gateway that has been running a
+while has; TTFTs count the live requests sent in the measured window.
 
 Printed: realtime and api TTFT p50/p99 (client side, to the first SSE event) per phase, and
 the ratio with/without the job (goal <= 1.1); the job's output tokens/s (its lines answered in
@@ -52,12 +56,16 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 from openai import OpenAI  # noqa: E402
 
 from bench.fleet_faults import Rec, one, pct  # noqa: E402
+from qosgate.settings import BatchSettings  # noqa: E402
 from tests.gateway.conftest import MODEL, Server, http, start_gateway, start_standin  # noqa: E402
 
 REPLICAS = 2
 CAPACITY = 16  # each upstream's window at most (and the stand-ins' batch)
-QUEUED_PER_JOB = 32  # settings.batches.queued_per_job's default
+QUEUED_PER_JOB = BatchSettings().queued_per_job  # the default, as a deployment runs it
 JOB_TOKENS = 64  # max_tokens of a job's line (and of the loop's requests)
+# batches.live_window_s: shorter than the default 30 s so that each phase's gateway has
+# watched its live traffic for a whole window (it waits this long first) in a short bench
+LIVE_WINDOW_S = 10.0
 JOB_PROMPT_CHARS = 400
 LIVE = (("realtime", 24, 200), ("api", 64, 800))  # class, max_tokens, prompt characters
 
@@ -74,7 +82,7 @@ def gateway(tmp: Path, urls: list[str], name: str) -> Server:
     cfg = {
         "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
-        "batches": {"dir": str(tmp / f"batches-{name}"), "queued_per_job": QUEUED_PER_JOB},
+        "batches": {"dir": str(tmp / f"batches-{name}"), "live_window_s": LIVE_WINDOW_S},
     }
     path = tmp / f"gateway-{name}.json"
     path.write_text(json.dumps(cfg))
@@ -147,19 +155,25 @@ async def client_loop(gw: Server, width: int, stop: asyncio.Event, done: list[fl
 
 async def phase(name: str, tmp: Path, urls: list[str], args: argparse.Namespace,
                 job: Path | None, loop_width: int) -> Phase:
+    """One phase on a fresh gateway: live traffic (if any) from the start; the job or the loop
+    after two ``LIVE_WINDOW_S`` (a gateway that has run a while has watched its steady live
+    traffic, past its own start-up); measured over ``args.window`` after a further
+    ``args.warm``."""
     ph = Phase(name)
     gw = gateway(tmp, urls, name)
     try:
         c = bid = None
-        if job is not None:
-            c, bid, _ = await asyncio.to_thread(submit, gw, job)
         stop = asyncio.Event()
         done: list[float] = []
-        looping = (asyncio.create_task(client_loop(gw, loop_width, stop, done))
-                   if loop_width else None)
-        live = (asyncio.create_task(live_stream(gw, args.live_rate, args.warm + args.window,
+        lead = 2 * LIVE_WINDOW_S + args.warm
+        live = (asyncio.create_task(live_stream(gw, args.live_rate, lead + args.window,
                                                 args.seed, ph.live))
                 if name.startswith("live") else None)
+        await asyncio.sleep(2 * LIVE_WINDOW_S)
+        if job is not None:
+            c, bid, _ = await asyncio.to_thread(submit, gw, job)
+        looping = (asyncio.create_task(client_loop(gw, loop_width, stop, done))
+                   if loop_width else None)
         await asyncio.sleep(args.warm)
         t0 = time.monotonic()
         a = await asyncio.to_thread(answered, c, bid) if c and bid else 0
@@ -172,6 +186,7 @@ async def phase(name: str, tmp: Path, urls: list[str], args: argparse.Namespace,
             ph.loop_tokens_s = sum(1 for t in done if t0 <= t < t1) * JOB_TOKENS / (t1 - t0)
         if live is not None:
             await live
+            ph.live = [r for r in ph.live if t0 <= r.sent < t1]  # the measured window's
         stop.set()
         if looping is not None:
             looping.cancel()

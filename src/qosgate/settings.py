@@ -33,7 +33,9 @@ from qosgate.config import QosConfig, Strict, read_yaml_mapping, validated
 from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
-__all__ = ["BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings"]
+__all__ = [
+    "BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings",
+]
 
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -288,8 +290,14 @@ class BatchSettings(Strict):
         default="batch", description="a job's lines run at this class unless the job asks for "
         "another (x-qos-class, or metadata qos_class); the tenant's allowed classes clamp it")
     queued_per_job: int = Field(
-        default=32, ge=1, description="a job's lines waiting in the scheduler's queue at most "
-        "(beyond those running)")
+        default=0, ge=0, description="a job's lines waiting in the scheduler's queue beyond the "
+        "slots live traffic leaves free (0: a job takes free slots only)")
+    live_window_s: float = Field(
+        default=30.0, gt=0, description="the spare slots a job may take are the fleet's window "
+        "less the most live requests seen over this long")
+    headroom: float = Field(
+        default=0.05, ge=0, lt=1, description="share of the fleet's window (at least one slot) "
+        "jobs leave free while there is live traffic, for its next burst")
     retries: int = Field(default=3, ge=0,
                          description="a line failed by its engine is tried again this many times")
     backoff_s: float = Field(default=1.0, gt=0, description="first retry delay (doubles, jittered)")

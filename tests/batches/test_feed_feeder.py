@@ -75,6 +75,9 @@ class MemoryStore:
         self.rec = dataclasses.replace(self.rec, completed=ok, failed=len(self.answers) - ok)
         return len(new)
 
+    async def stats(self) -> dict[str, int]:
+        return {f"jobs_{self.rec.status}": 1}
+
     async def count_attempt(self, batch_id: str, line: int, fence: int) -> None:
         self._fenced(fence)
         self.attempts[line] = self.attempts.get(line, 0) + 1
@@ -120,14 +123,21 @@ class Runner:
             self.running -= 1
 
 
-SETTINGS = BatchSettings(queued_per_job=4, retries=2, backoff_s=0.001, backoff_max_s=0.004)
+# live traffic watched over 10 ms: a feeder that has just started has watched a whole window
+# almost at once (the tests of the spare slots themselves shift the clock instead)
+SETTINGS = BatchSettings(queued_per_job=4, retries=2, backoff_s=0.001, backoff_max_s=0.004,
+                         live_window_s=0.01)
 
 
 def feeder(store: MemoryStore, runner: Runner, wall: Callable[[], float] = lambda: 1.0,
-           capacity: int = 8) -> Feeder:
+           capacity: int = 8, live: Callable[[], int] = lambda: 0,
+           settings: BatchSettings = SETTINGS,
+           clock: Callable[[], float] | None = None) -> Feeder:
+    """A feeder whose scheduler holds its own running lines plus ``live()`` live requests."""
     loop = asyncio.get_running_loop()
-    return Feeder(store, runner, LocalLease(), SETTINGS, lambda: capacity,  # type: ignore[arg-type]
-                  lambda m: True, wall, loop.time, seed=1, sweep_s=0.01)
+    return Feeder(store, runner, LocalLease(), settings, lambda: capacity,  # type: ignore[arg-type]
+                  lambda m: True, lambda: runner.running + live(), wall, clock or loop.time,
+                  seed=1, sweep_s=0.01)
 
 
 async def until(cond: Callable[[], bool]) -> None:
@@ -147,6 +157,36 @@ def test_every_line_answered_once_in_group_writes_within_the_bound() -> None:
         assert runner.most <= SETTINGS.queued_per_job + 8
         assert len(store.writes) < 300  # answers are written in groups
         assert f.snapshot().lines["completed"] == 300
+
+    asyncio.run(run())
+
+
+def test_live_traffic_keeps_its_peak_and_a_headroom_of_the_fleet() -> None:
+    async def run() -> None:
+        store, hold = MemoryStore(100), asyncio.Event()
+        runner = Runner(hold=hold)
+        live = [5]
+        loop = asyncio.get_running_loop()
+        shift = [0.0]
+        f = feeder(store, runner, capacity=8, live=lambda: live[0],
+                   settings=SETTINGS.model_copy(update={"live_window_s": 30.0}),
+                   clock=lambda: loop.time() + shift[0])
+        f.start()
+        await until(lambda: f.spare._since is not None)
+        assert runner.running <= SETTINGS.queued_per_job  # nothing watched yet: no spare slot
+        shift[0] = 31.0  # a whole window watched
+        f.notify()
+        # 8 slots, 5 live, 1 kept free (5% of 8, at least one): 2 spare, plus the queue
+        await until(lambda: runner.running == 2 + SETTINGS.queued_per_job)
+        live[0] = 0  # the burst is over, but within the window it still counts
+        f.notify()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert runner.running == 2 + SETTINGS.queued_per_job
+        hold.set()
+        await until(lambda: store.rec.status == "completed")
+        await f.stop()
+        assert sorted(store.answers) == list(range(100))
 
     asyncio.run(run())
 

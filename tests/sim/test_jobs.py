@@ -80,12 +80,14 @@ def test_a_job_beside_live_traffic_answers_every_line_exactly_once() -> None:
 
 
 def test_the_feed_keeps_a_job_bounded_yet_fills_an_idle_fleet() -> None:
-    sim = Simulation(setup([], (job("j", 100, 0.0, 600.0),), queued_per_job=2), "qos")
+    # live traffic watched over 0.5 s: the spare slots reach the whole window 0.5 s in
+    sim = Simulation(setup([], (job("j", 100, 0.0, 600.0),), queued_per_job=2,
+                           live_window_s=0.5), "qos")
     seen: list[int] = []
     take = sim.jobs.take  # type: ignore[union-attr]
 
-    def spy(capacity: int, now: float) -> list[tuple[int, int, str]]:
-        out = take(capacity, now)
+    def spy(capacity: int, in_scheduler: int, now: float) -> list[tuple[int, int, str]]:
+        out = take(capacity, in_scheduler, now)
         seen.append(len(sim.jobs.jobs[0].in_flight))  # type: ignore[union-attr]
         return out
 
@@ -116,7 +118,8 @@ def test_the_earlier_deadline_goes_first_across_two_jobs() -> None:
 
 
 def test_a_window_too_short_expires_the_rest_and_keeps_what_finished() -> None:
-    res = Simulation(setup([], (job("j", 400, 0.0, 2.0, length=(40, 40)),)), "qos").run()
+    res = Simulation(setup([], (job("j", 400, 0.0, 2.0, length=(40, 40)),), live_window_s=0.1),
+                     "qos").run()
     (rec,) = res.jobs
     assert rec.status == "expired" and rec.finished_at == 2.0
     assert 0 < rec.done < 400 and rec.failed == 0
@@ -133,11 +136,11 @@ def _engine_failure(sim: SimJobs, rid: str, now: float) -> float | None:
 
 def test_engine_failures_back_off_then_go_to_the_error_count() -> None:
     rule = RetryRule(retries=2, backoff_s=1.0, backoff_max_s=60.0)
-    jobs = SimJobs((job("j", 1, 0.0, 100.0),), 4, rule, 1)
+    jobs = SimJobs((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
     jobs.open(0, 0.0)
     now = 0.0
     for attempt in range(3):
-        ((_, line, rid),) = jobs.take(4, now)
+        ((_, line, rid),) = jobs.take(4, 0, now)
         again = _engine_failure(jobs, rid, now)
         if attempt < 2:
             assert again is not None and now + 0.5 * 2**attempt <= again <= now + 2**attempt
@@ -151,12 +154,12 @@ def test_engine_failures_back_off_then_go_to_the_error_count() -> None:
 
 def test_a_refusal_that_asks_to_wait_spends_no_attempt() -> None:
     rule = RetryRule(retries=0, backoff_s=1.0, backoff_max_s=60.0)
-    jobs = SimJobs((job("j", 1, 0.0, 100.0),), 4, rule, 1)
+    jobs = SimJobs((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
     jobs.open(0, 0.0)
-    ((_, line, rid),) = jobs.take(4, 0.0)
+    ((_, line, rid),) = jobs.take(4, 0, 0.0)
     assert jobs.ended(rid, "rejected", "batch", 7.0, 0, 0.0) == 7.0
     jobs.due(0, line)
-    ((_, _, rid),) = jobs.take(4, 7.0)
+    ((_, _, rid),) = jobs.take(4, 0, 7.0)
     assert jobs.ended(rid, "completed", "batch", None, 12, 7.5) is None
     (rec,) = jobs.records()
     assert (rec.done, rec.failed, rec.waited, rec.retried) == (1, 0, 1, 0)

@@ -6,26 +6,35 @@ simulator predicts with is the one that runs. The feeder only decides how many o
 are *offered*: the scheduler's class bands and shares decide who runs, so realtime and api traffic
 keep precedence while an idle fleet still runs the job at full speed.
 
-Bounded: a tenant's jobs keep at most ``queued_per_job`` lines waiting beyond what the fleet can
-run at once (``capacity``), never the whole file. Earliest deadline first among a tenant's jobs;
-each tenant has its own bound, so the scheduler's fair share between tenants sees every tenant's
-job. Pure: the clock and the randomness are passed in.
+Bounded: the jobs keep at most the slots live traffic leaves free (``SpareCapacity``) plus
+``queued_per_job`` lines in flight, never the whole file. Earliest deadline first among a
+tenant's jobs; the tenants with jobs split the spare slots, and the scheduler's fair share
+between tenants sees every tenant's job. Pure: the clock and the randomness are passed in.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "SWEEP_S",
     "FeedJob",
     "Next",
     "RetryRule",
+    "SpareCapacity",
     "Verdict",
     "after_failure",
     "plan",
 ]
+
+
+# how often a feeder looks again on its own (besides line ends and new jobs): the spare slots
+# live traffic leaves change without any job event
+SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,16 +48,20 @@ class FeedJob:
     ready: int  # lines that could start now (no answer, not running, not backing off)
 
 
-def plan(jobs: list[FeedJob], queued_per_job: int, capacity: int) -> list[tuple[str, int]]:
+def plan(jobs: list[FeedJob], queued_per_job: int, spare: int) -> list[tuple[str, int]]:
     """``(job id, lines to start now)`` for the jobs that get any, earliest deadline first.
 
-    A tenant's jobs together keep at most ``queued_per_job + capacity`` lines in flight: enough
-    to fill every free slot of the fleet and keep a short queue behind them, so that a job
-    saturates an idle fleet, yet a 50,000-line file never becomes 50,000 queued requests."""
-    bound = queued_per_job + max(capacity, 0)
+    ``spare`` is what live traffic leaves of the fleet (``SpareCapacity``). The tenants with jobs
+    split it evenly, and each tenant's jobs together keep at most their part plus
+    ``queued_per_job`` lines in flight: enough to fill the slots live traffic leaves free, never
+    so many that a job's lines wait in the scheduler's queue beside live requests (where the
+    weighted shares would give some freed slots to them while api waits), and a 50,000-line file
+    never becomes 50,000 queued requests."""
     used: dict[str, int] = {}
     for j in jobs:
         used[j.tenant] = used.get(j.tenant, 0) + j.in_flight
+    share = -(-max(spare, 0) // len(used)) if used else 0
+    bound = share + queued_per_job
     out: list[tuple[str, int]] = []
     for j in sorted(jobs, key=lambda j: (j.deadline, j.id)):
         room = bound - used[j.tenant]
@@ -57,6 +70,52 @@ def plan(jobs: list[FeedJob], queued_per_job: int, capacity: int) -> list[tuple[
             used[j.tenant] += n
             out.append((j.id, n))
     return out
+
+
+class SpareCapacity:
+    """The slots live traffic leaves free: the fleet's capacity less the most live requests
+    (queued or running, job lines not counted) seen over the last ``window_s``, less a headroom
+    while there is live traffic at all.
+
+    Why the recent peak and not the present count: a job line holds its slot for a whole answer,
+    so a slot given to a job now is not there for the live burst that comes a second later; live
+    requests would wait for job lines to finish (api may not pre-empt them), which is exactly
+    what a job must not do to interactive traffic. With no live traffic in the window the job
+    gets the whole fleet. Until a whole window has been watched (a gateway that has just
+    started, a simulated job at the start of its trace) nobody knows what live traffic is
+    like: the spare slots grow from none to all over that first window instead of a job taking
+    the whole fleet at once, the moment before a burst. Pure: time is passed in."""
+
+    def __init__(self, window_s: float, headroom: float) -> None:
+        self.window_s = window_s
+        self.headroom = headroom  # share of the capacity kept free while live traffic runs
+        self._peaks: deque[tuple[float, int]] = deque()  # (time, live), live decreasing
+        self._since: float | None = None  # the first look
+
+    def observe(self, now: float, live: int) -> None:
+        if self._since is None:
+            self._since = now
+        peaks = self._peaks
+        while peaks and peaks[-1][1] <= live:
+            peaks.pop()
+        peaks.append((now, live))
+
+    def peak(self, now: float) -> int:
+        peaks = self._peaks
+        while len(peaks) > 1 and peaks[0][0] < now - self.window_s:
+            peaks.popleft()
+        # (the last sample stays however old it is: it is the present count)
+        return peaks[0][1] if peaks else 0
+
+    def spare(self, now: float, capacity: int) -> int:
+        capacity = max(capacity, 0)
+        peak = self.peak(now)
+        free = capacity if peak <= 0 else max(
+            capacity - peak - max(1, math.ceil(self.headroom * capacity)), 0)
+        watched = now - self._since if self._since is not None else 0.0
+        if watched < self.window_s:
+            free = min(free, int(capacity * watched / self.window_s))
+        return free
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from qosgate.core import Decision, Dispatch, Finished, Preempt, Request, Scheduler, State
+from qosgate.core.jobfeed import SWEEP_S
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.models.simmodel import SimEngine
@@ -191,8 +192,7 @@ class Simulation:
         self.job_events = 0  # job instants on the heap
         self.feed_due = False  # a feed instant is on the heap
         if setup.jobs:
-            self.jobs = SimJobs(setup.jobs, setup.batches.queued_per_job,
-                                retry_rule(setup.batches), setup.seed)
+            self.jobs = SimJobs(setup.jobs, setup.batches, retry_rule(setup.batches), setup.seed)
             for k, jp in enumerate(setup.jobs):
                 self._push_job(jp.at, JobDue(k, "open"))
                 self._push_job(jp.deadline, JobDue(k, "expire"))
@@ -415,7 +415,7 @@ class Simulation:
         capacity = sum(min(r.window, self.plan_window[r.name])
                        for r in sched.snapshot(now).replicas if r.up)
         plans = self.jobs.plans
-        for k, _line, rid in self.jobs.take(capacity, now):
+        for k, _line, rid in self.jobs.take(capacity, len(sched.requests), now):
             jp = plans[k]
             prompt, output = jp.lines[_line]
             a = Arrival(now, rid, -1, prompt, output, max(output, jp.max_tokens))
@@ -424,6 +424,9 @@ class Simulation:
             self.calls += 2
             req = sched.make_request(rid, jp.inputs, now, prompt, a.max_tokens)
             self.apply(sched.submit(req, now), now)
+        if not self.feed_due and self.jobs.waiting_for_room():
+            self.feed_due = True
+            self._push_job(now + SWEEP_S, JobDue(-1, "feed"))
 
     def _retry_later(self, a: Arrival, t: float) -> None:
         """The client of a refused request sends it again at ``t`` (its Retry-After), while it

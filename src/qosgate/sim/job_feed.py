@@ -16,7 +16,8 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from qosgate.core.jobfeed import FeedJob, Next, RetryRule, after_failure, plan
+from qosgate.core.jobfeed import FeedJob, Next, RetryRule, SpareCapacity, after_failure, plan
+from qosgate.settings import BatchSettings
 from qosgate.sim.jobs import JobPlan
 from qosgate.sim.results import JobRecord
 
@@ -50,10 +51,11 @@ class _Job:
 class SimJobs:
     """Every job of a run and the state of each line (ready, in flight, waiting, answered)."""
 
-    def __init__(self, plans: tuple[JobPlan, ...], queued_per_job: int, rule: RetryRule,
+    def __init__(self, plans: tuple[JobPlan, ...], settings: BatchSettings, rule: RetryRule,
                  seed: int) -> None:
         self.jobs = [_Job(p) for p in plans]
-        self.queued_per_job = queued_per_job
+        self.queued_per_job = settings.queued_per_job
+        self.spare = SpareCapacity(settings.live_window_s, settings.headroom)
         self.rule = rule
         self.rng = random.Random(f"{seed}:job-retries")
         self.owner: dict[str, tuple[int, int]] = {}  # request id -> (job, line)
@@ -67,6 +69,11 @@ class SimJobs:
         """A job not ended yet (before its submission too)."""
         return any(not j.ended for j in self.jobs)
 
+    def waiting_for_room(self) -> bool:
+        """A job has lines that could start but none of its own in flight: nothing of it will
+        wake the feed (the gateway's feeder looks again every ``SWEEP_S``)."""
+        return any(j.open and not j.ended and j.ready and not j.in_flight for j in self.jobs)
+
     def open(self, k: int, now: float) -> None:
         """Job ``k`` is submitted: every line is ready."""
         job = self.jobs[k]
@@ -75,14 +82,17 @@ class SimJobs:
         job.ready.extend(range(len(job.plan.lines)))
         self._maybe_end(job, now)
 
-    def take(self, capacity: int, now: float) -> list[tuple[int, int, str]]:
-        """``(job, line, request id)`` to submit now, per ``core.jobfeed.plan``."""
+    def take(self, capacity: int, in_scheduler: int, now: float) -> list[tuple[int, int, str]]:
+        """``(job, line, request id)`` to submit now, per ``core.jobfeed.plan``, on what live
+        traffic leaves of ``capacity`` (``in_scheduler``: every request queued or running,
+        job lines too)."""
+        self.spare.observe(now, max(in_scheduler - len(self.owner), 0))
         live = [
             FeedJob(str(k), j.plan.tenant or "", j.plan.deadline, len(j.in_flight), len(j.ready))
             for k, j in enumerate(self.jobs) if j.open and not j.ended
         ]
         out: list[tuple[int, int, str]] = []
-        for jid, n in plan(live, self.queued_per_job, capacity):
+        for jid, n in plan(live, self.queued_per_job, self.spare.spare(now, capacity)):
             k = int(jid)
             job = self.jobs[k]
             for _ in range(n):

@@ -31,7 +31,15 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from qosgate.core.jobfeed import FeedJob, Next, RetryRule, after_failure, plan
+from qosgate.core.jobfeed import (
+    SWEEP_S,
+    FeedJob,
+    Next,
+    RetryRule,
+    SpareCapacity,
+    after_failure,
+    plan,
+)
 from qosgate.runtime.batches.lease import Lease
 from qosgate.runtime.batches.records import (
     TERMINAL,
@@ -76,6 +84,8 @@ class FeederStats:
     lines: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("completed", "failed", "retried", "waited", "expired", "cancelled"), 0))
     in_flight: dict[str, int] = field(default_factory=dict)
+    spare: int = 0  # the slots live traffic left free at the last look
+    stored: dict[str, int] = field(default_factory=dict)  # the store's stats (every job's)
 
 
 @dataclass(slots=True)
@@ -99,14 +109,17 @@ class Feeder:
         settings: BatchSettings,
         capacity: Callable[[], int],
         serves: Callable[[str], bool],
+        in_flight: Callable[[], int],
         wall: Callable[[], float],
         clock: Callable[[], float],
         seed: int | None = None,
         flush_lines: int = 64,
         flush_s: float = 0.005,
-        sweep_s: float = 1.0,
+        sweep_s: float = SWEEP_S,
     ) -> None:
         """``capacity``: how many requests the serving replicas run at once (their windows);
+        ``in_flight``: every request queued or running in the scheduler (job lines too: the
+        feeder subtracts its own to see live traffic);
         ``serves(model)``: is the model served (validation); ``wall``: Unix time (deadlines);
         ``clock``: monotonic (timers). Answers are written once ``flush_lines`` are waiting or
         the oldest has waited ``flush_s``."""
@@ -116,6 +129,10 @@ class Feeder:
         self.settings = settings
         self.capacity = capacity
         self.serves = serves
+        self.in_flight = in_flight
+        self.spare = SpareCapacity(settings.live_window_s, settings.headroom)
+        self._spare = 0
+        self._stored: dict[str, int] = {}  # store.stats(), read at each sweep (for /metrics)
         self.wall = wall
         self.clock = clock
         self.rule = RetryRule(settings.retries, settings.backoff_s, settings.backoff_max_s)
@@ -167,7 +184,8 @@ class Feeder:
         for j in self.jobs.values():
             jobs[j.rec.status] = jobs.get(j.rec.status, 0) + 1
         return FeederStats(jobs, dict(self.counts),
-                           {j.rec.id: len(j.running) for j in self.jobs.values()})
+                           {j.rec.id: len(j.running) for j in self.jobs.values()},
+                           self._spare, dict(self._stored))
 
     # ------------------------------------------------------------------ the loop
     async def _main(self) -> None:
@@ -206,8 +224,11 @@ class Feeder:
             for job in feedable:
                 await self._guard(job, self._feed(job, 0, now))
             return
+        ours = sum(len(j.running) for j in self.jobs.values())
+        self.spare.observe(now, max(self.in_flight() - ours, 0))
+        self._spare = self.spare.spare(now, self.capacity())
         grants = dict(plan([self._feed_view(j, now) for j in feedable],
-                           self.settings.queued_per_job, self.capacity()))
+                           self.settings.queued_per_job, self._spare))
         for job in feedable:
             await self._guard(job, self._feed(job, grants.get(job.rec.id, 0), now))
 
@@ -233,6 +254,7 @@ class Feeder:
             for job in list(self.jobs.values()):
                 if not await self.lease.renew(job.rec.id):
                     job.lost = True
+            self._stored = await self.store.stats()
         for rec in await self.store.live():
             mine = self.jobs.get(rec.id)
             if mine is not None:

@@ -159,6 +159,22 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
          [q(f"sum by (replica, reason) (rate(qosgate_embeddings_batches_total{{{IR}}}[{RI}]))",
             "{{replica}} {{reason}}")], "timeseries"),
     ]),
+    ("Batch jobs", [
+        ("Jobs by status", "short", "Batch jobs (the OpenAI Batch API) by status, as the "
+         "batch store holds them (every instance sharing it reports the same).",
+         [q(f"max by (status) (qosgate_batch_jobs{{{I}}})", "{{status}}")], "timeseries"),
+        ("Job lines by outcome", "ops", "Job lines ended per second: completed, failed (to the "
+         "error file), retried after an engine failure, waited on a refusal, expired, "
+         "cancelled.",
+         [q(f"sum by (outcome) (rate(qosgate_batch_lines_total{{{I}}}[{RI}]))",
+            "{{outcome}}")], "timeseries"),
+        ("Job lines in flight vs spare slots", "short", "Lines each instance has handed to "
+         "the scheduler, and the slots live traffic leaves free for them.",
+         [q(f"sum by (instance) (qosgate_batch_lines_in_flight{{{I}}})",
+            "{{instance}} in flight"),
+          q(f"sum by (instance) (qosgate_batch_spare_slots{{{I}}})",
+            "{{instance}} spare")], "timeseries"),
+    ]),
     ("Gateway", [
         ("CPU", "percentunit", "CPU of the gateway process (1 = one core), and CPU seconds "
          "per request.",

@@ -200,6 +200,22 @@ EMB_DECISIONS = _f("qosgate_embeddings_window_decisions_total", "counter", "",
                    ("replica", "decision"),
                    "The adaptive window's evaluations: grow, shrink or hold.", _BATCHES)
 
+# ---------------------------------------------------------------- batch jobs (OpenAI Batch API)
+_JOBS = "qosgate.server.metrics (BatchJobsCollector)"
+BATCH_JOBS = _f("qosgate_batch_jobs", "gauge", "", ("status",),
+                "Batch jobs by status (validating, in_progress, finalizing, cancelling, "
+                "completed, failed, expired, cancelled), as the batch store holds them.", _JOBS)
+BATCH_LINES = _f("qosgate_batch_lines_total", "counter", "", ("outcome",),
+                 "Batch job lines this instance ran, by outcome: completed, failed (final, with "
+                 "its error), retried (an engine failure, run again), waited (a refusal that "
+                 "asked to wait), expired, cancelled.", _JOBS)
+BATCH_IN_FLIGHT = _f("qosgate_batch_lines_in_flight", "gauge", "", (),
+                     "Batch job lines this instance has handed to the scheduler, not yet ended.",
+                     _JOBS)
+BATCH_SPARE = _f("qosgate_batch_spare_slots", "gauge", "", (),
+                 "Slots live traffic leaves free for batch jobs: the windows less the recent "
+                 "peak of live requests and a headroom.", _JOBS)
+
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created")
 
 

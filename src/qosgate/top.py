@@ -299,6 +299,30 @@ def fleet_table(scrapes: list[Scrape]) -> FitTable | None:
     return t
 
 
+def jobs_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
+    """Batch jobs not ended (``/v1/qos/status``'s ``batches``): their progress and the lines
+    each gateway has in flight for them; None when there are none."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for s in scrapes:
+        for j in get_in(s.status, "batches") or []:
+            if not isinstance(j, Mapping) or "id" not in j:
+                continue
+            seen = jobs.setdefault(str(j["id"]), dict(j, in_flight=0))
+            seen["in_flight"] += int(j.get("in_flight", 0))
+    if not jobs:
+        return None
+    t = _table("batch jobs", "job", "tenant", "class", "status", "done", "failed", "total",
+               "in flight", "deadline in")
+    at = now.timestamp()
+    for jid, j in sorted(jobs.items(), key=lambda kv: kv[1].get("expires_at", 0)):
+        left = float(j.get("expires_at", at)) - at
+        t.add_row(jid, str(j.get("tenant", "")), str(j.get("class", "")),
+                  str(j.get("status", "")), _n(float(j.get("completed", 0))),
+                  _n(float(j.get("failed", 0))), _n(float(j.get("total", 0))),
+                  str(j["in_flight"]), fmt_s(max(left, 0.0)))
+    return t
+
+
 def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
     """Per class, summed over the gateways: queue, wait, TTFT and outcomes."""
     queued: dict[str, int] = defaultdict(int)
@@ -457,4 +481,7 @@ def frame(scrapes: list[Scrape], previous: Mapping[str, Scrape] | None = None,
     if ok:
         parts += [classes_table(scrapes, w), tenants_table(scrapes, w),
                   replicas_table(scrapes, w)]
+        jobs = jobs_table(scrapes, now)
+        if jobs is not None:
+            parts.append(jobs)
     return Group(*parts)

@@ -210,6 +210,20 @@ def test_fleet_of_shared_state_is_listed() -> None:
     assert row(out, "fleet", "host-w1") == ["host-w1", "0", "3", "http://gw:8000"]
 
 
+def test_batch_jobs_are_listed_with_the_lines_each_gateway_runs() -> None:
+    job = {"id": "batch_1", "tenant": "alice", "status": "in_progress", "class": "batch",
+           "endpoint": "/v1/chat/completions", "total": 5000, "completed": 1200, "failed": 3,
+           "created_at": 0, "expires_at": NOW.timestamp() + 3600}
+    a = Scrape("http://a:8000", 1.0, dict(status("gw-a"), batches=[dict(job, in_flight=20)]),
+               None, parse_metrics(metrics("gw-a")))
+    b = Scrape("http://b:8000", 1.0, dict(status("gw-b"), batches=[dict(job, in_flight=5)]),
+               None, parse_metrics(metrics("gw-b")))
+    assert "batch jobs" not in text(frame([scrape()], now=NOW))  # none: no table
+    cells = row(text(frame([a, b], now=NOW)), "batch jobs", "batch_1")
+    assert cells == ["batch_1", "alice", "batch", "in_progress", "1200", "3", "5000", "25",
+                     "3600s"]
+
+
 def test_unreachable_and_refused_gateways_are_rows_not_tracebacks() -> None:
     dead = Scrape("http://dead:1", 1.0, status_error="connection refused",
                   metrics_error="connection refused")

@@ -52,8 +52,8 @@ from qosgate.server.batch_lines import FlowLines
 from qosgate.server.batches import BatchRoutes
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
-from qosgate.server.metrics import BatchingCollector, GatewayMetrics
-from qosgate.server.status import status_view
+from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
+from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import context_of, merge_cards, models_list
@@ -175,9 +175,10 @@ class Gateway:
             lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
                             if rs.url else LocalLease())
             self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
-                                 self._batch_capacity, lambda m: m in self.models(), time.time,
-                                 self.clock)
+                                 self._batch_capacity, lambda m: m in self.models(),
+                                 lambda: len(self.scheduler.requests), time.time, self.clock)
             self.batch_routes.on_created = self.batch_routes.on_cancel = self.feeder.notify
+            self.metrics.registry.register(BatchJobsCollector(self.feeder))
 
     def _room(self, replica: str) -> bool:
         """May ``replica`` still take another dispatch (its batcher's question)."""
@@ -386,6 +387,9 @@ class Gateway:
         view = status_view(self.scheduler, self.clock(), tenant)
         view["accepting"] = self.driver.accepting
         view.update(status_of(self.shared, self.instance))
+        if self.batch_store is not None:
+            running = self.feeder.snapshot().in_flight if self.feeder is not None else {}
+            view["batches"] = jobs_view(await self.batch_store.live(), running, tenant)
         await send_json(send, 200, view)
 
     # ------------------------------------------------------------------ completions

@@ -28,6 +28,8 @@ from prometheus_client.utils import floatToGoString
 from qosgate import metric_names as mn
 from qosgate.config import QosConfig
 from qosgate.core import Request, Scheduler, State
+from qosgate.runtime.batches.feeder import Feeder
+from qosgate.runtime.batches.records import BATCH_STATUSES
 from qosgate.runtime.batching import SIZE_BUCKETS, BatchingEngine
 
 LATENCY_BUCKETS = (
@@ -478,3 +480,28 @@ class BatchingCollector:
             for dec, n in sorted(b.stats.decisions.items()):
                 decisions.add_metric([b.name, dec], n)
         yield decisions
+
+
+class BatchJobsCollector:
+    """Batch jobs: the store's jobs by status (read by the feeder at each sweep, not here: a
+    scrape must not wait on the disk) and this instance's lines by outcome and in flight."""
+
+    def __init__(self, feeder: Feeder) -> None:
+        self.feeder = feeder
+
+    def collect(self) -> Iterator[Metric]:
+        st = self.feeder.snapshot()
+        jobs = mn.BATCH_JOBS.gauge()
+        for status in BATCH_STATUSES:
+            jobs.add_metric([status], st.stored.get(f"jobs_{status}", 0))
+        yield jobs
+        lines = mn.BATCH_LINES.counter()
+        for outcome, n in st.lines.items():
+            lines.add_metric([outcome], n)
+        yield lines
+        in_flight = mn.BATCH_IN_FLIGHT.gauge()
+        in_flight.add_metric([], sum(st.in_flight.values()))
+        yield in_flight
+        spare = mn.BATCH_SPARE.gauge()
+        spare.add_metric([], st.spare)
+        yield spare

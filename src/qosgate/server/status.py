@@ -11,6 +11,7 @@ from typing import Any
 
 from qosgate.core import Scheduler
 from qosgate.core.snapshot import Snapshot
+from qosgate.runtime.batches.records import BatchRecord
 
 
 def _bucket() -> dict[str, Any]:
@@ -66,3 +67,25 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
         view["tenant"] = tenant
         tenants.setdefault(tenant, {"classes": {}, **_bucket()})
     return view
+
+
+def jobs_view(live: list[BatchRecord], in_flight: dict[str, int],
+              tenant: str | None = None) -> list[dict[str, Any]]:
+    """The batch jobs not ended, by deadline (a tenant's key: its own only), with the lines
+    this instance has in flight for each."""
+    return [
+        {
+            "id": r.id,
+            "tenant": r.tenant,
+            "status": r.status,
+            "class": r.qos_class,
+            "endpoint": r.endpoint,
+            "total": r.total,
+            "completed": r.completed,
+            "failed": r.failed,
+            "in_flight": in_flight.get(r.id, 0),
+            "created_at": r.created_at,
+            "expires_at": r.expires_at,
+        }
+        for r in live if tenant is None or r.tenant == tenant
+    ]

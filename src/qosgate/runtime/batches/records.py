@@ -14,6 +14,11 @@ BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
     "cancelled",
 ]
+# every status, in the order a job passes through them (metrics list them all)
+BATCH_STATUSES: tuple[str, ...] = (
+    "validating", "in_progress", "finalizing", "cancelling", "completed", "failed", "expired",
+    "cancelled",
+)
 # a job in one of these has ended: nothing more runs or is written for it
 TERMINAL: frozenset[str] = frozenset({"failed", "completed", "expired", "cancelled"})
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]

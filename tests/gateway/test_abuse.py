@@ -319,6 +319,35 @@ def test_5_half_a_head_gets_408(guard_gw: Server) -> None:
     assert refused_conns(guard_gw, "header_timeout") == n + 1
 
 
+def _upload_head(size: int) -> bytes:
+    return (b"POST /v1/files HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: multipart/form-data; boundary=B\r\n"
+            b"Content-Length: " + str(size).encode() + b"\r\n\r\n")
+
+
+def test_5_an_upload_slower_than_the_body_timeout_is_timed_between_its_chunks(
+        guard_gw: Server) -> None:
+    line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                       "body": {"model": "m", "prompt": "x"}}).encode() + b"\n"
+    body = (b'--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--B\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+            b"Content-Type: application/jsonl\r\n\r\n" + line * 4 + b"\r\n--B--\r\n")
+    pieces = [body[i:i + len(body) // 4 + 1] for i in range(0, len(body), len(body) // 4 + 1)]
+    with socket.create_connection(("127.0.0.1", guard_gw.port), timeout=5) as s:
+        s.sendall(_upload_head(len(body)))
+        for piece in pieces:  # 4 x 0.3 s: longer in all than the 0.5 s body timeout
+            time.sleep(0.3)
+            s.sendall(piece)
+        out = s.recv(65536)
+    head, _, answer = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), out
+    assert json.loads(answer)["object"] == "file"
+    # a silent upload still ends at the body timeout
+    out = raw_request(guard_gw.port, _upload_head(len(body)) + pieces[0])
+    head, _, answer = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and is_openai_error(answer)["code"] == "body_timeout"
+
+
 def test_5_half_a_body_gets_408_and_is_the_requests_outcome(guard_gw: Server) -> None:
     n = count(guard_gw, "body_timeout")
     out = raw_request(guard_gw.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"

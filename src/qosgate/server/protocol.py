@@ -13,7 +13,9 @@ a few hundred such sockets exhaust a process. This protocol adds, per connection
 - **a header size cap** (``max_header_bytes``): 431 (``headers_too_large``);
 - **a body timeout** (``body_timeout_s``): from the end of the head to the end of the body. Past
   it the request, which the app is reading, ends: the app sees ``BODY_TIMEOUT`` in its scope,
-  answers 408 (``body_timeout``), counted as the request's outcome, and the connection closes;
+  answers 408 (``body_timeout``), counted as the request's outcome, and the connection closes.
+  A file upload (``POST /v1/files``, up to hundreds of MB) is timed between its chunks instead:
+  a slow link that keeps sending is not cut off, a silent one is;
 - malformed HTTP is answered with a 400 in OpenAI's format (``invalid_http``) instead of
   uvicorn's plain text.
 
@@ -42,6 +44,10 @@ from qosgate.wire.errors import error_json
 
 # a timer firing this much after its time means the event loop was held up: grace before acting
 _LATE_S = 0.1
+
+
+# request bodies timed between their chunks, not as a whole (large uploads)
+IDLE_TIMED_PATHS = frozenset({"/v1/files"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                              f"The request head is over {self.limits.max_header_bytes} bytes.")
             return
         cycle = self.cycle
+        if (
+            self._body_timer is not None
+            and cycle is not None
+            and cycle.scope.get("path") in IDLE_TIMED_PATHS
+        ):  # an upload: the timeout runs from its last chunk
+            self._body_timer.cancel()
+            self._body_timer = None
         if (
             self._body_timer is None
             and cycle is not None

@@ -52,6 +52,8 @@ def test_a_good_line_keeps_its_body_untouched() -> None:
     (raw(url="/v1/embeddings"), "url_mismatch", "url"),
     (raw(body=[1]), "invalid_request", "body"),
     (raw(body={"messages": []}), "invalid_request", "body.model"),
+    (raw(body={"model": "m", "messages": [], "stream": True}), "invalid_request",
+     "body.stream"),
 ])
 def test_bad_lines_say_why_with_openai_codes(line: bytes, code: str,
                                              param: str | None) -> None:

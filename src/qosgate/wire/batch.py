@@ -60,6 +60,7 @@ class _Request(msgspec.Struct):
 
 class _Body(msgspec.Struct):
     model: Any = None
+    stream: Any = None
     messages: msgspec.Raw = msgspec.Raw(b"")
     prompt: msgspec.Raw = msgspec.Raw(b"")
     input: msgspec.Raw = msgspec.Raw(b"")
@@ -103,6 +104,10 @@ def parse_line(raw: bytes, endpoint: str) -> Line | LineProblem:
         return _invalid("body must be a JSON object (the request's body).", "body")
     if not isinstance(b.model, str) or not b.model:
         return _invalid("body.model must be a non-empty string.", "body.model")
+    if b.stream is not None and b.stream is not False:
+        # a line's answer is one JSON response in the output file, never an event stream
+        return _invalid("Streaming is not supported in a batch: remove body.stream or set it "
+                        "to false.", "body.stream")
     prompt = bytes(b.messages) or bytes(b.prompt) or bytes(b.input)
     return Line(cid, body, b.model, group_key(b.model, prompt))
 

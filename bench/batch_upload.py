@@ -81,7 +81,8 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="qosgate-batch-bench-"))
     settings = settings_from_mapping({"engine": {"kind": "sim"},
-                                      "batches": {"dir": str(tmp / "state")}})
+                                      # the bench plays the feeder's part itself
+                                      "batches": {"dir": str(tmp / "state"), "feed": False}})
     gw = build_gateway(default_config(), settings)
     store = gw.batch_store
     assert store is not None

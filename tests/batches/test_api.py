@@ -199,6 +199,22 @@ def test_a_bad_key_is_refused(gateway: Server) -> None:
     assert code == 401
 
 
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PUT", "/v1/files", "GET, POST"),
+    ("DELETE", "/v1/batches", "GET, POST"),
+    ("POST", "/v1/files/file-x", "GET, DELETE"),
+    ("DELETE", "/v1/files/file-x/content", "GET"),
+    ("DELETE", "/v1/batches/batch_x", "GET"),
+    ("GET", "/v1/batches/batch_x/cancel", "POST"),
+])
+def test_another_method_on_a_batch_route_is_a_405(gateway: Server, method: str, path: str,
+                                                  allow: str) -> None:
+    code, headers, body = http(method, gateway.url + path,
+                               headers={"Authorization": "Bearer sk-acme"})
+    assert code == 405 and headers["allow"] == allow
+    assert json.loads(body)["error"]["code"] == "method_not_allowed"
+
+
 def test_tenants_see_only_their_own(gateway: Server, tmp_path: Path) -> None:
     acme, other = client(gateway), client(gateway, "sk-other")
     fid = upload(acme, tmp_path, [line("a")])

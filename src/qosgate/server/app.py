@@ -44,6 +44,7 @@ from qosgate.server.asgi import (
     Scope,
     Send,
     lifespan,
+    not_allowed,
     send_bytes,
     send_json,
 )
@@ -57,7 +58,6 @@ from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import context_of, merge_cards, models_list
-from qosgate.wire.sse import JSON_HEADERS
 
 log = logging.getLogger("qosgate.gateway")
 
@@ -65,15 +65,6 @@ log = logging.getLogger("qosgate.gateway")
 # the routes and their methods: another method on one of these paths is a 405, not a 404
 _POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
 _GET_PATHS = frozenset(("/v1/models", "/healthz", "/health", "/readyz", "/v1/qos/status"))
-
-
-async def _not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:
-    await send_bytes(
-        send, 405,
-        error_json(f"Method {method} is not allowed on {path}; use {allow.decode()}.",
-                   "invalid_request_error", "method_not_allowed"),
-        [*JSON_HEADERS, (b"allow", allow)],
-    )
 
 
 def _local_port(scope: Scope) -> int | None:
@@ -306,10 +297,10 @@ class Gateway:
                     await self._status(scope, send)
                     return
             if path in _POST_PATHS:
-                await _not_allowed(send, method, path, b"POST")
+                await not_allowed(send, method, path, b"POST")
                 return
             if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
-                await _not_allowed(send, method, path, b"GET, HEAD")
+                await not_allowed(send, method, path, b"GET, HEAD")
                 return
             if self.batch_routes is not None and await self.batch_routes.handle(
                     scope, receive, send):
@@ -349,7 +340,7 @@ class Gateway:
         elif method in ("GET", "HEAD") and path in ("/healthz", "/health"):
             await send_json(send, 200, {"status": "ok"})
         elif path in ("/metrics", "/healthz", "/health"):
-            await _not_allowed(send, method, path, b"GET, HEAD")
+            await not_allowed(send, method, path, b"GET, HEAD")
         else:
             await send_bytes(send, 404, error_json(
                 f"No route {method} {path} on the metrics port.", "invalid_request_error",

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from qosgate.wire.errors import error_json
 from qosgate.wire.sse import JSON_HEADERS, KEEPALIVE, SSE_HEADERS, Headers, error_end
 
 Scope = MutableMapping[str, Any]
@@ -95,6 +96,16 @@ async def send_bytes(
 async def send_json(send: Send, status: int, obj: Any, headers: Headers | None = None) -> None:
     hdrs = JSON_HEADERS if headers is None else JSON_HEADERS + headers
     await send_bytes(send, status, _json_encode(obj), hdrs)
+
+
+async def not_allowed(send: Send, method: str, path: str, allow: bytes) -> None:
+    """405 for a known path asked with another method, with ``Allow`` (OpenAI's error body)."""
+    await send_bytes(
+        send, 405,
+        error_json(f"Method {method} is not allowed on {path}; use {allow.decode()}.",
+                   "invalid_request_error", "method_not_allowed"),
+        [*JSON_HEADERS, (b"allow", allow)],
+    )
 
 
 def json_bytes(obj: Any) -> bytes:

@@ -33,6 +33,7 @@ from qosgate.server.asgi import (
     Scope,
     Send,
     header,
+    not_allowed,
     read_body,
     send_bytes,
     send_json,
@@ -182,19 +183,19 @@ class BatchRoutes:
         if path == "/v1/files":
             if method == "POST":
                 await self._upload(scope, receive, send)
-                return True
-            if method == "GET":
+            elif method == "GET":
                 await self._list_files(scope, send)
-                return True
-            return False
+            else:
+                await not_allowed(send, method, path, b"GET, POST")
+            return True
         if path == "/v1/batches":
             if method == "POST":
                 await self._create(scope, receive, send)
-                return True
-            if method == "GET":
+            elif method == "GET":
                 await self._list_batches(scope, send)
-                return True
-            return False
+            else:
+                await not_allowed(send, method, path, b"GET, POST")
+            return True
         m = _FILE.match(path)
         if m is not None:
             file_id, content = m.group(1), m.group(2)
@@ -205,7 +206,7 @@ class BatchRoutes:
             elif not content and method == "DELETE":
                 await self._delete(scope, send, file_id)
             else:
-                return False
+                await not_allowed(send, method, path, b"GET" if content else b"GET, DELETE")
             return True
         m = _BATCH.match(path)
         if m is not None:
@@ -215,7 +216,7 @@ class BatchRoutes:
             elif not cancel and method == "GET":
                 await self._batch(scope, send, batch_id)
             else:
-                return False
+                await not_allowed(send, method, path, b"POST" if cancel else b"GET")
             return True
         return False
 

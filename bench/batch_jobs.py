@@ -78,12 +78,14 @@ class Phase:
     loop_tokens_s: float | None = None
 
 
-def gateway(tmp: Path, urls: list[str], name: str) -> Server:
-    cfg = {
+def gateway(tmp: Path, urls: list[str], name: str, headroom: float | None = None) -> Server:
+    cfg: dict[str, Any] = {
         "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
         "batches": {"dir": str(tmp / f"batches-{name}"), "live_window_s": LIVE_WINDOW_S},
     }
+    if headroom is not None:
+        cfg["batches"]["headroom"] = headroom
     path = tmp / f"gateway-{name}.json"
     path.write_text(json.dumps(cfg))
     return start_gateway(tmp, "--config", str(path))
@@ -160,7 +162,7 @@ async def phase(name: str, tmp: Path, urls: list[str], args: argparse.Namespace,
     traffic, past its own start-up); measured over ``args.window`` after a further
     ``args.warm``."""
     ph = Phase(name)
-    gw = gateway(tmp, urls, name)
+    gw = gateway(tmp, urls, name, args.headroom)
     try:
         c = bid = None
         stop = asyncio.Event()
@@ -279,9 +281,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
     finally:
         for s in sis:
             s.stop()
+    headroom = BatchSettings().headroom if args.headroom is None else args.headroom
     print(f"\n(a) {args.lines}-line job (max_tokens {JOB_TOKENS}) beside live traffic "
           f"({args.live_rate:g} req/s, realtime/api), {REPLICAS} stand-ins x {CAPACITY}, "
-          f"--time-scale {args.time_scale:g}, window {args.window:g} s after {args.warm:g} s")
+          f"--time-scale {args.time_scale:g}, window {args.window:g} s after {args.warm:g} s, "
+          f"batches.headroom {headroom:g}")
     print(f"{'phase':<10} {'rt p50':>8} {'rt p99':>8} {'api p50':>8} {'api p99':>8} "
           f"{'live n':>6} {'job tok/s':>10} {'loop tok/s':>10}")
     for ph in phases:
@@ -316,6 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="shorter windows, smaller files")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--live-rate", type=float, default=4.0, help="live requests/s")
+    p.add_argument("--headroom", type=float, default=None,
+                   help="batches.headroom (default: the setting's default)")
     p.add_argument("--time-scale", type=float, default=4.0,
                    help="the stand-ins' step time multiplier (a fleet a 2-core box saturates)")
     args = p.parse_args(argv)

@@ -23,17 +23,17 @@ from qosgate.core.classifier import QosInputs
 from qosgate.core.jobfeed import RetryRule
 from qosgate.settings import BatchSettings
 from qosgate.sim.workload import LengthDist, Lengths, LengthSampler, Stream, TraceRow, _rng
-
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+from qosgate.wire.batch import window_seconds
 
 
 def parse_duration(text: str) -> float:
-    """``90``, ``90s``, ``15m``, ``1h``, ``1.5d`` -> seconds (the units of a completion window)."""
-    m = _DURATION.match(text)
-    if m is None:
+    """``90``, ``90s``, ``15m``, ``1h``, ``1.5d`` -> seconds: a completion window as the gateway
+    reads one (``wire.batch.window_seconds``), or a bare number of seconds."""
+    text = text.strip()
+    seconds = window_seconds(text if text[-1:].isalpha() else text + "s")
+    if seconds is None:
         raise ValueError(f"{text!r} is not a duration (a number and s, m, h or d, e.g. 1h)")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    return seconds
 
 
 class Job(Strict):

@@ -256,3 +256,11 @@ def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
                                   "--prefill-budget", bad])
         assert res.exit_code == 2, bad
         assert "fleet.prefill_budget_tokens" in res.output and "Traceback" not in res.output
+
+
+def test_a_fault_scenario_cut_short_before_its_faults_prints_its_phases() -> None:
+    # the arrival window ends before the scenario's first fault: some runs have a phase row,
+    # some none, and the table lists what each has instead of failing on the missing one
+    res = runner.invoke(app, ["simulate", "--scenario", "fleet-faults", "--duration", "30"])
+    assert res.exit_code == 0, res.output
+    assert "0-30 s" in res.output

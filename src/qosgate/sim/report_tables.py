@@ -234,10 +234,14 @@ def _phases_table(runs: list[Run]) -> Table | None:
         f"{top} SLO",
     ):
         t.add_column(col, justify="left" if col in ("phase", "fleet", "policy") else "right")
-    n_phases = len(runs[0].metrics["phases"])
-    for k in range(n_phases):
-        for i, run in enumerate(runs):
-            ph = run.metrics["phases"][k]
+    # the runs' phases by their span: a run whose arrivals ended sooner (a shorter --duration
+    # than the faults' schedule) has fewer of them, and no row where it has none
+    spans: dict[tuple[float, float], list[tuple[Any, dict[str, Any]]]] = {}
+    for run in runs:
+        for ph in run.metrics["phases"]:
+            spans.setdefault((ph["start_s"], ph["end_s"]), []).append((run, ph))
+    for rows in spans.values():
+        for i, (run, ph) in enumerate(rows):
             t.add_row(
                 f"{ph['start_s']:g}-{ph['end_s']:g} s" if i == 0 else "",
                 ph["fleet"] if i == 0 else "",
@@ -250,7 +254,7 @@ def _phases_table(runs: list[Run]) -> Table | None:
                 str(ph["failed_attempt"]),
                 _ms(ph["top_ttft_p99_ms"]),
                 _pct(ph["top_slo_attainment"]),
-                end_section=i == len(runs) - 1,
+                end_section=i == len(rows) - 1,
             )
     return t
 

@@ -181,6 +181,9 @@ def test_parse_job_and_durations() -> None:
     d = parse_job("5")
     assert (d.at_s, d.window_s, d.qos_class) == (0.0, 86400.0, None)
     assert parse_duration("1.5d") == 129600.0 and parse_duration("90") == 90.0
+    assert parse_duration("0s") == 0.0 == parse_duration("0") == parse_job("7@0s/1h").at_s
+    with pytest.raises(ValueError):
+        parse_job("7@0s/0s")  # a window is never 0
     for bad in ("x@1h", "10/1y", "10,colour=red", "10,prompt=-3"):
         with pytest.raises(ValueError):
             parse_job(bad)

@@ -30,7 +30,12 @@ def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``1h``, ``1.5d`` -> seconds: a completion window as the gateway
     reads one (``wire.batch.window_seconds``), or a bare number of seconds."""
     text = text.strip()
-    seconds = window_seconds(text if text[-1:].isalpha() else text + "s")
+    spec = text if text[-1:].isalpha() else text + "s"
+    try:  # a start may be 0 (a window never is: window_seconds refuses it)
+        zero = spec[-1] in "smhd" and float(spec[:-1]) == 0
+    except ValueError:
+        zero = False
+    seconds = 0.0 if zero else window_seconds(spec)
     if seconds is None:
         raise ValueError(f"{text!r} is not a duration (a number and s, m, h or d, e.g. 1h)")
     return seconds

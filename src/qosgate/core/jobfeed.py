@@ -2,9 +2,10 @@
 what happens to a line that did not succeed (``after_failure``).
 
 Shared by the gateway's feeder (runtime/batches/feeder.py) and the simulator, so the policy the
-simulator predicts with is the one that runs. The feeder only decides how many of a job's lines
-are *offered*: the scheduler's class bands and shares decide who runs, so realtime and api traffic
-keep precedence while an idle fleet still runs the job at full speed.
+simulator predicts with is the one that runs. The feeder decides how many of a job's lines are
+offered, on the slots live traffic leaves free (``SpareCapacity``): realtime and api keep their
+slots while an idle fleet still runs the job at full speed. Who runs among what is offered is
+the scheduler's (class bands, shares, tenants' fairness), as for any request.
 
 Bounded: the jobs keep at most the slots live traffic leaves free (``SpareCapacity``) plus
 ``queued_per_job`` lines in flight, never the whole file. Earliest deadline first among a

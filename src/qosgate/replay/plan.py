@@ -57,13 +57,13 @@ def plan_workload(prep: Prepared, wl: Workload) -> list[Planned]:
     return [one(a) for a in wl.arrivals]
 
 
-def read_requests(path: Path, prep: Prepared) -> list[Planned]:
-    """A JSONL of requests, one object a line: ``t`` (seconds), ``prompt_tokens``,
-    ``output_tokens``, and optionally ``class``, ``tenant`` (a tenant of the scenario's config;
-    its first key is sent) or ``api_key``. Sorted by ``t``; ``stream`` is the line's class."""
-    classes = [c.name for c in prep.cfg.classes]
-    classifier = Classifier(prep.cfg)
-    out: list[Planned] = []
+def read_requests(path: Path, prep: Prepared) -> Workload:
+    """A JSONL of requests as a workload, one object a line: ``t`` (seconds), ``prompt_tokens``,
+    ``output_tokens``, and optionally ``class`` and ``tenant`` (a tenant of the scenario's
+    config: its first key is sent) or ``api_key``. Each distinct (key, class) is a stream; the
+    arrival window ends at the last ``t`` (or 1 s for a single request at 0)."""
+    streams: dict[tuple[str | None, str | None], int] = {}
+    rows: list[tuple[float, int, int, int]] = []
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -84,13 +84,21 @@ def read_requests(path: Path, prep: Prepared) -> list[Planned]:
                 if key is None:
                     raise ValueError(f"{path}:{n}: tenant {row['tenant']!r} has no key in the "
                                      "scenario's config")
-            st = Stream(share=1, api_key=key, qos_class=row.get("class"))
-            try:
-                c = classifier.classify(stream_inputs(st, prep.api_keys))
-            except QosInputError as exc:
-                raise ValueError(f"{path}:{n}: {exc.message}") from None
-            stream = classes.index(c.service_class)
-            out.append(Planned(f"r{len(out):06d}", t, stream, c.service_class, c.tenant, key,
-                               prompt, output))
-    out.sort(key=lambda p: p.t)
-    return out
+            cls = row.get("class")
+            rows.append((t, streams.setdefault((key, cls), len(streams)), prompt, output))
+    if not rows:
+        raise ValueError(f"{path}: no requests")
+    tenant_of = {k: name for name, k in prep.api_keys.items()}
+    mix = tuple(
+        Stream.model_validate({
+            "share": 1, "name": "/".join(x for x in (tenant_of.get(k or ""), c) if x) or None,
+            "api_key": k, "class": c})
+        for (k, c) in streams
+    )
+    rows.sort()
+    max_tokens = prep.scenario.max_tokens
+    arrivals = tuple(Arrival(t, f"r{i:06d}", st, p, o, max(o, max_tokens))
+                     for i, (t, st, p, o) in enumerate(rows))
+    duration = max(rows[-1][0], 1.0)
+    return Workload(arrivals, mix, tuple(stream_inputs(st, prep.api_keys) for st in mix),
+                    duration, len(arrivals) / duration)

@@ -491,6 +491,15 @@ def print_report(res: ScenarioResult, console: Console) -> None:
     faults = _fault_text(res)
     if faults:
         console.print(faults, highlight=False)
+    print_tables(res, console)
+
+
+def print_tables(res: ScenarioResult, console: Console) -> None:
+    """The report under its header: the SLOs, the tables, the notes (``qosgate replay``
+    prints its measured run with them, under a header of its own)."""
+    prep = res.prep
+    s = prep.scenario
+    modes = sorted({p.window_mode for p in prep.fleet if p.window_mode is not None})
     slos = ", ".join(
         f"{c} TTFT {v.ttft_s * 1000:g} ms / TPOT {v.tpot_s * 1000:g} ms"
         for c, v in prep.slos.items()
@@ -516,7 +525,8 @@ def print_report(res: ScenarioResult, console: Console) -> None:
         ft = _fairness_table(res.runs)
         if ft is not None:
             console.print(ft)
-        if len(prep.fleet) > 1 or "adaptive" in modes:
+        if (len(prep.fleet) > 1 or "adaptive" in modes) and any(
+                r.metrics["replicas"] for r in res.runs):  # a replay sees no replicas
             console.print(_replica_table(res.runs))
         if s.faults or any(r.result.fleet.get("attempt_failures") for r in res.runs):
             console.print(_faults_table(res.runs))

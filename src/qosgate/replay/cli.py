@@ -1,0 +1,206 @@
+"""``qosgate replay URL``: a workload sent in real time to an OpenAI-compatible endpoint,
+reported per class as ``qosgate simulate`` reports (the same tables and JSON document)."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import sys
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from qosgate.replay.compare import compare_table, comparison, predict
+from qosgate.replay.plan import Planned, plan_workload, read_requests
+from qosgate.replay.record import measured
+from qosgate.replay.runner import Target, replay
+from qosgate.sim.fmt import num
+from qosgate.sim.report import document, dumps
+from qosgate.sim.report_tables import print_tables
+from qosgate.sim.scenario_file import ScenarioError, available_scenarios, load_scenario, override
+from qosgate.sim.scenarios import Prepared, prepare, workload_for
+from qosgate.sim.workload import Workload
+
+
+def check_host(url: str, allowed: list[str]) -> str:
+    """The base URL, if its host is a loopback address or one given with ``--allow-host``."""
+    if "://" not in url:
+        url = "http://" + url
+    host = urlsplit(url).hostname or ""
+    if host not in allowed and host != "localhost":
+        try:
+            ok = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ScenarioError(f"{host!r} is not a loopback address: pass --allow-host {host} "
+                                "to send this workload to it")
+    return url.rstrip("/")
+
+
+def served_model(url: str, key: str | None) -> str:
+    """The first model the endpoint lists (``GET /v1/models``)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    req = urllib.request.Request(url + "/v1/models", headers=headers)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return str(json.loads(r.read())["data"][0]["id"])
+
+
+def bounded(wl: Workload, max_requests: int, max_seconds: float) -> Workload:
+    """The workload cut to its first ``max_requests`` arrivals and ``max_seconds``; the arrival
+    window ends where the cut falls."""
+    arr = [a for a in wl.arrivals if a.t < max_seconds][:max_requests]
+    if len(arr) == len(wl.arrivals):
+        end = min(wl.duration, max_seconds)
+    else:
+        nxt = wl.arrivals[len(arr)].t if len(arr) < len(wl.arrivals) else wl.duration
+        end = min(nxt, max_seconds, wl.duration)
+    return replace(wl, arrivals=tuple(arr), duration=end,
+                   rate=len(arr) / end if end > 0 else 0.0)
+
+
+def refusals_table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="refusals by reason and status", title_justify="left")
+    for col in ("class", "reason", "status", "count", "with Retry-After", "Retry-After p50",
+                "max"):
+        t.add_column(col, justify="left" if col in ("class", "reason") else "right")
+    for r in rows:
+        t.add_row(r["class"], r["reason"], str(r["status"]), str(r["count"]),
+                  str(r["with_retry_after"]), num(r["retry_after_p50_s"], ".1f") + " s",
+                  num(r["retry_after_max_s"], ".1f") + " s")
+    return t
+
+
+def _prepared(scenario: str, trace: Path | None, changes: dict[str, Any]) -> Prepared:
+    sc = load_scenario(scenario)
+    # the replay sends the live workload alone: faults and batch jobs are the simulator's
+    changes = {**changes, "faults": [], "jobs": []}
+    return prepare(override(sc, **changes), trace)
+
+
+def replay_command(
+    url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible endpoint.")],
+    scenario: Annotated[str, typer.Option(
+        "--scenario", "-s",
+        help=f"Built-in scenario ({', '.join(available_scenarios())}) or a YAML file: the "
+        "workload, its classes, tenants and keys, SLOs.")] = "seed-classes",
+    trace: Annotated[Path | None, typer.Option(
+        help="Trace: an Azure LLM CSV or a Mooncake JSONL (default: the scenario's).")] = None,
+    requests: Annotated[Path | None, typer.Option(
+        "--requests", help="A JSONL of requests (t, prompt_tokens, output_tokens, class, "
+        "tenant or api_key) instead of the scenario's arrivals; classes, keys and SLOs stay "
+        "the scenario's.")] = None,
+    load: Annotated[float | None, typer.Option(
+        help="Offered load (x the scenario's modelled capacity).")] = None,
+    time_scale: Annotated[float | None, typer.Option(help="Trace replay speed-up.")] = None,
+    duration: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="Engine profile the scenario's capacity (--load) is measured on.")] = None,
+    replicas: Annotated[int | None, typer.Option(
+        min=1, help="Replicas behind the URL (for --load's capacity and --compare-sim).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model name to ask for (default: the endpoint's first in /v1/models).")] = None,
+    token_prompts: Annotated[bool, typer.Option(
+        "--token-prompts/--text-prompts",
+        help="Exact prompt lengths as token ids on /v1/completions (vLLM, qosgate), or text "
+        "of about the right length on /v1/chat/completions.")] = True,
+    retries: Annotated[int, typer.Option(
+        min=0, max=20, help="Send a refused request again after its Retry-After, up to N "
+        "times.")] = 0,
+    max_requests: Annotated[int, typer.Option(
+        min=1, help="Send at most this many requests (first attempts).")] = 2000,
+    max_seconds: Annotated[float, typer.Option(
+        min=0.1, help="Stop after this long: requests still running are cancelled.")] = 600.0,
+    request_timeout: Annotated[float, typer.Option(
+        min=0.1, help="Give up on one request after this long.")] = 600.0,
+    allow_host: Annotated[list[str] | None, typer.Option(
+        "--allow-host", help="A non-loopback host the workload may be sent to.")] = None,
+    compare_sim: Annotated[str | None, typer.Option(
+        "--compare-sim", help="Engine profile (name or YAML): simulate the same requests and "
+        "print measured vs predicted with the relative error.")] = None,
+    sim_policy: Annotated[str, typer.Option(
+        help="The policy --compare-sim simulates: qos behind qosgate, fifo for a raw "
+        "engine.")] = "qos",
+    out: Annotated[Path | None, typer.Option(help="Write the JSON document here.")] = None,
+    json_only: Annotated[bool, typer.Option(
+        "--json-only", help="Print only the JSON document on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar, no tables.")
+                     ] = False,
+) -> None:
+    """Replay a workload in real time against an endpoint and report it per class."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=150)
+    err = Console(stderr=True)
+    try:
+        base = check_host(url, allow_host or [])
+        given = {"seed": seed, "duration_s": duration, "profile": profile, "replicas": replicas,
+                 "retries": retries or None}
+        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        arrivals: dict[str, Any] = {}
+        if time_scale is not None:
+            arrivals["time_scale"] = time_scale
+        if load is not None:
+            arrivals.update(load=load, rate=None)
+            changes["sweep"] = None
+        if arrivals:
+            changes["arrivals"] = arrivals
+        prep = _prepared(scenario, trace, changes)
+        wl = read_requests(requests, prep) if requests else workload_for(prep, load)
+        wl = bounded(wl, max_requests, max_seconds)
+        plan: list[Planned] = plan_workload(prep, wl)
+        if not plan:
+            raise ScenarioError("the workload has no request to send")
+        name = model or served_model(base, plan[0].api_key)
+    except (ScenarioError, ValueError, OSError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from None
+    target = Target(base, name, token_prompts, retries, max_seconds, request_timeout)
+    show = not (quiet or json_only)
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True, disable=not show or not err.is_terminal)
+    with progress:
+        task = progress.add_task(f"replay → {base}", total=len(plan))
+
+        def on(sent: int, done: int) -> None:
+            progress.update(task, completed=done, total=max(sent, len(plan)),
+                            description=f"replay → {base}: {sent} sent")
+
+        attempts = asyncio.run(replay(plan, target, on))
+    load_x = wl.rate / prep.capacity_rps if prep.capacity_rps else None
+    res = measured(prep, attempts, [s.label() for s in wl.streams], wl.duration, wl.rate,
+                   load_x)
+    doc = document(res)
+    run = res.runs[0]
+    doc["replay"] = {"url": base, "model": name, "token_prompts": token_prompts,
+                     "retries": retries, "planned": len(plan),
+                     "refusals": run.metrics["refusals"]}
+    if compare_sim is not None:
+        pred = predict(prep, wl, compare_sim, sim_policy, replicas)
+        doc["compare_sim"] = {"profile": compare_sim, "policy": sim_policy,
+                              "classes": comparison(run, pred)}
+    if json_only:
+        sys.stdout.write(dumps(doc))
+    elif not quiet:
+        console.print(f"[bold]replay[/bold] of {prep.scenario.name} → {base} (model {name}, "
+                      f"{'token-id' if token_prompts else 'text'} prompts)", highlight=False)
+        print_tables(res, console)
+        if run.metrics["refusals"]:
+            console.print(refusals_table(run.metrics["refusals"]))
+        if compare_sim is not None:
+            console.print(compare_table(doc["compare_sim"]["classes"], compare_sim))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(dumps(doc), encoding="utf-8")
+        if show:
+            console.print(f"wrote {out}")

@@ -1,0 +1,83 @@
+"""``--compare-sim PROFILE``: the replayed workload run in the simulator with that engine
+profile, and the measured figures beside the predicted ones with the relative error per class
+and percentile ((predicted - measured) / measured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from qosgate.models.simmodel import load_profile
+from qosgate.sim.driver import run_policy
+from qosgate.sim.fmt import ms, pct
+from qosgate.sim.metrics import analyze
+from qosgate.sim.scenarios import Prepared, Run, setup_for
+from qosgate.sim.setup import ReplicaPlan
+from qosgate.sim.workload import Workload
+
+# (metric key, label, kind): what is compared, per class
+FIGURES: tuple[tuple[str, str, str], ...] = (
+    ("ttft_p50_ms", "TTFT p50", "ms"), ("ttft_p90_ms", "TTFT p90", "ms"),
+    ("ttft_p99_ms", "TTFT p99", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"),
+    ("tpot_p99_ms", "TPOT p99", "ms"), ("e2e_p50_ms", "E2E p50", "ms"),
+    ("e2e_p99_ms", "E2E p99", "ms"), ("slo_attainment", "SLO", "pct"),
+)
+
+
+def predict(prep: Prepared, wl: Workload, profile: str, policy: str,
+            replicas: int | None = None) -> Run:
+    """Simulate ``wl`` (the replayed requests) on the scenario's fleet with every replica's
+    profile replaced by ``profile`` (``replicas`` of them if given), under ``policy``."""
+    prof = load_profile(profile)
+    n = replicas if replicas is not None else len(prep.fleet)
+    base = prep.fleet[0]
+    fleet = tuple(ReplicaPlan(f"r{i}", prof, base.window if base.profile == prof else max(
+        1, min(prof.max_num_seqs, int(prof.kv_capacity_tokens // prep.mean_tokens))),
+        base.pausable, base.window_mode) for i in range(n))
+    sim_prep = Prepared(prep.scenario, prep.cfg, prof, fleet[0].window, prep.mean_tokens,
+                        prep.slos, prep.api_keys, fleet=fleet)
+    result = run_policy(setup_for(sim_prep, wl), policy)
+    cfg = prep.cfg
+    tier = {t.name: t.tier for t in cfg.tenants}
+    weight = {t.name: t.weight for t in cfg.tenants}
+    metrics = analyze(result, prep.slos, lambda t: tier.get(t, "-"),
+                      cfg.fairness.prompt_weight, cfg.fairness.output_weight,
+                      lambda t: weight.get(t, 1.0), [s.label() for s in wl.streams],
+                      prep.scenario.warmup_s)
+    return Run(f"sim {policy}", None, wl.offered_rps, result, metrics)
+
+
+def rel_error(measured: float | None, predicted: float | None) -> float | None:
+    if measured is None or predicted is None or measured == 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def comparison(meas: Run, pred: Run) -> dict[str, Any]:
+    """Per class and figure: measured, predicted, relative error (the JSON's ``compare_sim``)."""
+    out: dict[str, Any] = {}
+    for cls, m in [*meas.metrics["classes"].items(), ("all", meas.metrics["totals"])]:
+        p = pred.metrics["totals"] if cls == "all" else pred.metrics["classes"].get(cls, {})
+        out[cls] = {key: {"measured": m.get(key), "predicted": p.get(key),
+                          "rel_error": rel_error(m.get(key), p.get(key))}
+                    for key, _, _ in FIGURES}
+    return out
+
+
+def compare_table(cmp: dict[str, Any], profile: str) -> Table:
+    t = Table(title=f"measured vs simulated ({profile}): measured / predicted (relative error)",
+              title_justify="left")
+    t.add_column("class")
+    for _, label, _ in FIGURES:
+        t.add_column(label, justify="right")
+    for cls, figs in cmp.items():
+        cells = []
+        for key, _, kind in FIGURES:
+            f = figs[key]
+            fmt = ms if kind == "ms" else pct
+            err = f["rel_error"]
+            e = "-" if err is None else f"{100 * err:+.0f}%"
+            cells.append(f"{fmt(f['measured'])} / {fmt(f['predicted'])} ({e})")
+        t.add_row(f"[bold]{cls}[/bold]" if cls == "all" else cls, *cells)
+    return t

@@ -66,18 +66,16 @@ def comparison(meas: Run, pred: Run) -> dict[str, Any]:
 
 
 def compare_table(cmp: dict[str, Any], profile: str) -> Table:
-    t = Table(title=f"measured vs simulated ({profile}): measured / predicted (relative error)",
-              title_justify="left")
-    t.add_column("class")
-    for _, label, _ in FIGURES:
-        t.add_column(label, justify="right")
+    """One row per class and figure: measured, predicted, relative error."""
+    t = Table(title=f"measured vs simulated ({profile})", title_justify="left")
+    for col in ("class", "figure", "measured", "predicted", "error"):
+        t.add_column(col, justify="left" if col in ("class", "figure") else "right")
     for cls, figs in cmp.items():
-        cells = []
-        for key, _, kind in FIGURES:
+        for i, (key, label, kind) in enumerate(FIGURES):
             f = figs[key]
             fmt = ms if kind == "ms" else pct
             err = f["rel_error"]
-            e = "-" if err is None else f"{100 * err:+.0f}%"
-            cells.append(f"{fmt(f['measured'])} / {fmt(f['predicted'])} ({e})")
-        t.add_row(f"[bold]{cls}[/bold]" if cls == "all" else cls, *cells)
+            t.add_row(cls if i == 0 else "", label, fmt(f["measured"]), fmt(f["predicted"]),
+                      "-" if err is None else f"{100 * err:+.0f}%",
+                      end_section=i == len(FIGURES) - 1)
     return t

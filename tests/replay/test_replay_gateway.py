@@ -1,0 +1,103 @@
+"""``qosgate replay`` against a real gateway process in front of the stand-in: every request's
+outcome is counted exactly once (the replay's records against the gateway's own ledger,
+``qosgate_requests_total``), and a refusal's reason, status and Retry-After reach the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.gateway.conftest import QOSGATE, Server, http, metric_values, start_gateway, start_standin
+
+# a light tenant, and one with a tight requests/min limit: 2 in its bucket, then refused
+CONFIG: dict[str, Any] = {
+    "tenants": [
+        {"name": "light", "api_keys": ["k-light"]},
+        {"name": "tight", "api_keys": ["k-tight"], "limits": {"requests_per_minute": 2}},
+    ],
+}
+SCENARIO: dict[str, Any] = {
+    "name": "replay-test",
+    "policies": ["qos"],
+    "seed": 7,
+    "duration_s": 3,
+    "arrivals": {"process": "poisson", "rate": 5},
+    "lengths": {"prompt": {"dist": "constant", "value": 64},
+                "output": {"dist": "constant", "value": 8}},
+    "mix": [{"share": 1, "tenant": "light", "class": "realtime"},
+            {"share": 1, "tenant": "tight", "class": "batch"}],
+    "config": CONFIG,
+    "tpot_slo_ms": {"realtime": 200, "api": 200, "batch": 1000, "offline": 1000},
+}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    tmp = tmp_path_factory.mktemp("replay")
+    standin = start_standin(tmp, "--scheduling-policy", "priority")
+    cfg = tmp / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({**CONFIG, "upstreams": [{"url": standin.url,
+                                                              "name": "s0"}]}))
+    gw = start_gateway(tmp, "--config", str(cfg))
+    scenario = tmp / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(SCENARIO))
+    yield gw, scenario
+    gw.stop()
+    standin.stop()
+
+
+def ledger(gw: Server) -> Counter[tuple[str, str, str, str]]:
+    _, _, text = http("GET", gw.url + "/metrics")
+    out: Counter[tuple[str, str, str, str]] = Counter()
+    for labels, v in metric_values(text.decode(), "qosgate_requests_total").items():
+        d = dict(labels)
+        out[(d["class"], d["tenant"], d["outcome"], d["reason"])] += int(v)
+    return out
+
+
+def test_replay_counts_every_outcome_once_and_reports_refusals(
+    servers: tuple[Server, Path], tmp_path: Path
+) -> None:
+    gw, scenario = servers
+    before = ledger(gw)
+    out = tmp_path / "replay.json"
+    proc = subprocess.run(
+        [*QOSGATE, "replay", gw.url, "--scenario", str(scenario), "--json-only", "--out",
+         str(out), "--max-seconds", "60"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert json.loads(out.read_text()) == doc
+    after = ledger(gw)
+    delta = after - before
+    run = doc["runs"][0]
+    n = doc["replay"]["planned"]
+    assert n > 4
+    # one record per request, each with one outcome, and the gateway counted the same
+    assert run["arrivals"] == run["recorded"] == n and run["one_outcome_each"]
+    assert sum(run["outcomes"].values()) == n == sum(delta.values())
+    for cls, g in run["classes"].items():
+        for outcome in ("completed", "rejected", "timed_out", "cancelled", "failed"):
+            gw_count = sum(v for (c, _, o, _), v in delta.items() if c == cls and o == outcome)
+            assert g[outcome] == gw_count, (cls, outcome, g, delta)
+    for tenant, g in run["tenants"].items():
+        assert g["count"] == sum(v for (_, t, _, _), v in delta.items() if t == tenant)
+    # the tight tenant's refusals: reason, status and Retry-After as the gateway sent them
+    refused = delta[("batch", "tight", "rejected", "rate_limit_requests")]
+    assert refused > 0
+    rows = doc["replay"]["refusals"]
+    assert rows == [r for r in rows if r["reason"] == "rate_limit_requests"]
+    assert [(r["class"], r["status"], r["count"]) for r in rows] == [("batch", 429, refused)]
+    assert rows[0]["with_retry_after"] == refused and rows[0]["retry_after_p50_s"] > 0
+    assert run["classes"]["realtime"]["completed"] == run["classes"]["realtime"]["count"]
+    # the document is the simulator's: the same top-level keys and per-class fields
+    assert {"format", "scenario", "slo", "definitions", "runs"} <= set(doc)
+    assert "ttft_p50_ms" in run["classes"]["realtime"]

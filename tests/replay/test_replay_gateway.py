@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.gateway.conftest import QOSGATE, Server, http, metric_values, start_gateway, start_standin
+from tests.gateway.conftest import (
+    QOSGATE,
+    Server,
+    http,
+    metric_values,
+    start_gateway,
+    start_standin,
+)
 
 # a light tenant, and one with a tight requests/min limit: 2 in its bucket, then refused
 CONFIG: dict[str, Any] = {

@@ -510,6 +510,10 @@ from qosgate.sim.cli import simulate_command  # noqa: E402
 
 app.command("simulate")(simulate_command)
 
+from qosgate.calibrate.cli import calibrate_command  # noqa: E402
+
+app.command("calibrate")(calibrate_command)
+
 
 @app.command("simulate-embeddings")
 def simulate_embeddings_command(

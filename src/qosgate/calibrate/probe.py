@@ -151,19 +151,24 @@ class Probe:
             obs = ttft_observation(f"prefill {best.prompt_tokens or n}", best.ttft,
                                    best.prompt_tokens or n, self.cap.max_num_batched_tokens)
             self._keep(obs)
+        last = (step, 1)  # the slowest step seen per seq yet, and its batch size
         for n in self.plan.batch_sizes:
             for p in self.plan.decode_prompts:
                 label = f"decode n={n} prompt {p}"
                 if n * (p + self.plan.tokens) > self.cap.kv_capacity_tokens:
                     self.skipped.append(f"{label} (KV)")
                     continue
-                # a step of n seqs costs at most n times a lone one (the linear model)
-                if time.monotonic() + self.plan.tokens * step * n * 1.5 > deadline and n > 1:
+                # a step of n seqs costs at most n / m times one of m < n (the linear model)
+                guess = self.plan.tokens * last[0] * max(1.0, n / last[1]) * 1.2
+                if n > 1 and time.monotonic() + guess > deadline:
                     self.skipped.append(f"{label} (time)")
                     continue
-                obs = self._decode(n, p, self.plan.tokens)
-                if obs is not None:
-                    self._keep(obs)
+                run = self._decode(n, p, self.plan.tokens)
+                if run is None:
+                    self.skipped.append(f"{label} (no window where all {n} decode)")
+                else:
+                    self._keep(run)
+                    last = max(last, (run.measured_s, n), key=lambda x: x[0] / x[1] * n)
         return self.observations
 
     def _keep(self, obs: Observation) -> None:

@@ -49,14 +49,19 @@ def coefficient_table(f: Fit, reference: EngineProfile | None = None) -> Table:
     return t
 
 
+def _sig(v: float) -> float:
+    """Four significant digits: the fit is not better than that, and the YAML stays readable."""
+    return float(f"{v:.4g}")
+
+
 def build_profile(f: Fit, cap: Capacity, name: str, model: str, gpu: str,
                   source: str) -> EngineProfile:
     return EngineProfile(
         name=name, model=model, gpu=gpu, source=source,
-        step_fixed_s=f.coef["step_fixed_s"],
-        prefill_s_per_token=f.coef["prefill_s_per_token"],
-        decode_s_per_ctx_token=f.coef["decode_s_per_ctx_token"],
-        decode_s_per_seq=f.coef["decode_s_per_seq"],
+        step_fixed_s=_sig(f.coef["step_fixed_s"]),
+        prefill_s_per_token=_sig(f.coef["prefill_s_per_token"]),
+        decode_s_per_ctx_token=_sig(f.coef["decode_s_per_ctx_token"]),
+        decode_s_per_seq=_sig(f.coef["decode_s_per_seq"]),
         max_num_seqs=cap.max_num_seqs,
         max_num_batched_tokens=cap.max_num_batched_tokens,
         kv_capacity_tokens=cap.kv_capacity_tokens,

@@ -97,18 +97,16 @@ class Plan:
 
 def default_plan(cap: Capacity, max_model_len: int | None, time_limit_s: float,
                  max_batch: int = 64) -> Plan:
-    """Prompt lengths from 16 to the batch budget (and the context), batch sizes 1, 4, 16, ...
-    up to ``max_num_seqs`` (at most ``max_batch``)."""
+    """Prompt lengths 16, 64, 256, ... up to the batch budget (and the context); batch sizes 1,
+    4, 16, ... up to ``max_num_seqs`` (at most ``max_batch``)."""
     ctx = max_model_len or 32768
     top = min(cap.max_num_batched_tokens, ctx - 8, 8192)
-    lengths = sorted({max(1, int(top * f)) for f in (1 / 128, 1 / 32, 1 / 8, 1 / 2, 1)}
-                     | {16})
+    lengths = [n for n in (16, 64, 256, 1024, 4096) if n < 0.75 * top] + [top]
     sizes = [n for n in (1, 4, 16, 64) if n <= min(cap.max_num_seqs, max_batch)]
     if min(cap.max_num_seqs, max_batch) not in sizes:
         sizes.append(min(cap.max_num_seqs, max_batch))
     long = min(1024, ctx // 2, cap.max_num_batched_tokens)
-    return Plan([n for n in lengths if n <= top], sizes, sorted({32, long}),
-                time_limit_s=time_limit_s)
+    return Plan(lengths, sizes, sorted({32, long}), time_limit_s=time_limit_s)
 
 
 @dataclass

@@ -59,7 +59,7 @@ def get_text(base: str, path: str, timeout: float = 10.0) -> str:
 def stream_completion(base: str, model: str, prompt: list[int], max_tokens: int,
                       timeout: float = 120.0, headers: dict[str, str] | None = None) -> Timed:
     """POST a streamed completion of exactly ``max_tokens`` tokens (``ignore_eos``) and time
-    each chunk that carries a token (a chunk with no text that only ends the stream does not)."""
+    each chunk that carries a token."""
     u = urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout)
     body = json.dumps({
@@ -86,7 +86,9 @@ def stream_completion(base: str, model: str, prompt: list[int], max_tokens: int,
                 break
             chunk = json.loads(data)
             for c in chunk.get("choices") or ():
-                if c.get("text") or c.get("finish_reason") is None:
+                # a token may decode to no text (a random id); only a textless chunk that
+                # ends a stream after its tokens (the stand-in's) is no token
+                if c.get("text") or c.get("finish_reason") is None or not t.tokens:
                     t.tokens.append(now)
             usage = chunk.get("usage")
             if usage:

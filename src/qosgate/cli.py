@@ -514,6 +514,10 @@ from qosgate.replay.cli import replay_command  # noqa: E402
 
 app.command("replay")(replay_command)
 
+from qosgate.calibrate.cli import calibrate_command  # noqa: E402
+
+app.command("calibrate")(calibrate_command)
+
 
 @app.command("simulate-embeddings")
 def simulate_embeddings_command(

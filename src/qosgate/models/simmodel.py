@@ -86,6 +86,9 @@ class EngineProfile(Strict):
     name: str
     model: str
     gpu: str
+    # where the numbers came from (derived from datasheets, or fitted by `qosgate calibrate`
+    # against a named endpoint): a profile that says nothing is not to be trusted blindly
+    source: str = ""
     step_fixed_s: float = Field(gt=0)  # > 0 so that time always advances
     prefill_s_per_token: float = Field(ge=0)
     decode_s_per_ctx_token: float = Field(ge=0)

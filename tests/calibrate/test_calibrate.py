@@ -1,0 +1,124 @@
+"""``qosgate calibrate``: the fit (pure), the measurements' arithmetic, and a probe of a stand-in
+started with a known built-in profile, which must give that profile back."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from qosgate.calibrate.client import Timed
+from qosgate.calibrate.fit import fit, tpot_observation, ttft_observation
+from qosgate.calibrate.probe import decode_observation, kv_capacity_from_metrics
+from qosgate.cli import app
+from qosgate.models.simmodel import SimEngine, load_profile
+from qosgate.models.step import SeqSpec
+from tests.gateway.conftest import Server, start_standin
+
+PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coefficient shows
+# Against the stand-in the fit lands within ~2% (11 measurements, ~10 s); the bound leaves
+# room for a busy machine's jitter in the small terms (decode's per-ctx-token cost is ~2 ms of
+# a 14 ms step at the largest batch probed).
+TOLERANCE = 0.15
+COEFS = ("step_fixed_s", "prefill_s_per_token", "decode_s_per_ctx_token", "decode_s_per_seq")
+
+
+def _synthetic(overhead: float = 0.002) -> list:  # type: ignore[type-arg]
+    p = load_profile(PROFILE)
+    obs = [ttft_observation(f"p{n}", -(-n // p.max_num_batched_tokens) * p.step_fixed_s
+                            + p.prefill_s_per_token * n + overhead, n,
+                            p.max_num_batched_tokens) for n in (16, 256, 2048, 5000)]
+    for n in (1, 4, 16):
+        for ln in (32, 1024):
+            ctx = n * (ln + 20)
+            obs.append(tpot_observation(f"d{n}", p.step_fixed_s + p.decode_s_per_ctx_token * ctx
+                                        + p.decode_s_per_seq * n, ctx, n))
+    return obs
+
+
+def test_fit_recovers_exact_coefficients_and_the_overhead() -> None:
+    p = load_profile(PROFILE)
+    f = fit(_synthetic())
+    for c in COEFS:
+        assert f.coef[c] == pytest.approx(getattr(p, c), rel=1e-9)
+    assert f.coef["overhead_s"] == pytest.approx(0.002, rel=1e-9)
+    assert max(abs(e) for e in f.errors()) < 1e-9
+
+
+def test_a_negative_coefficient_is_pinned_to_zero_and_an_absent_one_unidentified() -> None:
+    # decode steps that get *faster* with context: the per-ctx cost would be negative
+    obs = [tpot_observation("a", 0.010, 100, 1), tpot_observation("b", 0.0099, 10_000, 1),
+           tpot_observation("c", 0.012, 100, 10), ttft_observation("t", 0.05, 400, 2048)]
+    f = fit(obs)
+    assert f.coef["decode_s_per_ctx_token"] == 0.0
+    assert all(v >= 0 for v in f.coef.values())
+    only_decode = fit([tpot_observation("a", 0.01, 100, 1), tpot_observation("b", 0.02, 900, 1)])
+    assert "prefill_s_per_token" in only_decode.unidentified
+    assert "overhead_s" in only_decode.unidentified
+
+
+def test_the_decode_window_is_the_simulated_engines_step() -> None:
+    """Token times from the engine model itself (3 seqs, staggered starts): the window's mean
+    gap and summed context are what the step formula gives for that batch."""
+    p = load_profile(PROFILE)
+    eng = SimEngine(p)
+    for i in range(3):
+        eng.add(SeqSpec(seq_id=f"s{i}", prompt_tokens=100 + 50 * i, max_tokens=40))
+    runs = {f"s{i}": Timed(sent=0.0) for i in range(3)}
+    now = 0.0
+    while eng.has_work():
+        res = eng.step()
+        now += res.duration_s
+        for t in res.tokens:
+            runs[t.seq_id].tokens.append(now)
+    for i, r in enumerate(runs.values()):
+        r.prompt_tokens = 100 + 50 * i
+    obs = decode_observation("d", list(runs.values()), 100)
+    assert obs is not None and obs.seqs == 3
+    modelled = p.step_fixed_s + p.decode_s_per_ctx_token * obs.ctx_tokens + p.decode_s_per_seq * 3
+    assert obs.measured_s == pytest.approx(modelled, rel=1e-6)
+
+
+def test_kv_capacity_from_vllm_cache_config_info() -> None:
+    text = ('# TYPE vllm:cache_config_info gauge\n'
+            'vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",'
+            'num_gpu_blocks="3640",prefix_caching_hash_algo="sha256"} 1.0\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n')
+    assert kv_capacity_from_metrics(text) == 3640 * 16
+    assert kv_capacity_from_metrics("vllm:num_requests_running 0\n") is None
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_standin(tmp_path_factory.mktemp("cal"), "--profile", PROFILE)
+    yield s
+    s.stop()
+
+
+def test_calibrate_recovers_a_standins_profile(standin: Server, tmp_path: Path) -> None:
+    p = load_profile(PROFILE)
+    out = tmp_path / "fitted.yaml"
+    res = CliRunner().invoke(app, [
+        "calibrate", f"127.0.0.1:{standin.port}", "--out", str(out), "--time-limit", "60",
+        "--max-num-seqs", str(p.max_num_seqs),
+        "--max-num-batched-tokens", str(p.max_num_batched_tokens),
+        "--kv-capacity-tokens", str(p.kv_capacity_tokens), "--compare", PROFILE,
+    ])
+    assert res.exit_code == 0, res.output
+    assert "measured vs modelled" in res.output
+    fitted = load_profile(out)  # what `qosgate simulate --profile FILE` loads
+    for c in COEFS:
+        assert getattr(fitted, c) == pytest.approx(getattr(p, c), rel=TOLERANCE), c
+    assert (fitted.max_num_seqs, fitted.max_num_batched_tokens, fitted.kv_capacity_tokens) == (
+        p.max_num_seqs, p.max_num_batched_tokens, p.kv_capacity_tokens)
+    assert fitted.model == p.model
+    assert fitted.source.startswith("fitted by qosgate calibrate against http://127.0.0.1:")
+
+
+def test_a_missing_limit_is_asked_for(standin: Server) -> None:
+    """Not on a terminal, and the stand-in publishes no cache_config_info: the flag is named."""
+    res = CliRunner().invoke(app, ["calibrate", f"127.0.0.1:{standin.port}"])
+    assert res.exit_code == 2
+    assert "--max-num-seqs" in res.output

@@ -108,3 +108,62 @@ def test_replay_counts_every_outcome_once_and_reports_refusals(
     # the document is the simulator's: the same top-level keys and per-class fields
     assert {"format", "scenario", "slo", "definitions", "runs"} <= set(doc)
     assert "ttft_p50_ms" in run["classes"]["realtime"]
+
+
+
+# a tenant allowed one request at a time: of four sent at once, three are refused (429,
+# Retry-After: 1), and a client with retries waits each refusal out until it is served
+BURST_CONFIG: dict[str, Any] = {
+    "tenants": [{"name": "burst", "api_keys": ["k-burst"], "limits": {"max_concurrent": 1}}],
+}
+
+
+def test_retries_wait_out_retry_after_and_are_reported(tmp_path: Path) -> None:
+    standin = start_standin(tmp_path, "--scheduling-policy", "priority")
+    cfg = tmp_path / "gateway.yaml"
+    cfg.write_text(yaml.safe_dump({**BURST_CONFIG, "upstreams": [{"url": standin.url,
+                                                                    "name": "s0"}]}))
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({**SCENARIO, "config": BURST_CONFIG,
+                                        "mix": [{"share": 1, "tenant": "burst"}]}))
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text("".join(
+        json.dumps({"t": 0, "prompt_tokens": 64, "output_tokens": 40, "tenant": "burst",
+                    "class": "api"}) + "\n" for _ in range(4)))
+    try:
+        before = ledger(gw)
+        proc = subprocess.run(
+            [*QOSGATE, "replay", gw.url, "--scenario", str(scenario), "--requests",
+             str(requests), "--json-only", "--retries", "10", "--max-seconds", "60",
+             "--compare-sim", "default"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        delta = ledger(gw) - before
+    finally:
+        gw.stop()
+        standin.stop()
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    run = doc["runs"][0]
+    assert doc["replay"]["planned"] == 4
+    refused = delta[("api", "burst", "rejected", "concurrency_limit")]
+    assert refused >= 3
+    # every attempt, first or retry, is one record here and one outcome at the gateway
+    assert run["recorded"] == sum(delta.values()) == 4 + refused
+    assert run["outcomes"] == {"completed": 4, "rejected": refused}
+    assert sum(v for (_, _, o, _), v in delta.items() if o == "completed") == 4
+    rows = doc["replay"]["refusals"]
+    assert [(r["reason"], r["status"], r["count"], r["with_retry_after"]) for r in rows] == [
+        ("concurrency_limit", 429, refused, refused)]
+    # three first attempts were refused and served later, each after a Retry-After of 1 s
+    stats = run["retries"]["api"]
+    assert stats["refused_first"] == 3 and stats["served_later"] == 3
+    assert stats["gave_up"] == 0
+    assert stats["ttft_from_first_p50_ms"] >= 1000
+    # --compare-sim: the class measured beside its prediction, with the relative error
+    cmp = doc["compare_sim"]["classes"]
+    assert set(cmp) == {"api", "all"} and doc["compare_sim"]["profile"] == "default"
+    for fig in cmp["api"].values():
+        assert set(fig) == {"measured", "predicted", "rel_error"}
+    assert cmp["api"]["ttft_p50_ms"]["predicted"] > 0

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from qosgate.replay.bodies import body
+from qosgate.core.prefix import Prefix
+from qosgate.replay.bodies import body, text_of, token_ids
 from qosgate.replay.cli import bounded, check_host
 from qosgate.replay.compare import rel_error
 from qosgate.replay.plan import Planned, plan_workload
@@ -45,6 +46,24 @@ def test_token_prompts_have_the_exact_length_and_ask_for_the_output() -> None:
     path, raw = body(p, "m", token_prompts=False)
     text = json.loads(raw)["messages"][0]["content"]
     assert path == "/v1/chat/completions" and len(text.split()) == 37
+
+
+def test_prompts_share_the_traces_blocks_and_nothing_else() -> None:
+    """Two requests naming the same leading block ids share exactly those tokens; a request
+    without blocks shares nothing; another seed (another replay) shares nothing with this one,
+    the same seed sends the same bytes."""
+    a = Planned("r1", 0.0, 0, "api", "t", "k", 40, 5, Prefix((7, 8, 9), 16))
+    b = Planned("r2", 0.0, 0, "api", "t", "k", 50, 5, Prefix((7, 8, 3), 16))
+    c = Planned("r3", 0.0, 0, "api", "t", "k", 40, 5)
+    ta, tb, tc = (token_ids("s1", x) for x in (a, b, c))
+    assert (len(ta), len(tb), len(tc)) == (40, 50, 40)
+    assert ta[:32] == tb[:32] and ta[32:36] != tb[32:36]  # two shared blocks of 16
+    assert ta[:4] != tc[:4]
+    assert token_ids("s1", a) == ta and token_ids("s2", a)[:4] != ta[:4]
+    # a prompt shorter than its blocks is cut, and text prompts follow the same blocks
+    short = Planned("r4", 0.0, 0, "api", "t", "k", 20, 5, Prefix((7, 8), 16))
+    assert token_ids("s1", short) == ta[:20]
+    assert text_of("s1", a).split()[:32] == text_of("s1", b).split()[:32]
 
 
 def test_relative_error() -> None:

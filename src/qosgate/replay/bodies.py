@@ -4,37 +4,56 @@ head with the class and the tenant's key.
 
 Token ids are three-digit numbers (100..999): valid in any real vocabulary, and four JSON
 characters each (``"123,"``), so a gateway's or the stand-in's characters/4 estimate of the
-prompt is its true length too. They are drawn per request from its id, so two requests share no
-prefix by accident (a prefix-cache hit would flatter the engine).
+prompt is its true length too. They are drawn from the replay's ``seed`` and the request's id,
+so two requests share no prefix by accident, nor do two replays (a prefix-cache hit would
+flatter the engine), while a replay given the same seed sends the same bytes. A trace that
+names its prompt blocks (Mooncake's ``hash_ids``) gets them: each block id is the same tokens
+in every request that names it, as the trace's shared prefixes were.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 from qosgate.replay.plan import Planned
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 # plain words of one token each in common tokenizers, ~4.5 characters with the space
+T = TypeVar("T")
 _WORDS = ("time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child",
           "world", "school", "state", "family", "student", "group", "country", "problem",
           "hand", "part", "place", "case", "week", "company", "system", "program", "question")
 
 
-def token_ids(rid: str, n: int) -> list[int]:
-    rng = random.Random(f"replay:{rid}")
-    return [rng.randrange(100, 1000) for _ in range(n)]
+def _tokens(seed: str, p: Planned, draw: Callable[[random.Random], T]) -> list[T]:
+    """``p.prompt`` draws: the trace's blocks first (each from its block id), then the
+    request's own."""
+    out: list[T] = []
+    if p.prefix is not None:
+        for key in p.prefix.keys:
+            if len(out) >= p.prompt:
+                break
+            rng = random.Random(f"replay:{seed}:block:{key}")
+            out += [draw(rng) for _ in range(p.prefix.block_tokens)]
+    rng = random.Random(f"replay:{seed}:{p.rid}")
+    out += [draw(rng) for _ in range(p.prompt - len(out))]
+    return out[: p.prompt]
 
 
-def text_of(rid: str, n: int) -> str:
-    """About ``n`` tokens of text (one word a token)."""
-    rng = random.Random(f"replay:{rid}")
-    return " ".join(rng.choice(_WORDS) for _ in range(n))
+def token_ids(seed: str, p: Planned) -> list[int]:
+    return _tokens(seed, p, lambda rng: rng.randrange(100, 1000))
 
 
-def body(p: Planned, model: str, token_prompts: bool) -> tuple[str, bytes]:
+def text_of(seed: str, p: Planned) -> str:
+    """About ``p.prompt`` tokens of text (one word a token)."""
+    return " ".join(_tokens(seed, p, lambda rng: rng.choice(_WORDS)))
+
+
+def body(p: Planned, model: str, token_prompts: bool, seed: str = "") -> tuple[str, bytes]:
     """(path, JSON body): streamed, usage included, ``max_tokens`` = the output length with
     ``ignore_eos`` so the engine generates exactly that many tokens where it honours it (an
     engine that does not may stop early at its end-of-sequence token: the record then has fewer
@@ -48,10 +67,10 @@ def body(p: Planned, model: str, token_prompts: bool) -> tuple[str, bytes]:
         "temperature": 0,
     }
     if token_prompts:
-        doc["prompt"] = token_ids(p.rid, p.prompt)
+        doc["prompt"] = token_ids(seed, p)
         path = COMPLETIONS
     else:
-        doc["messages"] = [{"role": "user", "content": text_of(p.rid, p.prompt)}]
+        doc["messages"] = [{"role": "user", "content": text_of(seed, p)}]
         path = CHAT
     return path, json.dumps(doc, separators=(",", ":")).encode()
 

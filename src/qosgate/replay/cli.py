@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import secrets
 import sys
 import urllib.request
 from dataclasses import replace
@@ -107,12 +108,27 @@ def replay_command(
         help="Engine profile the scenario's capacity (--load) is measured on.")] = None,
     replicas: Annotated[int | None, typer.Option(
         min=1, help="Replicas behind the URL (for --load's capacity and --compare-sim).")] = None,
+    window: Annotated[int | None, typer.Option(
+        min=1, help="The gateway's window per replica (its upstreams' capacity), for --load's "
+        "capacity and --compare-sim (default: the scenario's, auto).")] = None,
+    embedded: Annotated[bool, typer.Option(
+        "--embedded/--upstreams", help="What --compare-sim models behind the URL: upstream "
+        "servers (vLLM over HTTP: qosgate can pull a request back only by abort, and sizes "
+        "their windows by fleet.window.mode) or qosgate's embedded engine (pausable, fixed "
+        "window).")] = False,
+    window_mode: Annotated[str | None, typer.Option(
+        "--window-mode", help="fixed | adaptive, as the gateway's fleet.window.mode (for "
+        "--compare-sim; default: the scenario's).")] = None,
     model: Annotated[str | None, typer.Option(
         help="Model name to ask for (default: the endpoint's first in /v1/models).")] = None,
     token_prompts: Annotated[bool, typer.Option(
         "--token-prompts/--text-prompts",
         help="Exact prompt lengths as token ids on /v1/completions (vLLM, qosgate), or text "
         "of about the right length on /v1/chat/completions.")] = True,
+    prompt_seed: Annotated[str | None, typer.Option(
+        help="Seed of the prompts' tokens. Default: a new one each run, so no replay finds "
+        "another's prompts in the engine's prefix cache; give the one a report names to send "
+        "the same bytes again.")] = None,
     retries: Annotated[int, typer.Option(
         min=0, max=20, help="Send a refused request again after its Retry-After, up to N "
         "times.")] = 0,
@@ -144,7 +160,8 @@ def replay_command(
     try:
         base = check_host(url, allow_host or [])
         given = {"seed": seed, "duration_s": duration, "profile": profile, "replicas": replicas,
-                 "retries": retries or None}
+                 "window": window, "window_mode": window_mode, "retries": retries or None,
+                 "pausable": embedded}
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         arrivals: dict[str, Any] = {}
         if time_scale is not None:
@@ -164,7 +181,9 @@ def replay_command(
     except (ScenarioError, ValueError, OSError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
-    target = Target(base, name, token_prompts, retries, max_seconds, request_timeout)
+    seed_of_prompts = prompt_seed if prompt_seed is not None else secrets.token_hex(4)
+    target = Target(base, name, token_prompts, retries, max_seconds, request_timeout,
+                    seed_of_prompts)
     show = not (quiet or json_only)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err,
@@ -184,6 +203,7 @@ def replay_command(
     run = res.runs[0]
     doc["replay"] = {"url": base, "model": name, "token_prompts": token_prompts,
                      "retries": retries, "planned": len(plan),
+                     "prompt_seed": seed_of_prompts,
                      "refusals": run.metrics["refusals"]}
     if compare_sim is not None:
         pred = predict(prep, wl, compare_sim, sim_policy, replicas)

@@ -32,9 +32,11 @@ def predict(prep: Prepared, wl: Workload, profile: str, policy: str,
     prof = load_profile(profile)
     n = replicas if replicas is not None else len(prep.fleet)
     base = prep.fleet[0]
-    fleet = tuple(ReplicaPlan(f"r{i}", prof, base.window if base.profile == prof else max(
-        1, min(prof.max_num_seqs, int(prof.kv_capacity_tokens // prep.mean_tokens))),
-        base.pausable, base.window_mode) for i in range(n))
+    window = base.window
+    if base.profile != prof and prep.scenario.window == "auto":
+        window = max(1, min(prof.max_num_seqs, int(prof.kv_capacity_tokens // prep.mean_tokens)))
+    fleet = tuple(ReplicaPlan(f"r{i}", prof, window, base.pausable, base.window_mode)
+                  for i in range(n))
     sim_prep = Prepared(prep.scenario, prep.cfg, prof, fleet[0].window, prep.mean_tokens,
                         prep.slos, prep.api_keys, fleet=fleet)
     result = run_policy(setup_for(sim_prep, wl), policy)

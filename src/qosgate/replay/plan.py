@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qosgate.core import Classifier, QosInputError
+from qosgate.core.prefix import Prefix
 from qosgate.sim.scenarios import Prepared
 from qosgate.sim.workload import Arrival, Stream, Workload, stream_inputs
 
@@ -29,6 +30,7 @@ class Planned:
     api_key: str | None  # sent as ``Authorization: Bearer``
     prompt: int  # prompt tokens
     output: int  # tokens asked for (``max_tokens``, with ``ignore_eos``)
+    prefix: Prefix | None = None  # the trace's prompt blocks (Mooncake): shared blocks, shared text
 
 
 def _classified(prep: Prepared, streams: tuple[Stream, ...]) -> list[tuple[str, str, str | None]]:
@@ -52,7 +54,7 @@ def plan_workload(prep: Prepared, wl: Workload) -> list[Planned]:
 
     def one(a: Arrival) -> Planned:
         cls, tenant, key = who[a.stream]
-        return Planned(a.rid, a.t, a.stream, cls, tenant, key, a.prompt, a.output)
+        return Planned(a.rid, a.t, a.stream, cls, tenant, key, a.prompt, a.output, a.prefix)
 
     return [one(a) for a in wl.arrivals]
 

@@ -39,6 +39,7 @@ class Target:
     retries: int = 0
     max_seconds: float = 600.0
     timeout_s: float = 600.0  # one request's own bound
+    prompt_seed: str = ""  # the prompts' tokens (``bodies``): a new one per replay by default
 
 
 # on_event(sent, done): the progress bar's counts
@@ -70,7 +71,7 @@ async def replay(plan: list[Planned], target: Target,
         att = Attempt(p, rid, k, time.monotonic() - t0)
         attempts.append(att)
         tick()
-        path, data = body(p, target.model, target.token_prompts)
+        path, data = body(p, target.model, target.token_prompts, target.prompt_seed)
         try:
             async with asyncio.timeout(target.timeout_s):
                 await send(pool, head(prefix, host, path, att.planned), data, t0, att.answer)

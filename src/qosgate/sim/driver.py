@@ -34,7 +34,8 @@ Windows and preemption (the choices, and why):
 - ``engine-priority`` ("engine priority alone"): qosgate passes everything straight through
   (``fifo``, a fixed window of 2**30, no reserved share and no prefill budget, so nothing ever
   queues in qosgate) and the engine's own vLLM-priority queue orders by the request's level
-  (smaller first, with its priority preemption).
+  (smaller first, with its priority preemption). ``engine-fcfs`` is the same pass-through in
+  front of an FCFS engine: a raw engine with no gateway, as ``qosgate replay`` measures one.
 
 Health and faults (a fleet that fails). Every ``probe_interval`` the driver probes every replica,
 as the gateway's driver does, and hands the core what it found: ``observe(up=..., signals=...)``

@@ -33,6 +33,7 @@ _STYLE = {
     "wfq": ("#9467bd", "-"),
     "qos": ("#d62728", "-"),
     "engine-priority": ("#2ca02c", "--"),
+    "engine-fcfs": ("#8c564b", "--"),
 }
 _CLASS_COLORS = ["#d62728", "#ff7f0e", "#1f77b4", "#7f7f7f", "#2ca02c", "#9467bd", "#8c564b"]
 

@@ -161,7 +161,7 @@ def _window(g: dict[str, Any]) -> str:
     if most is None:
         return "-"
     if most >= PASSTHROUGH_WINDOW:
-        return "all"  # engine-priority: everything passes through
+        return "all"  # engine-priority, engine-fcfs: everything passes through
     if avg is None or abs(avg - most) < 0.5:
         return str(most)
     return f"{avg:.0f}/{most}"

@@ -16,7 +16,7 @@ from qosgate.sim.jobs import JobPlan
 from qosgate.sim.workload import Workload
 
 PASSTHROUGH_WINDOW = 1 << 30
-SIM_POLICIES: tuple[str, ...] = (*POLICY_NAMES, "engine-priority")
+SIM_POLICIES: tuple[str, ...] = (*POLICY_NAMES, "engine-priority", "engine-fcfs")
 @dataclass(slots=True, frozen=True)
 class PolicySetup:
     """A simulated policy: the core policy, the engine's own queue, and the qosgate window."""
@@ -34,9 +34,12 @@ def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
     """``engine_queue="auto"``: the engine's own queue is FCFS under ``fifo`` (no priorities
     anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward
     qosgate's order as the engine priority (as the gateway does, ``core.engine_order``);
-    ``engine-priority`` always uses the engine's priority queue."""
+    ``engine-priority`` always uses the engine's priority queue; ``engine-fcfs`` is a raw engine
+    with no gateway in front (everything passed through to its FCFS queue)."""
     if name == "engine-priority":
         return PolicySetup(name, "fifo", "priority", True)
+    if name == "engine-fcfs":
+        return PolicySetup(name, "fifo", "fcfs", True)
     if name not in POLICY_NAMES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(SIM_POLICIES)}")
     if engine_queue == "auto":

@@ -6,10 +6,10 @@
 A benchmark, not a test: it prints what happened. On fresh processes:
 
 1. ``--replicas`` stand-ins (the default profile, ``--time-scale`` slower than modelled so the
-   box's two cores keep up with the token streams; vLLM's ``priority`` scheduling) behind one
-   gateway (the default config, each upstream's ``capacity`` ``--window``);
+   box's two cores keep up with the token streams; vLLM's ``priority`` scheduling);
 2. ``qosgate calibrate`` on the first stand-in (given its batch and KV sizes): the fitted
-   profile is all the simulator knows of the engines;
+   profile is all the simulator knows of the engines; then one gateway in front of them (the
+   default config, each upstream's ``capacity`` ``--window``);
 3. for each load in ``--loads``: ``qosgate replay`` of the scenario through the gateway at that
    load (relative to the calibrated fleet's modelled capacity), with ``--compare-sim`` of the
    calibrated profile; its tables are printed as the command prints them;
@@ -96,8 +96,6 @@ def main() -> None:
             for _ in range(args.replicas):
                 servers.append(start_standin(tmp, "--scheduling-policy", "priority",
                                              "--time-scale", str(args.time_scale)))
-            gw = gateway(tmp, [s.url for s in servers], args.window)
-            servers.append(gw)
             print(f"{args.replicas} stand-ins (default profile, --time-scale "
                   f"{args.time_scale:g}) behind one gateway (capacity {args.window} each)\n")
             prof = tmp / "calibrated.yaml"
@@ -108,6 +106,9 @@ def main() -> None:
                  "--max-num-seqs", str(engine.max_num_seqs),
                  "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
                  "--kv-capacity-tokens", str(int(engine.kv_capacity_tokens))])
+            # the gateway starts after the probe: it learns the replicas from the replay alone
+            gw = gateway(tmp, [s.url for s in servers], args.window)
+            servers.append(gw)
             docs = {}
             for load in loads:
                 out = tmp / f"replay-{load:g}.json"

@@ -13,7 +13,7 @@ from qosgate.calibrate.client import Timed
 from qosgate.calibrate.fit import fit, tpot_observation, ttft_observation
 from qosgate.calibrate.probe import decode_observation, kv_capacity_from_metrics
 from qosgate.cli import app
-from qosgate.models.simmodel import SimEngine, load_profile
+from qosgate.models.simmodel import EngineProfile, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
 from tests.gateway.conftest import Server, start_standin
 
@@ -22,14 +22,21 @@ PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coeffici
 # room for a busy machine's jitter in the small terms (decode's per-ctx-token cost is ~2 ms of
 # a 14 ms step at the largest batch probed).
 TOLERANCE = 0.15
-COEFS = ("step_fixed_s", "prefill_s_per_token", "decode_s_per_ctx_token", "decode_s_per_seq")
+COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",
+         "decode_s_per_ctx_token", "decode_s_per_seq")
+ATTENTION = 3e-9  # s per (prefill token, token it attends to): a CPU's quadratic prefill
+
+
+def _attending(name: str = PROFILE) -> EngineProfile:
+    return load_profile(name).model_copy(update={"prefill_s_per_ctx_token": ATTENTION})
 
 
 def _synthetic(overhead: float = 0.002) -> list:  # type: ignore[type-arg]
-    p = load_profile(PROFILE)
+    p = _attending()
     obs = [ttft_observation(f"p{n}", -(-n // p.max_num_batched_tokens) * p.step_fixed_s
-                            + p.prefill_s_per_token * n + overhead, n,
-                            p.max_num_batched_tokens) for n in (16, 256, 2048, 5000)]
+                            + p.prefill_s_per_token * n + ATTENTION * n * (n + 1) / 2
+                            + overhead, n, p.max_num_batched_tokens)
+           for n in (16, 256, 2048, 5000)]
     for n in (1, 4, 16):
         for ln in (32, 1024):
             ctx = n * (ln + 20)
@@ -39,7 +46,7 @@ def _synthetic(overhead: float = 0.002) -> list:  # type: ignore[type-arg]
 
 
 def test_fit_recovers_exact_coefficients_and_the_overhead() -> None:
-    p = load_profile(PROFILE)
+    p = _attending()
     f = fit(_synthetic())
     for c in COEFS:
         assert f.coef[c] == pytest.approx(getattr(p, c), rel=1e-9)
@@ -57,6 +64,21 @@ def test_a_negative_coefficient_is_pinned_to_zero_and_an_absent_one_unidentified
     only_decode = fit([tpot_observation("a", 0.01, 100, 1), tpot_observation("b", 0.02, 900, 1)])
     assert "prefill_s_per_token" in only_decode.unidentified
     assert "overhead_s" in only_decode.unidentified
+
+
+def test_a_lone_prefill_costs_what_its_ttft_row_says_whatever_the_chunks() -> None:
+    """The engine model's prefill of one prompt, in chunks of the batch budget, takes the time
+    the fit's TTFT row gives it: each chunk attends to what came before it."""
+    p = _attending().model_copy(update={"max_num_batched_tokens": 512})
+    eng = SimEngine(p)
+    eng.add(SeqSpec(seq_id="s", prompt_tokens=1300, max_tokens=1))
+    t = 0.0
+    while eng.has_work():
+        t += eng.step().duration_s
+    row = ttft_observation("p", 1.0, 1300, 512)
+    modelled = sum(c * getattr(p, k) for c, k in zip(row.row(), COEFS, strict=False))
+    assert t == pytest.approx(modelled, rel=1e-12)
+    assert row.steps == 3 and row.prefill_pairs == 1300 * 1301 / 2
 
 
 def test_the_decode_window_is_the_simulated_engines_step() -> None:

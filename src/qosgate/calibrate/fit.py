@@ -1,8 +1,9 @@
 """The fit: measurements in, the step model's coefficients out (pure, no I/O).
 
-The simulator's step time (``models/simmodel.py``) is linear in four coefficients::
+The simulator's step time (``models/simmodel.py``) is linear in five coefficients::
 
     step_fixed_s + prefill_s_per_token * prefill tokens
+                 + prefill_s_per_ctx_token * (prefill token, token it attends to) pairs
                  + decode_s_per_ctx_token * context tokens of the decoding seqs
                  + decode_s_per_seq * decoding seqs
 
@@ -10,11 +11,12 @@ so each measurement is a row of known counts times those coefficients. Two kinds
 
 - ``ttft``: one request alone on an idle engine, ``max_tokens`` 1. Its prefill runs in
   ``ceil(L / max_num_batched_tokens)`` steps (vLLM's chunked prefill) holding L prompt tokens in
-  all, no decode: row ``(steps, L, 0, 0)``, plus the client-visible overhead the engine model
+  all and ``L * (L + 1) / 2`` attention pairs whatever the chunks, no decode: row
+  ``(steps, L, L * (L + 1) / 2, 0, 0)``, plus the client-visible overhead the engine model
   does not hold (HTTP, tokenization, detokenization): a fifth unknown ``overhead_s``, on TTFT
   rows only, fitted and reported but not part of the profile.
 - ``tpot``: n requests decoding together; the mean gap between tokens while all n decode is one
-  pure-decode step: row ``(1, 0, sum of contexts, n)``.
+  pure-decode step: row ``(1, 0, 0, sum of contexts, n)``.
 
 Least squares on the *relative* error (each row divided by its measurement): a 200 ms prefill and
 a 10 ms decode step count alike. A coefficient that comes out negative is pinned to 0 and the
@@ -33,6 +35,7 @@ from typing import Literal
 PARAMS = (
     "step_fixed_s",
     "prefill_s_per_token",
+    "prefill_s_per_ctx_token",
     "decode_s_per_ctx_token",
     "decode_s_per_seq",
     "overhead_s",
@@ -51,6 +54,7 @@ class Observation:
     measured_s: float
     steps: float = 0.0
     prefill_tokens: float = 0.0
+    prefill_pairs: float = 0.0
     ctx_tokens: float = 0.0
     seqs: float = 0.0
 
@@ -58,6 +62,7 @@ class Observation:
         return (
             self.steps,
             self.prefill_tokens,
+            self.prefill_pairs,
             self.ctx_tokens,
             self.seqs,
             1.0 if self.kind == "ttft" else 0.0,
@@ -68,7 +73,8 @@ def ttft_observation(label: str, measured_s: float, prompt_tokens: int,
                      max_num_batched_tokens: int) -> Observation:
     """A lone request's time to first token: its prefill's chunks, each a step."""
     steps = math.ceil(prompt_tokens / max_num_batched_tokens)
-    return Observation("ttft", label, measured_s, steps=steps, prefill_tokens=prompt_tokens)
+    return Observation("ttft", label, measured_s, steps=steps, prefill_tokens=prompt_tokens,
+                       prefill_pairs=prompt_tokens * (prompt_tokens + 1) / 2)
 
 
 def tpot_observation(label: str, measured_s: float, ctx_tokens: float,

@@ -8,10 +8,14 @@ Step time (all coefficients come from an ``EngineProfile``; see ``profiles/*.yam
 number is derived)::
 
     step_fixed_s + prefill_s_per_token * prefill tokens in the step
+                 + prefill_s_per_ctx_token * (prefill token, token it attends to) pairs
                  + decode_s_per_ctx_token * context tokens of the decoding seqs
                  + decode_s_per_seq * number of decoding seqs
 
 A decoding seq's context is its prompt plus every token generated so far (the KV it attends to).
+A prefill chunk of k tokens after c computed ones attends to ``k * c + k * (k + 1) / 2`` pairs:
+the attention cost that grows with the square of a long prompt (0 in the built-in profiles,
+whose linear term holds it; ``qosgate calibrate`` fits it where an engine shows it, as a CPU does).
 
 Scheduling per step, modelled on vLLM's chunked-prefill scheduler (decodes first, as in V0 and
 Sarathi-Serve): every running decode seq gets one token; what is left of the
@@ -91,6 +95,7 @@ class EngineProfile(Strict):
     source: str = ""
     step_fixed_s: float = Field(gt=0)  # > 0 so that time always advances
     prefill_s_per_token: float = Field(ge=0)
+    prefill_s_per_ctx_token: float = Field(default=0.0, ge=0)
     decode_s_per_ctx_token: float = Field(ge=0)
     decode_s_per_seq: float = Field(ge=0)
     max_num_seqs: int = Field(ge=1)
@@ -652,13 +657,14 @@ class SimEngine:
             res.duration_s = 0.0
             return 0, bool(res.evicted)
         p = self.profile
-        prefill = ctx = n_dec = 0
+        prefill = ctx = n_dec = pairs = 0
         for s, k in sched.items():
             if s.is_decoding():
                 n_dec += 1
                 ctx += s.computed + 1
             else:
                 prefill += k
+                pairs += k * s.computed + k * (k + 1) // 2
                 if s.pinned < s.full:  # its prefill covers more full prompt blocks
                     self._cache_computed(s, s.computed + k)
         self._prefill_total += prefill
@@ -668,6 +674,8 @@ class SimEngine:
             + p.decode_s_per_ctx_token * ctx
             + p.decode_s_per_seq * n_dec
         )
+        if p.prefill_s_per_ctx_token:
+            dur += p.prefill_s_per_ctx_token * pairs
         if self._loading:
             dur += p.host_load_s_per_token * self._loading
             self._loading = 0

@@ -201,9 +201,11 @@ def replay_command(
                    load_x)
     doc = document(res)
     run = res.runs[0]
+    short = sum(1 for a in attempts if a.answer.state == "completed"
+                and a.answer.output_tokens < a.planned.output)
     doc["replay"] = {"url": base, "model": name, "token_prompts": token_prompts,
                      "retries": retries, "planned": len(plan),
-                     "prompt_seed": seed_of_prompts,
+                     "prompt_seed": seed_of_prompts, "short_outputs": short,
                      "refusals": run.metrics["refusals"]}
     if compare_sim is not None:
         pred = predict(prep, wl, compare_sim, sim_policy, replicas)
@@ -217,6 +219,11 @@ def replay_command(
         print_tables(res, console)
         if run.metrics["refusals"]:
             console.print(refusals_table(run.metrics["refusals"]))
+        if short:
+            console.print(f"[yellow]{short} completed request(s) got fewer tokens than their "
+                          "max_tokens: the engine stopped at its end-of-sequence token (it does "
+                          "not honour ignore_eos). Their TPOT is over the tokens they got; "
+                          "their E2E is shorter than the workload's.[/yellow]")
         if compare_sim is not None:
             console.print(compare_table(doc["compare_sim"]["classes"], compare_sim))
     if out is not None:

@@ -162,6 +162,7 @@ def scaled(profile: EngineProfile, factor: float) -> EngineProfile:
         update={
             "step_fixed_s": profile.step_fixed_s * factor,
             "prefill_s_per_token": profile.prefill_s_per_token * factor,
+            "prefill_s_per_ctx_token": profile.prefill_s_per_ctx_token * factor,
             "decode_s_per_ctx_token": profile.decode_s_per_ctx_token * factor,
             "decode_s_per_seq": profile.decode_s_per_seq * factor,
             "host_load_s_per_token": profile.host_load_s_per_token * factor,

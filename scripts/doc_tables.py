@@ -10,6 +10,9 @@ block in README.md or docs/**/*.md whose first line is a command prompt for the 
     ...the output, as printed...
     ```
 
+(``qosgate replay --help`` and ``qosgate calibrate --help`` are checked too: those commands
+need a live endpoint, so only their help is ever run.)
+
 Every such block is checked; the optional HTML comment on the line just before the fence says how:
 
 - ``full`` (the default): the block is the command's whole standard output;
@@ -58,6 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "$ qosgate "
 COMMANDS = ("simulate", "simulate-embeddings")  # the simulator's commands; nothing else is run
+HELP_ONLY = ("replay", "calibrate")  # commands that need a live endpoint: their --help alone
 MARKER = re.compile(r"^<!--\s*doc-table:\s*(.*?)\s*-->\s*$")
 FENCE = re.compile(r"^(`{3,})(\w*)\s*$")
 GAP = "..."
@@ -123,7 +127,8 @@ def find_tables(path: Path) -> list[Table]:
         if end is None:
             raise SystemExit(f"{path.relative_to(ROOT)}:{i + 1}: a fence that is never closed")
         first = lines[i + 1] if i + 1 < end else ""
-        if first.startswith(PROMPT) and first[len(PROMPT):].split(" ", 1)[0] in COMMANDS:
+        words = first[len(PROMPT):].split() if first.startswith(PROMPT) else []
+        if words and (words[0] in COMMANDS or (words[0] in HELP_ONLY and words[1:] == ["--help"])):
             cmd, k = first[len(PROMPT):], i + 1
             while cmd.endswith("\\"):  # a command continued over several lines
                 k += 1

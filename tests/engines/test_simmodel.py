@@ -164,8 +164,24 @@ def test_fcfs_ignores_priority() -> None:
     assert firsts == ["a", "b", "c"]
 
 
-def test_priority_preempts_running_with_larger_value() -> None:
+def test_priority_orders_the_waiting_queue_and_never_preempts_a_running_seq() -> None:
+    """vLLM V1's priority scheduling (0.32 included, vLLM issue #40004): a waiting seq with a
+    smaller value goes ahead of the other waiting ones, but waits for a free slot like them."""
     eng = SimEngine(toy(max_num_seqs=1), policy="priority")
+    eng.add(spec("low", 4, 10, prio=5))
+    eng.step()
+    eng.step()  # low has emitted tokens 0 and 1
+    eng.add(spec("mid", 4, 3, prio=3))
+    eng.add(spec("high", 4, 3, prio=0))
+    results = run_all(eng)
+    assert all(not r.evicted for r in results)
+    assert tokens_by_seq(results)["low"] == list(range(2, 10))
+    fins = [f.seq_id for r in results for f in r.finished]
+    assert fins == ["low", "high", "mid"]
+
+
+def test_priority_preempts_running_with_larger_value_under_v0s_rule() -> None:
+    eng = SimEngine(toy(max_num_seqs=1), policy="priority", preempt_for_priority=True)
     eng.add(spec("low", 4, 10, prio=5))
     r = eng.step()
     eng.step()  # low has emitted tokens 0 and 1
@@ -182,7 +198,7 @@ def test_priority_preempts_running_with_larger_value() -> None:
 
 
 def test_priority_equal_value_does_not_preempt() -> None:
-    eng = SimEngine(toy(max_num_seqs=1), policy="priority")
+    eng = SimEngine(toy(max_num_seqs=1), policy="priority", preempt_for_priority=True)
     eng.add(spec("a", 4, 5, prio=1))
     eng.step()
     eng.add(spec("b", 4, 5, prio=1))

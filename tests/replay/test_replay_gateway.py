@@ -165,5 +165,5 @@ def test_retries_wait_out_retry_after_and_are_reported(tmp_path: Path) -> None:
     cmp = doc["compare_sim"]["classes"]
     assert set(cmp) == {"api", "all"} and doc["compare_sim"]["profile"] == "default"
     for fig in cmp["api"].values():
-        assert set(fig) == {"measured", "predicted", "rel_error"}
+        assert set(fig) == {"measured", "predicted", "rel_error", "difference"}
     assert cmp["api"]["ttft_p50_ms"]["predicted"] > 0

@@ -50,8 +50,12 @@ Preemption is recompute-style (vLLM V1 default): when a running seq cannot get K
 (the most recently admitted under "fcfs", the largest ``engine_priority`` value then latest arrival
 under "priority") loses its KV and goes back to the head of the waiting queue; on readmission it
 re-prefills prompt + generated tokens and its next token continues the index. As in vLLM V1, no
-waiting seq is admitted in a step that preempted. Under "priority", a waiting seq that does not fit
-also preempts running seqs with a strictly larger value (vLLM V0 ``_schedule_priority_preemption``).
+waiting seq is admitted in a step that preempted. Under "priority" the waiting queue is ordered by
+priority and, by default, that is all: a waiting seq never preempts a running one, whether
+``max_num_seqs`` or the KV cache holds it back -- vLLM V1's scheduler, 0.32 included, preempts
+only to give a *running* seq KV (vLLM issue #40004). ``preempt_for_priority=True`` is vLLM V0's
+rule (``_schedule_priority_preemption``, and the open pull requests for #40004): a waiting seq
+that does not fit preempts running seqs with a strictly larger value.
 
 One module (~720 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
 running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
@@ -293,12 +297,15 @@ class SimEngine:
     """
 
     def __init__(
-        self, profile: EngineProfile | str | Path = "default", policy: Policy = "fcfs"
+        self, profile: EngineProfile | str | Path = "default", policy: Policy = "fcfs",
+        preempt_for_priority: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown policy {policy!r}")
         self.profile = profile if isinstance(profile, EngineProfile) else load_profile(profile)
         self.policy: Policy = policy
+        # vLLM V0's rule: a waiting seq preempts running ones of a larger value (module doc)
+        self.preempts = policy == "priority" and preempt_for_priority
         self.ordered = policy == "priority"
         self.max_num_seqs = self.profile.max_num_seqs
         self._seqs: dict[str, _Seq] = {}
@@ -435,7 +442,7 @@ class SimEngine:
                 max_prio = s.prio
         if len(self._waiting):
             head = self._waiting.peek()
-            if self._head_fits(head) or (not self._waiting.fcfs and max_prio > head.prio):
+            if self._head_fits(head) or (self.preempts and max_prio > head.prio):
                 return 0
         k = min(k_fin - 1, (p.kv_capacity_tokens - self._kv_used) // n)
         if k <= 0:
@@ -589,7 +596,7 @@ class SimEngine:
         """Pick the tokens each seq computes this step (vLLM order, decodes first)."""
         p = self.profile
         waiting = self._waiting
-        if not waiting.fcfs:
+        if self.preempts:
             while len(waiting) and self._running:
                 head = waiting.peek()
                 if self._head_fits(head, 0 if head.keys is None else self._hit(head)):

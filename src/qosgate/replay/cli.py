@@ -82,8 +82,9 @@ def refusals_table(rows: list[dict[str, Any]]) -> Table:
 
 def _prepared(scenario: str, trace: Path | None, changes: dict[str, Any]) -> Prepared:
     sc = load_scenario(scenario)
-    # the replay sends the live workload alone: faults and batch jobs are the simulator's
-    changes = {**changes, "faults": [], "jobs": []}
+    # the replay sends the live workload alone: faults and batch jobs are the simulator's; its
+    # engines are real ones, whose priority queue never preempts (vLLM 0.32, ``SimEngine``)
+    changes = {"engine_preempts": False, **changes, "faults": [], "jobs": []}
     return prepare(override(sc, **changes), trace)
 
 

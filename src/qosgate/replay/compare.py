@@ -1,6 +1,7 @@
 """``--compare-sim PROFILE``: the replayed workload run in the simulator with that engine
 profile, and the measured figures beside the predicted ones with the relative error per class
-and percentile ((predicted - measured) / measured)."""
+and percentile ((predicted - measured) / measured; for SLO attainment, the difference in
+points)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ FIGURES: tuple[tuple[str, str, str], ...] = (
     ("ttft_p99_ms", "TTFT p99", "ms"), ("tpot_p50_ms", "TPOT p50", "ms"),
     ("tpot_p99_ms", "TPOT p99", "ms"), ("e2e_p50_ms", "E2E p50", "ms"),
     ("e2e_p99_ms", "E2E p99", "ms"), ("slo_attainment", "SLO", "pct"),
+    ("rejected", "refused", "n"),
 )
 
 
@@ -56,15 +58,24 @@ def rel_error(measured: float | None, predicted: float | None) -> float | None:
     return (predicted - measured) / measured
 
 
+def difference(measured: float | None, predicted: float | None) -> float | None:
+    return None if measured is None or predicted is None else predicted - measured
+
+
 def comparison(meas: Run, pred: Run) -> dict[str, Any]:
     """Per class and figure: measured, predicted, relative error (the JSON's ``compare_sim``)."""
     out: dict[str, Any] = {}
     for cls, m in [*meas.metrics["classes"].items(), ("all", meas.metrics["totals"])]:
         p = pred.metrics["totals"] if cls == "all" else pred.metrics["classes"].get(cls, {})
         out[cls] = {key: {"measured": m.get(key), "predicted": p.get(key),
-                          "rel_error": rel_error(m.get(key), p.get(key))}
+                          "rel_error": rel_error(m.get(key), p.get(key)),
+                          "difference": difference(m.get(key), p.get(key))}
                     for key, _, _ in FIGURES}
     return out
+
+
+def _count(x: float | None) -> str:
+    return "-" if x is None else str(x)
 
 
 def compare_table(cmp: dict[str, Any], profile: str) -> Table:
@@ -75,9 +86,15 @@ def compare_table(cmp: dict[str, Any], profile: str) -> Table:
     for cls, figs in cmp.items():
         for i, (key, label, kind) in enumerate(FIGURES):
             f = figs[key]
-            fmt = ms if kind == "ms" else pct
-            err = f["rel_error"]
+            if kind == "ms":
+                fmt, err = ms, f["rel_error"]
+                shown = "-" if err is None else f"{100 * err:+.0f}%"
+            elif kind == "pct":  # an attainment: the difference in points
+                fmt, err = pct, f["difference"]
+                shown = "-" if err is None else f"{100 * err:+.1f} pt"
+            else:  # a count: the difference
+                fmt, err = _count, f["difference"]
+                shown = "-" if err is None else f"{err:+d}"
             t.add_row(cls if i == 0 else "", label, fmt(f["measured"]), fmt(f["predicted"]),
-                      "-" if err is None else f"{100 * err:+.0f}%",
-                      end_section=i == len(FIGURES) - 1)
+                      shown, end_section=i == len(FIGURES) - 1)
     return t

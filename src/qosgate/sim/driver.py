@@ -131,7 +131,8 @@ class Simulation:
         self.events = EventHeap()
         for g in range(len(self.gateways.shared)):  # then one sync every interval
             self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
-        self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue) for p in self.plans}
+        self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue, setup.engine_preempts)
+                     for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.plan_window = {p.name: p.window for p in self.plans}
         self.arr: dict[str, Arrival] = {a.rid: a for a in setup.workload.arrivals}
@@ -506,7 +507,7 @@ class Simulation:
         rep.alive = False
         victims = [(rid, rid in rep.paused, rep.generated(rid)) for rid in rep.seqs]
         rep.retired.append(rep.engine)
-        rep.engine = SimEngine(scaled(rep.base, rep.factor), rep.queue)
+        rep.engine = SimEngine(scaled(rep.base, rep.factor), rep.queue, rep.preempts)
         rep.buf = None
         rep.parked.clear()
         rep.seqs.clear()

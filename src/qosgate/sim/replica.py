@@ -25,6 +25,7 @@ class SimReplica:
         "name",
         "parked",
         "paused",
+        "preempts",
         "queue",
         "retired",
         "seqs",
@@ -33,13 +34,15 @@ class SimReplica:
     )
 
     def __init__(
-        self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"]
+        self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"],
+        preempts: bool = True,
     ) -> None:
         self.name = name
         self.base = profile
         self.queue: Literal["fcfs", "priority"] = queue
+        self.preempts = preempts  # the engine's rule for a waiting seq (``SimEngine``)
         self.factor = 1.0
-        self.engine = SimEngine(profile, queue)
+        self.engine = SimEngine(profile, queue, preempts)
         self.clock = 0.0  # end of the engine's last step
         self.buf: list[TokenEvent | FinishEvent] | None = None  # events at ``clock``, undelivered
         self.stuck = False  # has work but cannot step until something changes

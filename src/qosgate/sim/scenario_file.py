@@ -178,6 +178,9 @@ class Scenario(Strict):
     # unset: the core's default, fixed for a pausable replica, ``fleet.window.mode`` otherwise
     window_mode: WindowMode | None = None
     engine_queue: EngineQueue = "auto"
+    # under a priority engine queue, a waiting request preempts a running one of a larger value
+    # (vLLM V0, and the open fix of vLLM issue 40004); false: vLLM 0.32, which never does
+    engine_preempts: bool = True
     policies: tuple[str, ...] = Field(default=("fifo", "priority", "qos"), min_length=1)
     # fleet routers to compare, one run each on the same requests (config ``fleet.router``);
     # empty: the config's own

@@ -299,6 +299,7 @@ def setup_for(
         workload=workload,
         sample_interval=max(workload.duration / s.sample_points, 1e-3),
         engine_queue=s.engine_queue,
+        engine_preempts=s.engine_preempts,
         fleet=prep.fleet,
         faults=prep.faults,
         probe_interval=s.probe_interval_s,

@@ -114,6 +114,9 @@ class SimSetup:
     workload: Workload
     sample_interval: float
     engine_queue: EngineQueue = "auto"
+    # the engine's priority queue preempts a running seq for a waiting one of a smaller value
+    # (vLLM V0's rule); False: vLLM 0.32's, which never does (``SimEngine``)
+    engine_preempts: bool = True
     # the replicas one by one (heterogeneous fleets); empty: ``replicas`` x ``profile``/``window``
     fleet: tuple[ReplicaPlan, ...] = ()
     faults: tuple[FaultPlan, ...] = ()

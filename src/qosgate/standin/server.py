@@ -14,7 +14,9 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   sets a cap (or ``ignore_eos``) gets exactly that many tokens, as a workload's output length is
   given; one that sets none ends after ``--eos-after`` tokens (``finish_reason`` ``stop``);
 - vLLM's ``priority`` semantics: with ``--scheduling-policy priority`` a *smaller* value is handled
-  earlier (ties by arrival); under the default ``fcfs`` any integer priority is accepted (HTTP
+  earlier (ties by arrival), in the waiting queue only: as vLLM 0.32's V1 scheduler, a waiting
+  request never preempts a running one, even when ``--max-num-seqs`` is what holds it back (vLLM
+  issue #40004); under the default ``fcfs`` any integer priority is accepted (HTTP
   200) and ignored, as vLLM 0.32 does (older vLLM answered 400 "Priority scheduling is not
   enabled"); a priority that is not an integer is a 400;
 - vLLM's error bodies, ``{"error": {"message", "type", "param", "code"}}``: 400

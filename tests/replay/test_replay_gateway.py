@@ -45,16 +45,23 @@ SCENARIO: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
-    tmp = tmp_path_factory.mktemp("replay")
+def gateway_and_scenario(tmp: Path, config: dict[str, Any],
+                         scenario: dict[str, Any]) -> tuple[Server, Server, Path]:
+    """A stand-in, a gateway in front of it with ``config``, and ``scenario`` written out."""
     standin = start_standin(tmp, "--scheduling-policy", "priority")
     cfg = tmp / "gateway.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "upstreams": [{"url": standin.url,
+    cfg.write_text(yaml.safe_dump({**config, "upstreams": [{"url": standin.url,
                                                               "name": "s0"}]}))
     gw = start_gateway(tmp, "--config", str(cfg))
-    scenario = tmp / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump(SCENARIO))
+    path = tmp / "scenario.yaml"
+    path.write_text(yaml.safe_dump(scenario))
+    return standin, gw, path
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    standin, gw, scenario = gateway_and_scenario(tmp_path_factory.mktemp("replay"), CONFIG,
+                                                 SCENARIO)
     yield gw, scenario
     gw.stop()
     standin.stop()
@@ -119,14 +126,9 @@ BURST_CONFIG: dict[str, Any] = {
 
 
 def test_retries_wait_out_retry_after_and_are_reported(tmp_path: Path) -> None:
-    standin = start_standin(tmp_path, "--scheduling-policy", "priority")
-    cfg = tmp_path / "gateway.yaml"
-    cfg.write_text(yaml.safe_dump({**BURST_CONFIG, "upstreams": [{"url": standin.url,
-                                                                    "name": "s0"}]}))
-    gw = start_gateway(tmp_path, "--config", str(cfg))
-    scenario = tmp_path / "scenario.yaml"
-    scenario.write_text(yaml.safe_dump({**SCENARIO, "config": BURST_CONFIG,
-                                        "mix": [{"share": 1, "tenant": "burst"}]}))
+    standin, gw, scenario = gateway_and_scenario(
+        tmp_path, BURST_CONFIG,
+        {**SCENARIO, "config": BURST_CONFIG, "mix": [{"share": 1, "tenant": "burst"}]})
     requests = tmp_path / "requests.jsonl"
     requests.write_text("".join(
         json.dumps({"t": 0, "prompt_tokens": 64, "output_tokens": 40, "tenant": "burst",

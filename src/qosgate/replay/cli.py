@@ -26,7 +26,13 @@ from qosgate.replay.runner import Target, replay
 from qosgate.sim.fmt import num
 from qosgate.sim.report import document, dumps
 from qosgate.sim.report_tables import print_tables
-from qosgate.sim.scenario_file import ScenarioError, available_scenarios, load_scenario, override
+from qosgate.sim.scenario_file import (
+    ScenarioError,
+    arrival_changes,
+    available_scenarios,
+    load_scenario,
+    override,
+)
 from qosgate.sim.scenarios import Prepared, prepare, workload_for
 from qosgate.sim.workload import Workload
 
@@ -164,14 +170,7 @@ def replay_command(
                  "window": window, "window_mode": window_mode, "retries": retries or None,
                  "pausable": embedded}
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        arrivals: dict[str, Any] = {}
-        if time_scale is not None:
-            arrivals["time_scale"] = time_scale
-        if load is not None:
-            arrivals.update(load=load, rate=None)
-            changes["sweep"] = None
-        if arrivals:
-            changes["arrivals"] = arrivals
+        changes.update(arrival_changes(time_scale, load))
         prep = _prepared(scenario, trace, changes)
         wl = read_requests(requests, prep) if requests else workload_for(prep, load)
         wl = bounded(wl, max_requests, max_seconds)

@@ -25,6 +25,7 @@ from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
     ScenarioError,
+    arrival_changes,
     available_scenarios,
     describe,
     load_scenario,
@@ -186,14 +187,7 @@ def simulate_command(
                 raise ScenarioError(
                     f"--policies names no policy: give one or more of {', '.join(SIM_POLICIES)}"
                 )
-        arrivals: dict[str, Any] = {}
-        if time_scale is not None:
-            arrivals["time_scale"] = time_scale
-        if load is not None:
-            arrivals.update(load=load, rate=None)
-            changes["sweep"] = None
-        if arrivals:
-            changes["arrivals"] = arrivals
+        changes.update(arrival_changes(time_scale, load))
         gw: dict[str, Any] = {}
         if gateways is not None:
             try:

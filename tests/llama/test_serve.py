@@ -7,6 +7,7 @@ do; and the start-up error when the GGUF is missing.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +20,7 @@ import pytest
 
 from qosgate.models.llamacpp import LlamaCppEngine
 from qosgate.models.step import Sampling, SeqSpec
+from tests.gateway.conftest import QOSGATE
 from tests.llama.conftest import MODEL, MODEL_PATH, Serve
 
 QUESTION = "Name three primary colors."
@@ -220,3 +222,37 @@ def test_sim_engine_stays_available_by_flag(tmp_path: Path) -> None:
         assert r.usage is not None and r.usage.completion_tokens == 3
     finally:
         assert s.stop() == 0
+
+
+def test_replay_says_what_the_embedded_engine_does_not_take_and_runs_without_it(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """``qosgate replay`` against the embedded engine: token-id prompts and ``ignore_eos`` (the
+    defaults) are refused with a 400 naming the field, and the report counts them by field;
+    with ``--text-prompts --no-ignore-eos`` every request is served."""
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(
+        "name: eos\npolicies: [qos]\nduration_s: 1\narrivals: {process: poisson, rate: 1}\n"
+        "lengths: {prompt: {dist: constant, value: 16}, output: {dist: constant, value: 8}}\n"
+        "mix: [{share: 1, class: api}]\n"
+        "tpot_slo_ms: {realtime: 200, api: 200, batch: 1000, offline: 1000}\n")
+    requests = tmp_path / "requests.jsonl"
+    requests.write_text('{"t": 0, "prompt_tokens": 16, "output_tokens": 8}\n' * 2)
+
+    def replay(*extra: str) -> dict[str, Any]:
+        proc = subprocess.run(
+            [*QOSGATE, "replay", serve.url, "--scenario", str(scenario), "--requests",
+             str(requests), "--json-only", "--max-seconds", "60", *extra],
+            capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        doc: dict[str, Any] = json.loads(proc.stdout)
+        return doc
+
+    for extra, field in (((), "ignore_eos"), (("--no-ignore-eos",), "prompt")):
+        refused = replay(*extra)
+        assert refused["runs"][0]["outcomes"] == {"failed": 2}
+        assert refused["replay"]["unsupported_fields"] == {field: 2}
+    served = replay("--text-prompts", "--no-ignore-eos")
+    assert served["runs"][0]["outcomes"] == {"completed": 2}
+    assert served["replay"]["unsupported_fields"] == {} and not served["replay"]["ignore_eos"]
+    assert served["replay"]["short_outputs"] <= 2  # the model may end before 8 tokens

@@ -53,7 +53,8 @@ def text_of(seed: str, p: Planned) -> str:
     return " ".join(_tokens(seed, p, lambda rng: rng.choice(_WORDS)))
 
 
-def body(p: Planned, model: str, token_prompts: bool, seed: str = "") -> tuple[str, bytes]:
+def body(p: Planned, model: str, token_prompts: bool, seed: str = "",
+         ignore_eos: bool = True) -> tuple[str, bytes]:
     """(path, JSON body): streamed, usage included, ``max_tokens`` = the output length with
     ``ignore_eos`` so the engine generates exactly that many tokens where it honours it (an
     engine that does not may stop early at its end-of-sequence token: the record then has fewer
@@ -61,11 +62,12 @@ def body(p: Planned, model: str, token_prompts: bool, seed: str = "") -> tuple[s
     doc: dict[str, object] = {
         "model": model,
         "max_tokens": p.output,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
         "temperature": 0,
     }
+    if ignore_eos:  # (an engine that refuses the field answers 400 naming it: --no-ignore-eos)
+        doc["ignore_eos"] = True
     if token_prompts:
         doc["prompt"] = token_ids(seed, p)
         path = COMPLETIONS

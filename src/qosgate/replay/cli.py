@@ -9,6 +9,7 @@ import json
 import secrets
 import sys
 import urllib.request
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,9 @@ from qosgate.sim.scenario_file import (
 )
 from qosgate.sim.scenarios import Prepared, prepare, workload_for
 from qosgate.sim.workload import Workload
+
+# a 400 naming one of these fields: the endpoint does not take what the replay sent there
+WAYS_AROUND = {"ignore_eos": "--no-ignore-eos", "prompt": "--text-prompts"}
 
 
 def check_host(url: str, allowed: list[str]) -> str:
@@ -136,6 +140,10 @@ def replay_command(
         help="Seed of the prompts' tokens. Default: a new one each run, so no replay finds "
         "another's prompts in the engine's prefix cache; give the one a report names to send "
         "the same bytes again.")] = None,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos/--no-ignore-eos", help="Ask for exactly the workload's output length "
+        "(ignore_eos). An engine that refuses the field (qosgate's embedded llama.cpp) answers "
+        "400: replay it with --no-ignore-eos; outputs may then end early.")] = True,
     retries: Annotated[int, typer.Option(
         min=0, max=20, help="Send a refused request again after its Retry-After, up to N "
         "times.")] = 0,
@@ -183,7 +191,7 @@ def replay_command(
         raise typer.Exit(2) from None
     seed_of_prompts = prompt_seed if prompt_seed is not None else secrets.token_hex(4)
     target = Target(base, name, token_prompts, retries, max_seconds, request_timeout,
-                    seed_of_prompts)
+                    seed_of_prompts, ignore_eos)
     show = not (quiet or json_only)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                         MofNCompleteColumn(), TimeElapsedColumn(), console=err,
@@ -203,9 +211,14 @@ def replay_command(
     run = res.runs[0]
     short = sum(1 for a in attempts if a.answer.state == "completed"
                 and a.answer.output_tokens < a.planned.output)
+    # 400s naming a field the replay chose: the endpoint does not take it (a flag says how not
+    # to send it)
+    unsupported = Counter(a.answer.param for a in attempts
+                          if a.answer.status == 400 and a.answer.param in WAYS_AROUND)
     doc["replay"] = {"url": base, "model": name, "token_prompts": token_prompts,
                      "retries": retries, "planned": len(plan),
-                     "prompt_seed": seed_of_prompts, "short_outputs": short,
+                     "prompt_seed": seed_of_prompts, "ignore_eos": ignore_eos,
+                     "short_outputs": short, "unsupported_fields": dict(unsupported),
                      "refusals": run.metrics["refusals"]}
     if compare_sim is not None:
         pred = predict(prep, wl, compare_sim, sim_policy, replicas)
@@ -219,6 +232,10 @@ def replay_command(
         print_tables(res, console)
         if run.metrics["refusals"]:
             console.print(refusals_table(run.metrics["refusals"]))
+        for param, n in sorted(unsupported.items()):
+            console.print(f"[red]{n} request(s) were refused because the endpoint does not take "
+                          f"their {param} (400, param {param}): replay with "
+                          f"{WAYS_AROUND[param]}.[/red]")
         if short:
             console.print(f"[yellow]{short} completed request(s) got fewer tokens than their "
                           "max_tokens: the engine stopped at its end-of-sequence token (it does "

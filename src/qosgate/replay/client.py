@@ -28,6 +28,7 @@ class Answer:
     status: int = 0
     state: str = "failed"
     reason: str = ""
+    param: str = ""  # the error's ``param``, where it names one
     retry_after: float | None = None
     first_token_at: float | None = None
     finished_at: float = 0.0
@@ -40,6 +41,13 @@ def _error_code(raw: bytes) -> str:
         err = json.loads(raw)["error"]
         code = err.get("code") or err.get("type")
         return str(code) if code else ""
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+
+
+def _error_param(raw: bytes) -> str:
+    try:
+        return str(json.loads(raw)["error"].get("param") or "")
     except (ValueError, KeyError, TypeError, AttributeError):
         return ""
 
@@ -117,6 +125,7 @@ async def send(pool: Pool, head: bytes, body: bytes, t0: float, ans: Answer) -> 
         if conn.status != 200:
             raw = await conn.read_all()
             _ended(ans, conn.status, _error_code(raw))
+            ans.param = _error_param(raw)
             ans.retry_after = _retry_after(conn.retry_after)
             return
         stream = _Stream(ans, t0)

@@ -40,6 +40,7 @@ class Target:
     max_seconds: float = 600.0
     timeout_s: float = 600.0  # one request's own bound
     prompt_seed: str = ""  # the prompts' tokens (``bodies``): a new one per replay by default
+    ignore_eos: bool = True
 
 
 # on_event(sent, done): the progress bar's counts
@@ -71,7 +72,8 @@ async def replay(plan: list[Planned], target: Target,
         att = Attempt(p, rid, k, time.monotonic() - t0)
         attempts.append(att)
         tick()
-        path, data = body(p, target.model, target.token_prompts, target.prompt_seed)
+        path, data = body(p, target.model, target.token_prompts, target.prompt_seed,
+                          target.ignore_eos)
         try:
             async with asyncio.timeout(target.timeout_s):
                 await send(pool, head(prefix, host, path, att.planned), data, t0, att.answer)

@@ -42,7 +42,7 @@ from pathlib import Path
 from multiturn import MultiTurn, prefix_cache_counts, run_sessions, summarize, words
 from vllm_common import MODEL, build_env, drain, start_vllm
 
-from tests.gateway.conftest import Server, free_port, start_gateway
+from tests.gateway.conftest import Server, reserved_port, start_gateway
 
 ROUTERS = ("least-load", "cache-aware", "precise")
 
@@ -74,7 +74,7 @@ def start_replicas(tmp: Path, max_num_seqs: int) -> list[Replica]:
     """Both vLLMs, started at once, each on its own core, publishing KV events."""
 
     def one(i: int) -> Replica:
-        zport = free_port()
+        zport = reserved_port()
         kv = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": f"tcp://*:{zport}", "topic": "kv"}
         s = start_vllm(tmp, "fcfs", max_num_seqs, tag=f"-{i}",

@@ -12,8 +12,8 @@ SmolLM2-135M-Instruct, ``--scheduling-policy priority``), built and cached by
 2. ``qosgate replay`` of the scenario straight at the vLLM (``--compare-sim`` with
    ``--sim-policy engine-fcfs``: a raw engine's FCFS queue);
 3. a gateway in front of the same vLLM (the scenario's tenants and keys, the default policy and
-   upstream settings), and the same ``qosgate replay`` through it (``--compare-sim``, policy
-   ``qos``);
+   upstream settings: ``priority_polarity: none``, so vLLM's queue is FCFS), and the same
+   ``qosgate replay`` through it (``--compare-sim``, policy ``qos``);
 4. side by side, per tenant (the scenario's classes beside them): TTFT p50 and p99, SLO
    attainment, completed requests; then each run's prediction errors (the goal ``--goal`` on
    the TTFT and TPOT p50s).

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 
 from qosgate.core.signals import LoadSignals  # noqa: E402
 from qosgate.wire.engine_metrics import parse_engine_metrics  # noqa: E402
-from tests.gateway.conftest import Server, free_port  # noqa: E402
+from tests.gateway.conftest import Server, reserved_port  # noqa: E402
 
 PY = sys.executable
 SCRIPT = ROOT / "scripts" / "vllm_env.py"
@@ -37,7 +37,7 @@ def start_vllm(tmp: Path, policy: str, max_num_seqs: int, tag: str = "",
                env: Sequence[str] = (), extra: Sequence[str] = ()) -> Server:
     """A vLLM API server with ``--scheduling-policy policy`` and ``max_num_seqs`` slots;
     ``env``: ``KEY=VALUE`` for its environment, ``extra``: more vLLM flags."""
-    port = free_port()
+    port = reserved_port()
     name = f"{policy}{tag}"
     args = [PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
             "--max-num-seqs", str(max_num_seqs), "--scratch", str(tmp / f"scratch-{name}")]

@@ -31,9 +31,9 @@ from qosgate.wire.engine_metrics import parse_engine_metrics
 from tests.gateway.conftest import (
     PY,
     Server,
-    free_port,
     http,
     metric_values,
+    reserved_port,
     start_gateway,
     start_standin,
     wait_until,
@@ -103,8 +103,8 @@ def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
     """One vLLM publishing its KV-cache events on a loopback port of its own (bound on every
     interface: vLLM binds only an endpoint with ``*``), in dev mode (``POST
     /reset_prefix_cache``)."""
-    port = free_port()
-    events = free_port()
+    port = reserved_port()
+    events = reserved_port()
     KV_EVENTS[f"http://127.0.0.1:{port}"] = f"tcp://127.0.0.1:{events}"
     kv_config = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                             "endpoint": f"tcp://*:{events}", "topic": KV_TOPIC})

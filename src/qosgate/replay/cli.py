@@ -158,6 +158,11 @@ def replay_command(
     compare_sim: Annotated[str | None, typer.Option(
         "--compare-sim", help="Engine profile (name or YAML): simulate the same requests and "
         "print measured vs predicted with the relative error.")] = None,
+    engine_queue: Annotated[str | None, typer.Option(
+        "--engine-queue", help="auto | fcfs | priority: the engines' own queue --compare-sim "
+        "models. auto: priority behind a qos gateway, as with its upstreams' priority_polarity "
+        "vllm (or sglang); give fcfs for a gateway that strips the priority (polarity none, "
+        "the default) or an engine without priority scheduling.")] = None,
     sim_policy: Annotated[str, typer.Option(
         help="The policy --compare-sim simulates: qos behind qosgate, fifo for a raw "
         "engine.")] = "qos",
@@ -176,7 +181,7 @@ def replay_command(
         base = check_host(url, allow_host or [])
         given = {"seed": seed, "duration_s": duration, "profile": profile, "replicas": replicas,
                  "window": window, "window_mode": window_mode, "retries": retries or None,
-                 "pausable": embedded}
+                 "pausable": embedded, "engine_queue": engine_queue}
         changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         changes.update(arrival_changes(time_scale, load))
         prep = _prepared(scenario, trace, changes)

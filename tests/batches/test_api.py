@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
@@ -299,3 +300,26 @@ async def _feeder_answers_one_and_cancels(directory: Path, batch_id: str) -> Non
         await store.finish(batch_id, 1, "cancelled")
     finally:
         await store.close()
+
+
+def _open_and_close(directory: str) -> None:
+    async def go() -> None:
+        store = BatchStore(Path(directory), lambda: 0.0)
+        await store.open()
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_workers_opening_one_new_store_together_all_start(tmp_path: Path) -> None:
+    """``serve --workers`` opens one new database from several processes at once: each must
+    open it (a worker failed to start on "database is locked" from the switch to WAL)."""
+    ctx = multiprocessing.get_context("spawn")
+    for round_ in range(4):
+        directory = tmp_path / f"round-{round_}"
+        procs = [ctx.Process(target=_open_and_close, args=(str(directory),)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+        assert [p.exitcode for p in procs] == [0, 0, 0, 0]

@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,6 +67,8 @@ UNANSWERED: dict[str, tuple[str, str]] = {
     "failed": ("batch_failed", "This request was not executed because the batch failed."),
 }
 _INSERT_CHUNK = 1000
+
+OPEN_TIMEOUT_S = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -231,11 +234,22 @@ class BatchStore:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.directory / "batches.sqlite3", isolation_level=None,
-                             timeout=30.0)
+                             timeout=OPEN_TIMEOUT_S)
         db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
+        # Processes opening one new database together (``serve --workers 2``) can get "database
+        # is locked" at once from the switch to WAL or the schema, without SQLite's busy wait
+        # (a worker then failed to start): the steps are idempotent, so try them again.
+        deadline = time.monotonic() + OPEN_TIMEOUT_S
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.executescript(_SCHEMA)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self._db = db
         self._sweep()
 

@@ -1,5 +1,9 @@
-"""``qosgate calibrate``: the fit (pure), the measurements' arithmetic, and a probe of a stand-in
-started with a known built-in profile, which must give that profile back."""
+"""``qosgate calibrate``: the fit (pure), the measurements' arithmetic, the probe against the
+stand-in's own engine model in virtual time (which must give its profile back), and the command
+end to end against a live stand-in.
+
+How close a probe of a *live* stand-in on a busy machine comes is a timing figure, so it is a
+benchmark (``bench/calibrate_accuracy.py``), not an assertion here."""
 
 from __future__ import annotations
 
@@ -11,17 +15,19 @@ from typer.testing import CliRunner
 
 from qosgate.calibrate.client import Timed
 from qosgate.calibrate.fit import fit, tpot_observation, ttft_observation
-from qosgate.calibrate.probe import decode_observation, kv_capacity_from_metrics
+from qosgate.calibrate.probe import (
+    Capacity,
+    Probe,
+    decode_observation,
+    default_plan,
+    kv_capacity_from_metrics,
+)
 from qosgate.cli import app
 from qosgate.models.simmodel import EngineProfile, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
 from tests.gateway.conftest import Server, start_standin
 
 PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coefficient shows
-# Against the stand-in the fit lands within ~2% (11 measurements, ~10 s); the bound leaves
-# room for a busy machine's jitter in the small terms (decode's per-ctx-token cost is ~2 ms of
-# a 14 ms step at the largest batch probed).
-TOLERANCE = 0.15
 COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",
          "decode_s_per_ctx_token", "decode_s_per_seq")
 ATTENTION = 3e-9  # s per (prefill token, token it attends to): a CPU's quadratic prefill
@@ -112,6 +118,59 @@ def test_kv_capacity_from_vllm_cache_config_info() -> None:
     assert kv_capacity_from_metrics("vllm:num_requests_running 0\n") is None
 
 
+class VirtualEngine:
+    """The stand-in's engine model (``SimEngine`` of a profile) stepped in virtual time: what a
+    stand-in at time scale 1 serves, timed with no machine in between."""
+
+    def __init__(self, profile: EngineProfile) -> None:
+        self.engine = SimEngine(profile)
+        self.t = 0.0
+        self.seqs = 0
+
+    def now(self) -> float:
+        return self.t
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> list[Timed]:
+        runs: dict[str, Timed] = {}
+        for ids in prompts:
+            self.seqs += 1
+            sid = f"s{self.seqs}"
+            runs[sid] = Timed(sent=self.t, prompt_tokens=len(ids), completion_tokens=max_tokens)
+            self.engine.add(SeqSpec(seq_id=sid, prompt_tokens=len(ids), max_tokens=max_tokens))
+        while self.engine.has_work():
+            res = self.engine.step()
+            self.t += res.duration_s
+            for tok in res.tokens:
+                runs[tok.seq_id].tokens.append(self.t)
+        return list(runs.values())
+
+
+def test_the_probe_recovers_the_engines_profile_in_virtual_time() -> None:
+    """The whole probe (plan, pilot, prefill ladder, decode windows, time guard) and the fit,
+    against the engine model the stand-in serves: every coefficient comes back (no timing
+    noise: the clock is virtual), and no run is skipped for time that fits the limit."""
+    p = load_profile(PROFILE)
+    cap = Capacity(p.max_num_seqs, p.max_num_batched_tokens, p.kv_capacity_tokens)
+    engine = VirtualEngine(p)
+    probe = Probe(engine, cap, default_plan(cap, None, 60.0), say=lambda _: None)
+    result = fit(probe.run())
+    assert probe.skipped == [], probe.skipped
+    for c in COEFS:
+        assert result.coef[c] == pytest.approx(getattr(p, c), rel=1e-6, abs=1e-12), c
+    assert engine.t < 60.0  # the plan kept to its time limit, on the clock it was given
+
+
+def test_a_run_that_would_pass_the_time_limit_is_skipped_and_said() -> None:
+    p = load_profile(PROFILE)
+    cap = Capacity(p.max_num_seqs, p.max_num_batched_tokens, p.kv_capacity_tokens)
+    engine = VirtualEngine(p)
+    probe = Probe(engine, cap, default_plan(cap, None, 8.0), say=lambda _: None)
+    probe.run()
+    assert probe.skipped and all(s.endswith("(time)") for s in probe.skipped), probe.skipped
+    assert "decode n=64 prompt 1024 (time)" in probe.skipped
+    assert engine.t < 8.0
+
+
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_standin(tmp_path_factory.mktemp("cal"), "--profile", PROFILE)
@@ -119,7 +178,9 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
-def test_calibrate_recovers_a_standins_profile(standin: Server, tmp_path: Path) -> None:
+def test_calibrate_writes_a_profile_the_simulator_loads(standin: Server, tmp_path: Path) -> None:
+    """The command against a live stand-in: probe, fit, table, a profile file with the engine's
+    limits, model and source. The coefficients' accuracy is the virtual-time test's (above)."""
     p = load_profile(PROFILE)
     out = tmp_path / "fitted.yaml"
     res = CliRunner().invoke(app, [
@@ -132,7 +193,8 @@ def test_calibrate_recovers_a_standins_profile(standin: Server, tmp_path: Path) 
     assert "measured vs modelled" in res.output
     fitted = load_profile(out)  # what `qosgate simulate --profile FILE` loads
     for c in COEFS:
-        assert getattr(fitted, c) == pytest.approx(getattr(p, c), rel=TOLERANCE), c
+        assert getattr(fitted, c) >= 0, c
+    assert fitted.step_fixed_s > 0 and fitted.prefill_s_per_token > 0
     assert (fitted.max_num_seqs, fitted.max_num_batched_tokens, fitted.kv_capacity_tokens) == (
         p.max_num_seqs, p.max_num_batched_tokens, p.kv_capacity_tokens)
     assert fitted.model == p.model

@@ -13,7 +13,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from qosgate.calibrate.client import ProbeError
+from qosgate.calibrate.client import HttpEngine, ProbeError
 from qosgate.calibrate.fit import fit
 from qosgate.calibrate.probe import Capacity, Probe, default_plan, describe
 from qosgate.calibrate.report import (
@@ -90,7 +90,7 @@ def calibrate_command(
     console.print(f"probing {base} ({probe_model}): prefill {plan.prefill_lengths} tokens, "
                   f"decode n={plan.batch_sizes} at prompts {plan.decode_prompts}; "
                   f"at most {time_limit:g} s")
-    probe = Probe(base, probe_model, cap, plan, say=console.print, seed=seed)
+    probe = Probe(HttpEngine(base, probe_model), cap, plan, say=console.print, seed=seed)
     began = time.monotonic()
     try:
         obs = probe.run()

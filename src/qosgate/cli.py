@@ -7,6 +7,7 @@ place); the other commands are small.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -21,7 +22,8 @@ from qosgate.extras import EMBEDDED, missing
 from qosgate.tables import FitTable
 
 if TYPE_CHECKING:  # the server's modules load only when a command needs them
-    from qosgate.settings import GatewaySettings
+    from qosgate.server.run import Listeners
+    from qosgate.settings import EngineSettings, GatewaySettings
 from qosgate.config import (
     ConfigError,
     PolicyName,
@@ -216,6 +218,14 @@ def serve(
         _opt("llamacpp: CPU threads (default: the CPU count, at most 8).",
              "QOSGATE_THREADS", "--threads", panel=BUILT_IN, metavar="N"),
     ] = None,
+    no_preflight: Annotated[
+        bool,
+        _flag("--no-preflight",
+              "llamacpp: skip the start-up check (a few tokens decoded in a child process "
+              "before serving, so that a llama.cpp that crashes here stops start-up with its "
+              "cause and fix, not the gateway at its first request).",
+              "QOSGATE_NO_PREFLIGHT", BUILT_IN),
+    ] = False,
     pause: Annotated[
         bool | None,
         _flag("--pause/--no-pause",
@@ -265,6 +275,9 @@ def serve(
         from qosgate.server.workers import run_workers
 
         raise typer.Exit(run_workers(workers, instance_id))
+    # a native crash (llama.cpp in-process) cannot be caught; this leaves at least "Fatal
+    # Python error: <signal>" and the Python stack of every thread on stderr, where the log is
+    faulthandler.enable()
     from qosgate.server.banner import banner, windows
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
@@ -303,6 +316,8 @@ def serve(
                      ("n_threads", threads), ("pausable", pause)):
             if v is not None:
                 eng[k] = v
+        if no_preflight:
+            eng["preflight"] = False
         if upstream:
             data["upstreams"] = [{"url": u.strip()} for u in upstream.split(",") if u.strip()]
         for u in data["upstreams"]:
@@ -330,6 +345,10 @@ def serve(
                       + (f" / metrics port {s.metrics_port}" if s.metrics_port is not None else "")
                       + f": {exc.strerror or exc}[/red]")
         raise typer.Exit(2) from None
+    es = settings.engine
+    checked = None
+    if not settings.upstreams and es.kind == "llamacpp" and es.preflight:
+        checked = _preflight(es, listeners)
     try:
         gw = build_gateway(cfg, settings, policy)
     except (OSError, ImportError, RuntimeError, ValueError) as exc:
@@ -343,11 +362,31 @@ def serve(
 
     def serving() -> None:  # printed once the sockets accept connections
         metrics = None if listeners.metrics is None else Listeners.address(listeners.metrics)
-        for line in banner(gw, cfg, settings, Listeners.address(listeners.api), metrics, starts):
+        for line in banner(gw, cfg, settings, Listeners.address(listeners.api), metrics, starts,
+                           checked):
             console.print(line, soft_wrap=True)  # a log line is one line, whatever the width
 
     if not run_server(gw, listeners, serving):
         raise typer.Exit(1)
+
+
+def _preflight(es: EngineSettings, listeners: Listeners) -> str:
+    """Exit 2 before serving if the embedded engine cannot run here (``runtime/preflight.py``):
+    a crash or a hang with its cause and fix, an ordinary error (a missing model file) as it is
+    said when the gateway builds the engine. Returns the check's line for the banner."""
+    from qosgate.runtime.preflight import cpu_flags, explain, preflight
+
+    res = preflight(es)
+    if res.ok:
+        return (f"start-up check passed: a child process decoded {res.tokens} tokens in "
+                f"{res.seconds:.1f} s")
+    listeners.close()
+    if res.error is not None:
+        console.print(f"[red]cannot start the engine: {escape(res.error)}[/red]", soft_wrap=True)
+    else:
+        err.print(explain(res, cpu_flags()), style="red", markup=False, highlight=False,
+                  soft_wrap=True)
+    raise typer.Exit(2)
 
 
 EMBEDDED_HINT = (f"the embedded engine needs `{EMBEDDED.pip}`; or front an engine with "

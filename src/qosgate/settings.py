@@ -209,6 +209,12 @@ class EngineSettings(Strict):
         default=True, description="llamacpp: serve /v1/embeddings (the model, mean-pooled)")
     embed_batch_tokens: int = Field(
         default=512, ge=16, description="llamacpp: tokens of one embeddings decode")
+    preflight: bool = Field(
+        default=True, description="llamacpp: before serving, decode a few tokens in a child "
+        "process with these settings; if it crashes, exit naming the cause instead of dying "
+        "on the first request")
+    preflight_timeout_s: float = Field(
+        default=120.0, gt=0, description="llamacpp: that check at most, model load included")
 
 
 class EmbeddingsSettings(Strict):

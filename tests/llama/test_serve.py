@@ -8,6 +8,7 @@ do; and the start-up error when the GGUF is missing.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -74,6 +75,9 @@ def direct(spec: SeqSpec) -> tuple[str, int, int]:
 def test_default_engine_is_llamacpp_with_the_shipped_model(serve: Serve) -> None:
     log = serve.log.read_text()
     assert "llama.cpp in-process" in log and "SmolLM2-135M-Instruct" in log, log
+    # what llama.cpp was built to use, and the start-up check (runtime/preflight.py) passed
+    assert re.search(r"llama\.cpp: CPU : .*; start-up check passed: a child process decoded "
+                     r"\d+ tokens in", log), log
     assert [m.id for m in serve.client().models.list().data] == [MODEL]
 
 

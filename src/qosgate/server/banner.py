@@ -40,10 +40,19 @@ def engine_description(e: Any, profile: str) -> str:
     return f"built-in simulated engine ({profile}, a stand-in: no real model)"
 
 
+def llama_line(checked: str | None) -> str:
+    """What the loaded llama.cpp was built to use (the first thing to read when it crashes) and
+    how the start-up check went (``runtime/preflight.py``)."""
+    from qosgate.models.llamacpp import system_info
+
+    return f"    llama.cpp: {system_info()}" + (f"; {checked}" if checked else "")
+
+
 def banner(gw: Gateway, cfg: QosConfig, settings: GatewaySettings, api: str,
-           metrics: str | None, starts: dict[str, str]) -> list[str]:
+           metrics: str | None, starts: dict[str, str], checked: str | None = None) -> list[str]:
     """The lines (rich markup) for a gateway serving on ``api`` (and ``metrics``), with the
-    replicas' windows as they started (``windows``)."""
+    replicas' windows as they started (``windows``) and, for the embedded engine, the start-up
+    check's line (``checked``)."""
     lines = [f"qosgate {__version__} serving on {api}  (policy {gw.scheduler.policy.name})"]
     if metrics is not None:
         lines.append(f"  /metrics on {metrics}/metrics only"
@@ -51,6 +60,8 @@ def banner(gw: Gateway, cfg: QosConfig, settings: GatewaySettings, api: str,
     for name, e in gw.engines.items():
         where = getattr(e, "base", None) or engine_description(e, settings.engine.profile)
         lines.append(f"  replica {name}: {where}, {starts[name]}")
+        if getattr(getattr(e, "engine", None), "model_path", None) is not None:
+            lines.append(llama_line(checked))
     if gw.open:
         lines.append("  [yellow]no tenants configured: running OPEN as one default tenant "
                      f"({cfg.default_tenant!r}); any key is accepted[/yellow]")

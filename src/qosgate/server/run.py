@@ -31,7 +31,7 @@ import uvicorn
 
 from qosgate.config import QosConfig
 from qosgate.models.simmodel import SimEngine, load_profile
-from qosgate.runtime.embedded import llamacpp_replica
+from qosgate.runtime.embedded import llamacpp_from_settings
 from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.runtime.ports import Engine
 from qosgate.runtime.upstream.replica import OpenAIUpstream
@@ -61,12 +61,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
         return engines
     es = settings.engine
     if es.kind == "llamacpp":
-        llama = llamacpp_replica(
-            model=es.model, capacity=es.capacity, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
-            n_threads=es.n_threads, served_model_name=es.served_model_name,
-            evict_paused=es.evict_paused, pausable=es.pausable,
-            embeddings=es.embeddings, embed_batch_tokens=es.embed_batch_tokens,
-        )
+        llama = llamacpp_from_settings(es)
         return {llama.name: llama}
     prof = load_profile(es.profile)
     if es.max_num_seqs is not None:

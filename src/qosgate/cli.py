@@ -265,9 +265,11 @@ def serve(
         from qosgate.server.workers import run_workers
 
         raise typer.Exit(run_workers(workers, instance_id))
+    from qosgate.runtime.batches.directory import DirectoryRefused
     from qosgate.server.banner import banner, windows
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
+    from qosgate.server.workers import this_worker
     from qosgate.settings import load_settings, settings_from_mapping
 
     cfg = _load(config)
@@ -331,7 +333,11 @@ def serve(
                       + f": {exc.strerror or exc}[/red]")
         raise typer.Exit(2) from None
     try:
-        gw = build_gateway(cfg, settings, policy)
+        gw = build_gateway(cfg, settings, policy, this_worker())
+    except DirectoryRefused as exc:
+        listeners.close()
+        err.print(f"[red]cannot keep batch jobs: {escape(str(exc))}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
     except (OSError, ImportError, RuntimeError, ValueError) as exc:
         listeners.close()
         # the message as written (a hint like qosgate[kv-events] is not markup), on one line

@@ -245,3 +245,12 @@ def test_a_directory_on_a_network_file_system_is_refused() -> None:
         assert "batches.dir" in str(refused.value)
     check_local(Path("/home/alice/local/q"), MOUNTS)
     check_local(Path("/var/lib/qosgate"), MOUNTS)
+
+
+def test_a_directory_it_cannot_write_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    d = batch_directory(settings_from_mapping({"batches": {"dir": str(tmp_path / "file" / "q")}}),
+                        "gw")
+    with pytest.raises(DirectoryRefused, match="cannot use the batch directory"):
+        d.claim()
+    assert not d.claimed

@@ -306,7 +306,11 @@ class BatchDirectory:
         if self._lock is not None:
             return
         check_local(self.path)
-        self._lock = lock_directory(self.path, self.sharing, self.holder)
+        try:
+            self._lock = lock_directory(self.path, self.sharing, self.holder)
+        except OSError as exc:  # not ours to write, or a file system without flock
+            raise DirectoryRefused(f"cannot use the batch directory {self.path}: "
+                                   f"{exc.strerror or exc}") from exc
         legacy = state_home() / "qosgate" / "batches.sqlite3"
         if not self.temporary and legacy.exists() and legacy.parent != self.path:
             self.notes.append((logging.WARNING, (

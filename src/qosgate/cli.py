@@ -278,9 +278,11 @@ def serve(
     # a native crash (llama.cpp in-process) cannot be caught; this leaves at least "Fatal
     # Python error: <signal>" and the Python stack of every thread on stderr, where the log is
     faulthandler.enable()
+    from qosgate.runtime.batches.directory import DirectoryRefused
     from qosgate.server.banner import banner, windows
     from qosgate.server.run import Listeners, build_gateway
     from qosgate.server.run import serve as run_server
+    from qosgate.server.workers import this_worker
     from qosgate.settings import load_settings, settings_from_mapping
 
     cfg = _load(config)
@@ -350,7 +352,11 @@ def serve(
     if not settings.upstreams and es.kind == "llamacpp" and es.preflight:
         checked = _preflight(es, listeners)
     try:
-        gw = build_gateway(cfg, settings, policy)
+        gw = build_gateway(cfg, settings, policy, this_worker())
+    except DirectoryRefused as exc:
+        listeners.close()
+        err.print(f"[red]cannot keep batch jobs: {escape(str(exc))}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
     except (OSError, ImportError, RuntimeError, ValueError) as exc:
         listeners.close()
         # the message as written (a hint like qosgate[kv-events] is not markup), on one line

@@ -283,8 +283,10 @@ class BatchSettings(Strict):
         default=True, description="run jobs' lines on this instance (false: it serves the API "
         "only, and instances sharing the directory and Redis run the jobs)")
     dir: Path | None = Field(
-        default=None, description="database and files; default: $XDG_STATE_HOME/qosgate "
-        "(~/.local/state/qosgate)")
+        default=None, description="database and files, one deployment's (held locked while "
+        "the gateway runs; shared only by instances with the same redis.url; not on a network "
+        "file system); default: per listening address, $XDG_STATE_HOME/qosgate/batches/"
+        "<host>-<port> (~/.local/state/...); port 0: a temporary directory of the process")
     max_file_bytes: int = Field(default=200 * 1024 * 1024, ge=1024,
                                 description="an uploaded batch file at most (OpenAI: 200 MB)")
     max_lines: int = Field(default=50_000, ge=1,

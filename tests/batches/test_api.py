@@ -43,8 +43,9 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def state_dir(gw: Server) -> Path:
-    """The gateway's batch directory: $XDG_STATE_HOME/qosgate (tests/gateway/conftest.py)."""
-    return gw.log.parent / f"state-{gw.port}" / "qosgate"
+    """The gateway's batch directory: $XDG_STATE_HOME/qosgate/batches/<host>-<port>, the
+    default for its address (tests/gateway/conftest.py sets XDG_STATE_HOME)."""
+    return gw.log.parent / f"state-{gw.port}" / "qosgate" / "batches" / f"127.0.0.1-{gw.port}"
 
 
 def client(gw: Server, key: str = "sk-acme") -> OpenAI:

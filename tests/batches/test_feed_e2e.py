@@ -24,6 +24,7 @@ from tests.gateway.conftest import (
     Server,
     http,
     metric_values,
+    reserved_port,
     start_gateway,
     start_standin,
     wait_until,
@@ -33,8 +34,12 @@ CHAT = "/v1/chat/completions"
 _LINE = re.compile(rb"line (\d+)\b")
 
 
-def config(tmp: Path, standin: Server, extra: str = "", capacity: int = 8) -> Path:
+def config(tmp: Path, standin: Server, extra: str = "", capacity: int = 8,
+           own_dir: bool = True) -> Path:
+    """A gateway's config; ``own_dir``: ``batches.dir`` is ``tmp/batches`` (else the default,
+    per listening address)."""
     path = tmp / f"gw-{time.monotonic_ns()}.yaml"
+    dir_line = f"dir: {tmp / 'batches'}" if own_dir else ""
     path.write_text(f"""
 tenants:
   - {{name: acme, api_keys: [sk-acme]}}
@@ -43,7 +48,7 @@ upstreams:
   - url: {standin.url}
     capacity: {capacity}
 batches:
-  dir: {tmp / "batches"}
+  {dir_line}
   live_window_s: 0.2  # no live traffic here: the whole fleet is the job's 0.2 s after start
   windows: ["24h", "3s"]
   backoff_s: 0.05
@@ -63,10 +68,11 @@ def standin(tmp_path: Path) -> Iterator[Server]:
     s.stop()
 
 
-def bodies(tmp: Path) -> Counter[int]:
-    """How many times the engine received each line (by the ``line N`` its prompt names)."""
+def bodies(tmp: Path, name: str = "bodies.jsonl") -> Counter[int]:
+    """How many times the engine received each line (by the ``line N`` its prompt names), from
+    the stand-in's ``--record`` file ``tmp/name``."""
     seen: Counter[int] = Counter()
-    path = tmp / "bodies.jsonl"
+    path = tmp / name
     if path.exists():
         for raw in path.read_bytes().splitlines():
             m = _LINE.search(base64.b64decode(json.loads(raw)["body"]))
@@ -79,11 +85,12 @@ def client(gw: Server, key: str = "sk-acme") -> OpenAI:
     return OpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
 
 
-def submit(c: OpenAI, tmp: Path, n: int, window: str = "24h", max_tokens: int = 8) -> str:
+def submit(c: OpenAI, tmp: Path, n: int, window: str = "24h", max_tokens: int = 8,
+           model: str = MODEL) -> str:
     path = tmp / f"in-{n}.jsonl"
     path.write_text("".join(json.dumps({
         "custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-        "body": {"model": MODEL, "max_tokens": max_tokens,
+        "body": {"model": model, "max_tokens": max_tokens,
                  "messages": [{"role": "user", "content": f"line {i} of the job"}]},
     }) + "\n" for i in range(n)))
     with path.open("rb") as f:
@@ -132,26 +139,35 @@ def test_a_200_line_job_answers_every_custom_id_once(standin: Server, tmp_path: 
         gw.stop()
 
 
-def answered_lines(tmp: Path) -> set[int]:
+def answered_lines(directory: Path) -> set[int]:
     """The lines with an answer recorded in the job's database (read beside the gateway)."""
-    with sqlite3.connect(tmp / "batches" / "batches.sqlite3") as db:
+    with sqlite3.connect(directory / "batches.sqlite3") as db:
         return {r[0] for r in db.execute("SELECT line FROM lines WHERE answered = 1")}
 
 
 def test_kill_9_mid_job_then_restart_loses_and_doubles_nothing(standin: Server,
                                                               tmp_path: Path) -> None:
-    cfg = config(tmp_path, standin)
-    gw = start_gateway(tmp_path, "--config", str(cfg))
-    c = client(gw)
-    bid = submit(c, tmp_path, 200)
-    assert wait_until(lambda: 20 <= completed_so_far(c, bid) < 150, timeout=60, every=0.05)
-    gw.proc.kill()  # SIGKILL: no shutdown, no last writes
-    gw.proc.wait()
-    gw.stop()
-    before = answered_lines(tmp_path)
-    assert 20 <= len(before) < 200
-    gw = start_gateway(tmp_path, "--config", str(cfg))
+    """Default batch settings, and another gateway on the host beside it (in front of the same
+    engine, with default settings too): killed (-9) mid-job and started again on its address,
+    the gateway finishes the job; a line ran at the engine at most twice (once in flight at the
+    kill, once after), a line answered before the kill never again, and the other gateway
+    neither listed nor ran any of it."""
+    cfg = config(tmp_path, standin, own_dir=False)
+    state = {"XDG_STATE_HOME": str(tmp_path / "state")}  # one home for every gateway here
+    port = reserved_port()  # the restart comes back on it: no bind(0) takes it meanwhile
+    gw = start_gateway(tmp_path, "--config", str(cfg), port=port, env=state)
+    other = start_gateway(tmp_path, "--config", str(cfg), env=state)
     try:
+        c = client(gw)
+        bid = submit(c, tmp_path, 200)
+        assert wait_until(lambda: 20 <= completed_so_far(c, bid) < 150, timeout=60, every=0.05)
+        gw.proc.kill()  # SIGKILL: no shutdown, no last writes
+        gw.proc.wait()
+        gw.stop()
+        before = answered_lines(tmp_path / "state" / "qosgate" / "batches" / f"127.0.0.1-{port}")
+        assert 20 <= len(before) < 200
+        assert client(other).batches.list().data == []
+        gw = start_gateway(tmp_path, "--config", str(cfg), port=port, env=state)
         c = client(gw)
         done = wait_status(c, bid, {"completed", "failed"})
         assert done.status == "completed"
@@ -163,8 +179,11 @@ def test_kill_9_mid_job_then_restart_loses_and_doubles_nothing(standin: Server,
         twice = {line for line, n in seen.items() if n > 1}
         assert not twice & before  # no line answered before the kill ran again
         assert max(seen.values()) <= 2
+        assert client(other).batches.list().data == []
+        assert client(other).files.list().data == []
     finally:
         gw.stop()
+        other.stop()
 
 
 def test_cancel_mid_job_keeps_the_finished_lines(standin: Server, tmp_path: Path) -> None:

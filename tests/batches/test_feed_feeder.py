@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
+
+import pytest
 
 from qosgate.runtime.batches.feeder import Feeder, LineAnswer
 from qosgate.runtime.batches.lease import LocalLease
@@ -291,3 +294,26 @@ def test_a_restart_runs_only_the_lines_without_an_answer() -> None:
         assert not done & set(second.runs)
 
     asyncio.run(run())
+
+
+def test_a_job_lost_again_and_again_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Two feeders that each think they own every job (two gateways alone on one directory,
+    which the directory's lock now refuses) take the job from each other at every sweep: each
+    says so once, then only at debug level."""
+    caplog.set_level(logging.DEBUG, logger="qosgate.batches")
+
+    def losses(*levels: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records
+                if r.levelno in levels and "another instance owns it now" in r.getMessage()]
+
+    async def run() -> None:
+        store, hold = MemoryStore(100), asyncio.Event()
+        a, b = feeder(store, Runner(hold=hold)), feeder(store, Runner(hold=hold))
+        a.start()
+        b.start()
+        await until(lambda: len(losses(logging.DEBUG, logging.WARNING)) >= 8)
+        await a.stop()
+        await b.stop()
+
+    asyncio.run(run())
+    assert len(losses(logging.WARNING)) <= 2  # one per feeder

@@ -165,7 +165,7 @@ batches: {{dir: {tmp_path / "batches"}, lease_ttl_s: 1, live_window_s: 0.2}}
         gws.append(start_gateway(tmp_path, "--config", str(cfg)))
         gws[0].proc.kill()
         gws[0].proc.wait()
-        before = answered_lines(tmp_path)
+        before = answered_lines(tmp_path / "batches")
         assert len(before) < 200
         c = client(gws[1])
         done = wait_status(c, bid, {"completed", "failed"})

@@ -64,6 +64,7 @@ class Server:
         log: Path,
         ready_timeout: float = 30.0,
         stop_timeout: float = 10.0,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -71,10 +72,10 @@ class Server:
         self.stop_timeout = stop_timeout
         self._log_f = log.open("wb")
         # a gateway keeps batch jobs under $XDG_STATE_HOME/qosgate: each server its own, in
-        # the test's tmp dir (a config's batches.dir still wins)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200",
-                   XDG_STATE_HOME=str(log.parent / f"state-{port}"))
-        self.proc = subprocess.Popen(args, stdout=self._log_f, stderr=subprocess.STDOUT, env=env)
+        # the test's tmp dir (a config's batches.dir still wins; ``env`` wins over both)
+        self.proc = subprocess.Popen(args, stdout=self._log_f, stderr=subprocess.STDOUT, env={
+            **os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200",
+            "XDG_STATE_HOME": str(log.parent / f"state-{port}"), **(env or {})})
         deadline = time.monotonic() + ready_timeout
         while True:
             if self.proc.poll() is not None:
@@ -116,9 +117,13 @@ def gateway_args(port: int, *args: str) -> list[str]:
     return [*QOSGATE, "serve", "--port", str(port), "--log-level", "warning", *args]
 
 
-def start_gateway(tmp: Path, *args: str) -> Server:
-    port = free_port()
-    return Server(gateway_args(port, *args), port, "/readyz", tmp / f"gateway-{port}.log")
+def start_gateway(tmp: Path, *args: str, port: int | None = None,
+                  env: dict[str, str] | None = None) -> Server:
+    """A gateway on ``port`` (default: a free one); ``env``: its environment's additions (e.g.
+    one ``XDG_STATE_HOME`` for gateways that must meet there, or a restart on its address)."""
+    port = free_port() if port is None else port
+    log = tmp / f"gateway-{port}-{time.monotonic_ns()}.log"
+    return Server(gateway_args(port, *args), port, "/readyz", log, env=env)
 
 
 def gateway_from(tmp: Path, name: str, config: str) -> Iterator[Server]:

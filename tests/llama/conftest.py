@@ -44,9 +44,11 @@ class InProcGateway:
     def __init__(self, cfg: QosConfig | None = None, **engine: Any) -> None:
         engine.setdefault("n_ctx", 512)
         engine.setdefault("n_threads", 2)
-        settings = settings_from_mapping({"engine": {"kind": "llamacpp", **engine}})
-        self.gateway: Gateway = build_gateway(cfg or default_config(), settings)
         self.port = free_port()
+        # the port it serves on: its batch directory is the default for that address
+        settings = settings_from_mapping({"engine": {"kind": "llamacpp", **engine},
+                                          "server": {"port": self.port}})
+        self.gateway: Gateway = build_gateway(cfg or default_config(), settings)
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
             self.gateway, host="127.0.0.1", port=self.port, loop="asyncio", http="httptools",

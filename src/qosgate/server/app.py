@@ -24,9 +24,10 @@ from qosgate.core import QosInputError, ReplicaSpec, Request, Scheduler
 from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.shared import prime
+from qosgate.runtime.batches.directory import BatchDirectory, batch_directory
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
-from qosgate.runtime.batches.store import BatchStore, default_directory
+from qosgate.runtime.batches.store import BatchStore
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
@@ -81,7 +82,11 @@ class Gateway:
         settings: GatewaySettings,
         engines: dict[str, Engine],
         policy: str | None = None,
+        batch_dir: BatchDirectory | None = None,
     ) -> None:
+        """``batch_dir``: where the Batch API keeps its jobs, already claimed by the caller
+        (``server.run.build_gateway`` takes it before loading a model); default: this
+        gateway's (``batch_directory``), claimed at start-up."""
         self.cfg = cfg
         self.settings = settings
         self.engines = engines
@@ -155,14 +160,17 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
-        bs = settings.batches  # the Batch API: its store is opened at startup
-        self.batch_store = (BatchStore(bs.dir or default_directory(), time.time, bs.max_lines)
-                            if bs.enabled else None)
+        bs = settings.batches  # the Batch API: its directory is taken, its store opened at start
+        self.batch_dir = ((batch_dir or batch_directory(settings, self.instance))
+                          if bs.enabled else None)
+        self.batch_store = (BatchStore(self.batch_dir.path, time.time, bs.max_lines)
+                            if self.batch_dir is not None else None)
         self.batch_routes = (BatchRoutes(cfg, settings, self.batch_store, self.scheduler,
                                          self.metrics) if self.batch_store is not None else None)
         # the feeder runs the jobs' lines through self.flow; the routes wake it
         self.feeder: Feeder | None = None
-        if bs.feed and self.batch_store is not None and self.batch_routes is not None:
+        if (self.batch_dir is not None and self.batch_dir.feeds and self.batch_store is not None
+                and self.batch_routes is not None):
             lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
                             if rs.url else LocalLease())
             self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
@@ -213,7 +221,10 @@ class Gateway:
         return {name: e.ready for name, e in self.engines.items()}
 
     async def startup(self) -> None:
-        if self.batch_store is not None:
+        if self.batch_dir is not None and self.batch_store is not None:
+            self.batch_dir.claim()  # another deployment's directory stops start-up here
+            for level, note in self.batch_dir.notes:
+                log.log(level, note)
             await self.batch_store.open()
         await self.driver.start()
         if self.precise is not None:
@@ -251,6 +262,8 @@ class Gateway:
             await self.shared.close()
         if self.batch_store is not None:
             await self.batch_store.close()
+        if self.batch_dir is not None:
+            self.batch_dir.release()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""

@@ -31,9 +31,11 @@ import uvicorn
 
 from qosgate.config import QosConfig
 from qosgate.models.simmodel import SimEngine, load_profile
+from qosgate.runtime.batches.directory import batch_directory
 from qosgate.runtime.embedded import llamacpp_from_settings
 from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.runtime.ports import Engine
+from qosgate.runtime.shared_state import new_instance_id
 from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.server.app import Gateway
 from qosgate.server.protocol import ConnectionLimits, ConnectionStats, guarded_protocol
@@ -81,8 +83,22 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
     return engines
 
 
-def build_gateway(cfg: QosConfig, settings: GatewaySettings, policy: str | None = None) -> Gateway:
-    return Gateway(cfg, settings, build_engines(settings), policy)
+def build_gateway(cfg: QosConfig, settings: GatewaySettings, policy: str | None = None,
+                  worker: tuple[str, int] | None = None) -> Gateway:
+    """The gateway, its batch directory taken first: a directory another deployment holds
+    (``DirectoryRefused``) stops start-up before a model is loaded. ``worker``: (group, index)
+    of a process of ``serve --workers``."""
+    batch_dir = None
+    if settings.batches.enabled:
+        batch_dir = batch_directory(settings, settings.redis.instance_id or new_instance_id(),
+                                    worker)
+        batch_dir.claim()
+    try:
+        return Gateway(cfg, settings, build_engines(settings), policy, batch_dir)
+    except BaseException:
+        if batch_dir is not None:
+            batch_dir.release()
+        raise
 
 
 # ---------------------------------------------------------------------- sockets

@@ -11,7 +11,8 @@ in group commits (``record``: one transaction per group, so the disk is not one 
 all answered -> ``completed``; ``cancelling`` or past ``expires_at`` -> running lines are
 disconnected (the flow aborts them at the engine), what finished is kept, the job ends
 ``cancelled`` / ``expired``. A write refused with ``Fenced`` (or a lease not renewed) means
-another instance owns the job now: its lines stop here and it is dropped.
+another instance owns the job now: its lines stop here and it is dropped (said once per job:
+a job that changes hands again and again is logged once, then at debug level).
 
 Exactly once: a line is offered only if it has no recorded answer and is not running, backing
 off, or answered-but-not-yet-written here; after a restart only lines without an answer run
@@ -141,6 +142,7 @@ class Feeder:
         self.flush_s = flush_s
         self.sweep_s = min(sweep_s, lease.renew_every_s)
         self.jobs: dict[str, _Job] = {}
+        self._lost: set[str] = set()  # live jobs lost to another owner (logged once each)
         self.counts = FeederStats().lines
         self._wake = asyncio.Event()
         self._dirty = True  # the store's job list changed (created, cancelled): read it again
@@ -242,8 +244,10 @@ class Feeder:
         except Fenced:
             job.lost = True
         if job.lost and self.jobs.pop(job.rec.id, None) is not None:
-            log.warning("batch %s: another instance owns it now; its lines stop here",
-                        job.rec.id)
+            again = job.rec.id in self._lost
+            self._lost.add(job.rec.id)
+            log.log(logging.DEBUG if again else logging.WARNING,
+                    "batch %s: another instance owns it now; its lines stop here", job.rec.id)
             await self._stop_lines(job)
 
     async def _sweep(self, renew: bool) -> None:
@@ -255,7 +259,9 @@ class Feeder:
                 if not await self.lease.renew(job.rec.id):
                     job.lost = True
             self._stored = await self.store.stats()
-        for rec in await self.store.live():
+        live = await self.store.live()
+        self._lost.intersection_update(rec.id for rec in live)  # ended jobs are forgotten
+        for rec in live:
             mine = self.jobs.get(rec.id)
             if mine is not None:
                 mine.rec = rec

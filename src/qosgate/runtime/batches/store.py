@@ -141,14 +141,6 @@ _BATCH_COLUMNS = (
 _FILE_COLUMNS = "id, tenant, purpose, filename, bytes, created_at, lines"
 
 
-def default_directory() -> Path:
-    """Where jobs are kept unless ``batches.dir`` says: ``$XDG_STATE_HOME/qosgate``, else
-    ``~/.local/state/qosgate`` (the XDG base directory spec's place for state that outlives a
-    process)."""
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "qosgate"
-
-
 def new_id(prefix: str) -> str:
     """A random id: ``prefix`` and 24 hex digits (96 bits from ``secrets``)."""
     return prefix + secrets.token_hex(12)

@@ -35,8 +35,12 @@ def serve_command() -> Any:
     return typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
 
 
+# read by serve beyond its options: where batch jobs live by default (runtime/batches/directory)
+STATE_ENV = "XDG_STATE_HOME"
+
+
 def serve_envvars() -> set[str]:
-    return {p.envvar for p in serve_command().params if isinstance(p.envvar, str)}
+    return {p.envvar for p in serve_command().params if isinstance(p.envvar, str)} | {STATE_ENV}
 
 
 def options(argv: list[str]) -> list[tuple[str, str | None]]:
@@ -274,6 +278,7 @@ def start_local(d: Deployed, tmp: Path, standin: Server, monkeypatch: pytest.Mon
         argv += [flag] if val is None else [f"{flag}={val}"]
     env = dict(d.env, **(extra_env or {}))
     env.update({k: v for k, v in {
+        STATE_ENV: str(tmp / "state"),
         "QOSGATE_HOST": "127.0.0.1", "QOSGATE_CONFIG": str(CONFIG),
         "QOSGATE_UPSTREAM": standin.url, "QOSGATE_PORT": str(ports[params["port"]]),
         "QOSGATE_METRICS_PORT": str(ports[params["metrics_port"]]),

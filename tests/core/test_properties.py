@@ -394,6 +394,15 @@ _FOUND = {
         [('submit', 3, 0, 757, 87, '')] + [('submit', 1, 0, 90, 200, 'm1')] * 8 + [('submit', 2, 0,
         267, 170, '')] + [('advance', 4.467671295632014)]
     ),
+    # a batch request held while api waited, then, api gone in the same pass, an offline
+    # retry popped after it took the reserved slot it could have borrowed
+    "lent_within_the_pass": (
+        [('submit', 1, 1, 834, 374, 'm1')] * 6 + [('submit', 0, 0, 95, 93, 'm1')] * 2
+        + [('submit', 3, 1, 320, 206, 'm2')] * 5 + [('cancel', 214), ('advance', 1.765509736265696),
+        ('submit', 3, 1, 1034, 122, 'm1'), ('submit', 2, 0, 1, 2, 'm1'),
+        ('submit', 0, 0, 748, 305, 'm1'), ('fail', 595, 'fault'), ('fail', 235, 'fault')]
+        + [('submit', 0, 0, 93, 367, 'm2')] * 2 + [('submit', 2, 1, 134, 400, 'm2')]
+    ),
 }
 
 
@@ -405,6 +414,7 @@ _FOUND = {
 @example(policy="qos", ops=_FOUND["resume_on_suspect"])
 @example(policy="qos", ops=_FOUND["resume_past_guard"])
 @example(policy="qos", ops=_FOUND["resume_in_reserve"])
+@example(policy="qos", ops=_FOUND["lent_within_the_pass"])
 def test_invariants_hold_over_long_runs_with_realtime_and_every_rule(
     policy: str, ops: list[tuple[object, ...]]
 ) -> None:

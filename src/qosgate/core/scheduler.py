@@ -584,13 +584,19 @@ class Scheduler:
                     if len(held) >= _HOLD_MAX or (fleet.may_stall and fleet.nothing_may_go()):
                         break
                     continue
+                if lending_withheld and not fleet.lending_withheld():
+                    # the reserve opened in this pass (the last class that may not borrow it
+                    # went): the borrowers held before this one come first, so it goes back
+                    # and the next pass takes them all again in their order
+                    policy.restore(req)
+                    break
                 self._dispatch(req, rep, now, out)
             for req in held:
                 policy.restore(req)  # popping charged it; it was not served, nor did it go idle
             # the reserve is lent only while no class that may not borrow it waits: if the
             # last of those went in this fill, the borrowers held before that may take it now
-            # (else they wait beside it until some later event); a second pass cannot open it
-            # again, since the queue only shrinks within a fill
+            # (else they wait beside it until some later event), before any popped after them;
+            # a second pass cannot open it again, since the queue only shrinks within a fill
             if not (lending_withheld and fleet.free_slots > 0 and not fleet.lending_withheld()):
                 break
 

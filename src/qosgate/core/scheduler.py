@@ -52,7 +52,7 @@ from qosgate.core.request import (
     Request,
     State,
 )
-from qosgate.core.routers import Router
+from qosgate.core.routing import Router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers

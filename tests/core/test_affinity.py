@@ -13,8 +13,8 @@ from qosgate.config import CacheRouting, Fleet, Tenant, default_config
 from qosgate.core import Dispatch, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.prefix import Prefix
-from qosgate.core.prefix_index import BlockLru, PrefixIndex
-from qosgate.core.sessions import Sessions
+from qosgate.core.routing.prefix_index import BlockLru, PrefixIndex
+from qosgate.core.routing.sessions import Sessions
 from qosgate.core.signals import LoadSignals
 
 from .harness import Harness

@@ -1,4 +1,5 @@
-"""The order qosgate forwards into an engine's own queue (``core.engine_order``), and overtaking.
+"""The order qosgate forwards into an engine's own queue (``core.queueing.engine_order``), and
+overtaking.
 
 An engine queues what it cannot run yet and orders that queue by the value it is sent (vLLM:
 smaller first, ties by arrival). What must hold: the value follows each policy's own pick order
@@ -14,8 +15,8 @@ from hypothesis import strategies as st
 
 from qosgate.config import Tenant, default_config
 from qosgate.core import POLICY_NAMES, ReplicaSpec, Request, Scheduler, State
-from qosgate.core.engine_order import STRIDE, band_of, order_value
-from qosgate.core.policies import build_policy
+from qosgate.core.queueing import build_policy
+from qosgate.core.queueing.engine_order import STRIDE, band_of, order_value
 
 from .harness import Harness
 

@@ -14,9 +14,9 @@ from qosgate.core import QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.admission import Displace, Refusal
 from qosgate.core.breakers import AlwaysClosed, OutlierDetector, build_breaker
 from qosgate.core.limits import LIMITS, EngineLimit, FixedLimit, build_limit
-from qosgate.core.policies import POLICIES, POLICY_NAMES, build_policy
+from qosgate.core.queueing import POLICIES, POLICY_NAMES, build_policy
 from qosgate.core.reasons import Reason, is_timeout, upstream, upstream_status
-from qosgate.core.routers import ROUTERS, build_router
+from qosgate.core.routing import ROUTERS, build_router
 from qosgate.core.timers import Timers
 from qosgate.core.tpot_guard import FixedGuard, LearnedGuard, build_guard
 

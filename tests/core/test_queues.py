@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Request
-from qosgate.core.policies import build_policy
+from qosgate.core.queueing import build_policy
 from qosgate.core.scheduler import Scheduler
 
 

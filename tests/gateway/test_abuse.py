@@ -23,7 +23,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from qosgate.core.engine_order import band_of
+from qosgate.core.queueing.engine_order import band_of
 from tests.gateway.conftest import (
     MODEL,
     QOSGATE,
@@ -233,8 +233,8 @@ def test_2_duplicate_or_escaped_keys_the_gateway_acts_on_are_refused(
 def test_2_the_engine_reads_the_priority_the_gateway_decided(up_gw: Server,
                                                              standin: Server) -> None:
     # a tenant clamped to batch/offline asking for realtime: the engine sees band 2 (batch;
-    # qosgate's order value, core.engine_order), whatever else the body says about priority in
-    # nested members
+    # qosgate's order value, core.queueing.engine_order), whatever else the body says about
+    # priority in nested members
     body = {"model": MODEL, "messages": HI, "priority": 0, "max_tokens": 2,
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {
                 "type": "object", "properties": {"priority": {"type": "integer"}}}}}]}

@@ -20,7 +20,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from qosgate.core.engine_order import band_of
+from qosgate.core.queueing.engine_order import band_of
 from tests.gateway.conftest import MODEL, Server, http, metric_values, start_gateway, wait_until
 
 CONFIG = """
@@ -195,7 +195,7 @@ def test_qos_inputs_reach_the_engine_in_vllm_polarity(gateway: Server, standin: 
         seen(cls, "acme", *OK)
         bodies = recorded(standin)
         assert len(bodies) == before + 1
-        # qosgate's order value (core.engine_order): the class's band, then its rank in it
+        # qosgate's order value (core.queueing.engine_order): the class's band, then its rank in it
         assert band_of(json.loads(bodies[-1])["priority"]) == prio, (kw, bodies[-1])
 
 
@@ -203,7 +203,8 @@ STREAMED = b'"stream":true,"stream_options":{"include_usage":true}'
 
 
 def _priority_sent(body: bytes) -> int:
-    """The top-level priority the engine got (qosgate's order value: ``core.engine_order``)."""
+    """The top-level priority the engine got (qosgate's order value:
+    ``core.queueing.engine_order``)."""
     m = re.search(rb'"priority":(\d+)\s*[,}]', body)
     assert m is not None, body
     return int(m.group(1))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from qosgate.config import default_config
 from qosgate.core import QosInputs, Scheduler, State
-from qosgate.core.engine_order import order_value
+from qosgate.core.queueing.engine_order import order_value
 from qosgate.server.errors import outcome_error
 from qosgate.wire.parse import BadBody, estimate_prompt_tokens, parse_body
 from qosgate.wire.splice import engine_priority, set_priority, set_streamed

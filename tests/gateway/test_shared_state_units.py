@@ -7,7 +7,7 @@ import time
 
 from qosgate.config import TenantLimits
 from qosgate.core.ledger import LeasedLedger, LeasedLimiter
-from qosgate.core.queues import FairSplit, KeyedQueue
+from qosgate.core.queueing.nodes import FairSplit, KeyedQueue
 from qosgate.runtime.shared_state import MemoryStore, SharedState
 
 RATED = TenantLimits(requests_per_minute=30)

@@ -233,7 +233,7 @@ class FakeCall:
         self.outcome: tuple[str, object] | None = None
 
     def order(self) -> int:
-        return 1  # an order value (core.engine_order), sent as it is in vLLM's polarity
+        return 1  # an order value (core.queueing.engine_order), sent as it is in vLLM's polarity
 
     def levels(self) -> int:
         return 4

@@ -2,7 +2,7 @@
 
 from qosgate.core.classifier import Classification, Classifier, QosInputError, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
-from qosgate.core.policies import POLICY_NAMES, build_policy
+from qosgate.core.queueing import POLICY_NAMES, build_policy
 from qosgate.core.replica import ReplicaSpec
 from qosgate.core.request import Request, State
 from qosgate.core.scheduler import Scheduler

@@ -16,7 +16,7 @@ from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter
-from qosgate.core.policies import Policy
+from qosgate.core.queueing import Policy
 from qosgate.core.reasons import Reason
 from qosgate.core.request import Request
 

@@ -28,7 +28,7 @@ from qosgate.core.breakers import build_breaker
 from qosgate.core.limits import FixedLimit, Limit, build_limit
 from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
-from qosgate.core.routers import Router, RouterContext, build_router
+from qosgate.core.routing import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard

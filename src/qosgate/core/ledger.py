@@ -23,7 +23,7 @@ from collections.abc import Hashable, Iterator
 from typing import Protocol
 
 from qosgate.config import TenantLimits
-from qosgate.core.fairshare import FairShare
+from qosgate.core.queueing.fairshare import FairShare
 from qosgate.core.ratelimit import TenantLimiter
 
 
@@ -226,7 +226,7 @@ class LeasedLedger:
 def fair_shares(root: object, path: str = "") -> Iterator[tuple[str, FairShare[Hashable]]]:
     """Every fair-share counter set in a policy's queue tree, each with a stable path
     (``b<band>/c<class>`` ...), so the runtime can merge the counters of several instances."""
-    from qosgate.core.queues import FairSplit, StrictBands
+    from qosgate.core.queueing.nodes import FairSplit, StrictBands
 
     if isinstance(root, FairSplit):
         yield path or "root", root.share

@@ -10,7 +10,7 @@ the clock passed in, so the gateway and the simulator run the same ones):
 
 A ``Replica`` also knows whether its health probe says it is up, until when an upstream's
 back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` it reported.
-Which replica a request goes to is a ``Router``'s choice (``core.routers``).
+Which replica a request goes to is a ``Router``'s choice (``core.routing``).
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.limits import Limit
-from qosgate.core.policies import Policy, build_policy
 from qosgate.core.prefix import Prefix
 from qosgate.core.pricing import Pricing
+from qosgate.core.queueing import Policy, build_policy
 from qosgate.core.reasons import Reason, is_timeout
 from qosgate.core.replica import Replica, ReplicaSpec
 from qosgate.core.request import (
@@ -52,7 +52,7 @@ from qosgate.core.request import (
     Request,
     State,
 )
-from qosgate.core.routers import Router
+from qosgate.core.routing import Router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers
@@ -546,9 +546,10 @@ class Scheduler:
     def _promote(self, req: Request, now: float) -> None:
         """Aging: one level up, with the deadline a request of that level arriving *now* would
         have. Under strict bands that lifts it over the bands below; between weighted classes
-        it stays in its own class's share (see ``policies``), where the earlier deadline puts it
-        ahead of its class's younger requests. Counted from its original arrival, the deadline
-        put it ahead of every native request of the level above under sustained overload."""
+        it stays in its own class's share (see ``queueing.policies``), where the earlier
+        deadline puts it ahead of its class's younger requests. Counted from its original
+        arrival, the deadline put it ahead of every native request of the level above under
+        sustained overload."""
         self.policy.remove(req)
         req.level -= 1
         req.promotions += 1

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
-from qosgate.core.engine_order import order_value
+from qosgate.core.queueing.engine_order import order_value
 from qosgate.core.reasons import upstream
 from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog

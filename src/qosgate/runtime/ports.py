@@ -63,7 +63,7 @@ class Call(Protocol):
     def sink(self) -> Sink: ...
 
     def order(self) -> int:
-        """qosgate's order for the engine's own waiting queue (``core.engine_order``: band,
+        """qosgate's order for the engine's own waiting queue (``core.queueing.engine_order``: band,
         then rank in it; smaller first), for the engine-side priority."""
         ...
 

@@ -18,7 +18,7 @@ from rich.progress import (
 )
 
 from qosgate.config import Fleet
-from qosgate.core.routers import ROUTERS
+from qosgate.core.routing import ROUTERS
 from qosgate.extras import PLOTS, missing
 from qosgate.sim.jobs import parse_job
 from qosgate.sim.report import document, dumps, ledger_ok, write_files

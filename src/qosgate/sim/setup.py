@@ -33,7 +33,7 @@ EngineQueue = Literal["auto", "fcfs", "priority"]
 def policy_setup(name: str, engine_queue: EngineQueue = "auto") -> PolicySetup:
     """``engine_queue="auto"``: the engine's own queue is FCFS under ``fifo`` (no priorities
     anywhere: the baseline) and vLLM-priority under the class-aware policies, which forward
-    qosgate's order as the engine priority (as the gateway does, ``core.engine_order``);
+    qosgate's order as the engine priority (as the gateway does, ``core.queueing.engine_order``);
     ``engine-priority`` always uses the engine's priority queue; ``engine-fcfs`` is a raw engine
     with no gateway in front (everything passed through to its FCFS queue)."""
     if name == "engine-priority":

@@ -13,7 +13,7 @@ Polarity, verified against the engines' sources:
   ``fcfs`` does nothing with it, so it is given ``none``. NB: one of the seed articles claims a
   *larger* vLLM priority runs first; vLLM's docs and code say the opposite, and this mapping
   follows the code (and a real vLLM 0.32 honours it, ``tests/vllm``): qosgate's order value
-  (``core/engine_order.py``: band * 2**40 + the rank inside the band) is sent as it is, so
+  (``core/queueing/engine_order.py``: band * 2**40 + the rank inside the band) is sent as it is, so
   realtime's band 0 runs before band 3 (offline), and inside a band the request qosgate would
   pick first runs first. vLLM accepts any integer (a Python int; ties go by arrival).
 - ``sglang``: a **larger** value runs first by default. SGLang ``--enable-priority-scheduling``;
@@ -34,7 +34,7 @@ from typing import Literal
 
 import msgspec
 
-from qosgate.core.engine_order import band_of, top
+from qosgate.core.queueing.engine_order import band_of, top
 
 Polarity = Literal["vllm", "sglang", "none"]
 PriorityOrder = Literal["full", "class"]
@@ -44,7 +44,7 @@ _encode = msgspec.json.Encoder().encode
 
 def engine_priority(polarity: Polarity, order: int, levels: int,
                     detail: PriorityOrder = "full") -> int | None:
-    """The engine-side priority for qosgate's order value ``order`` (``core.engine_order``;
+    """The engine-side priority for qosgate's order value ``order`` (``core.queueing.engine_order``;
     smaller first) with ``levels`` bands."""
     if polarity == "none":
         return None

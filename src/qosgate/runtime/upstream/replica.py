@@ -2,7 +2,7 @@
 
 One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is forwarded byte for
 byte except the top-level ``priority``, which is set to qosgate's order for the request (its band,
-then its rank in the band: ``core/engine_order.py``) in the engine's own polarity
+then its rank in the band: ``core/queueing/engine_order.py``) in the engine's own polarity
 (``priority_polarity``), or removed for engines that do not schedule by priority: see
 ``wire/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
 did not ask for a stream has the engine asked for one all the same (``stream`` and

@@ -1,21 +1,15 @@
-"""Routers that weigh where a request is cheapest: ``session-affinity`` and ``cache-aware``.
+"""``cache-aware``: where the prompt's prefix is cached, weighed in time against load, with
+``session-affinity``'s load release (``core.routing.session_affinity``).
 
-Both are ``least-load`` (its load score and saturation rules, reused) with an affinity on top,
-and both keep the same **load release**: a replica is preferred for affinity only while its
-load score is within ``release_factor`` x the mean over the candidates with room, plus
-``release_slack`` (a share of a window, so an idle fleet still has affinity). Past that it is
-one replica among the others: affinity alone makes hot spots (one shared system prompt would
-pile every tenant onto the replica that first ran it).
-
-``cache-aware``: the anchors (``../shared/research/fleet.md``) score blocks (Dynamo: prefill
-blocks less overlap plus decode blocks) or filter by a match threshold then balance (llm-d,
-SMG). This one costs each replica in *time*, the quantity TTFT is made of:
+The anchors (``../shared/research/fleet.md``) score blocks (Dynamo: prefill blocks less overlap
+plus decode blocks) or filter by a match threshold then balance (llm-d, SMG). This one costs
+each replica in *time*, the quantity TTFT is made of:
 
     (uncached prompt tokens queued on it + (1 + recompute_weight) x this prompt's uncached
      part) / prefill rate + decode_load_s x its window in use (running decodes, engine queue)
 
-where the cached part is what the per-replica index says (``core.prefix_index``) and the
-queued part counts only what each earlier request was expected *not* to find cached (a warm
+where the cached part is what the per-replica index says (``core.routing.prefix_index``) and
+the queued part counts only what each earlier request was expected *not* to find cached (a warm
 replica with a long queue of cache hits is not busy). The prompt's own uncached part counts
 more than once: its TTFT alone would send it to the replica with the shortest queue, but the
 prefill a cold replica redoes delays every request behind it, fleet-wide (near capacity that
@@ -47,108 +41,21 @@ its engine priority is how it gets its TTFT.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from qosgate.core.prefix_index import PrefixIndex
-from qosgate.core.routers import LeastLoadRouter, RouterContext, misses_tpot
-from qosgate.core.sessions import Binding, Sessions
+from qosgate.core.routing.base import RouterContext
+from qosgate.core.routing.holds import Holds
+from qosgate.core.routing.least_load import LeastLoadRouter
+from qosgate.core.routing.least_load_spread import misses_tpot
+from qosgate.core.routing.prefix_index import PrefixIndex
+from qosgate.core.routing.session_affinity import Row, SessionAffinityRouter
+from qosgate.core.routing.sessions import Binding
 
 if TYPE_CHECKING:
     from qosgate.core.replica import Replica
     from qosgate.core.request import Request
-
-_INF = float("inf")
-
-Row = tuple["Replica", bool, float]  # a candidate with room: (replica, saturated, load score)
-
-
-class Holds:
-    """Requests a router leaves queued by choice, each until when at most. An entry goes when
-    its request is placed; one whose request ended while queued (cancelled, timed out) is
-    dropped once it has expired, when the table grows past ``trim_at``."""
-
-    __slots__ = ("trim_at", "until")
-
-    def __init__(self, trim_at: int = 4096) -> None:
-        self.until: dict[str, float] = {}
-        self.trim_at = trim_at
-
-    def get(self, rid: str) -> float | None:
-        return self.until.get(rid)
-
-    def hold(self, rid: str, until: float, now: float) -> None:
-        self.until[rid] = until
-        if len(self.until) > self.trim_at:
-            self.until = {k: t for k, t in self.until.items() if t > now}
-
-    def release(self, rid: str) -> None:
-        self.until.pop(rid, None)
-
-    def holds(self, rid: str, now: float) -> bool:
-        until = self.until.get(rid)
-        return until is not None and now < until
-
-    def next_after(self, now: float) -> float:
-        """The first bound still ahead (inf: none)."""
-        return min((t for t in self.until.values() if t > now), default=_INF)
-
-
-class SessionAffinityRouter(LeastLoadRouter):
-    """``least-load``, and a session's turns stick to the replica of its last turn while that
-    replica is a candidate with room, not saturated and within the load release; otherwise
-    least-load picks and the session re-binds where its turn went (failover)."""
-
-    name = "session-affinity"
-
-    def __init__(self, ctx: RouterContext) -> None:
-        super().__init__()
-        cache = ctx.cache
-        self.release_factor = cache.release_factor
-        self.release_slack = cache.release_slack
-        self.sessions = Sessions(cache.session_idle_s)
-
-    def pick(self, req: Request, candidates: Sequence[Replica], now: float) -> Replica | None:
-        binding = self._binding(req, now)
-        if binding is None:
-            return super().pick(req, candidates, now)
-        rows = self.rows(req, candidates, now)
-        bound = self.release_bound(rows)
-        for rep, saturated, score in rows:
-            if rep.name == binding.replica and not saturated and score <= bound:
-                return rep
-        return super().pick(req, candidates, now)
-
-    def _binding(self, req: Request, now: float) -> Binding | None:
-        session = req.session
-        return None if session is None else self.sessions.get(session, now)
-
-    def rows(self, req: Request, candidates: Sequence[Replica], now: float) -> list[Row]:
-        """The candidates with room, with their least-load (saturated, score)."""
-        rows: list[Row] = []
-        for rep in candidates:
-            key = self.load(req, rep, now)
-            if key is not None:
-                rows.append((rep, key[0], key[1]))
-        return rows
-
-    def release_bound(self, rows: Sequence[Row]) -> float:
-        """The load score past which a replica is passed over for affinity: the factor times
-        the mean over the unsaturated candidates (all of them, if every one is), plus the
-        slack."""
-        scores = [score for _, saturated, score in rows if not saturated] or [
-            score for _, _, score in rows]
-        if not scores:
-            return _INF
-        return self.release_factor * sum(scores) / len(scores) + self.release_slack
-
-    def placed(self, req: Request, rep: Replica, now: float) -> int:
-        if req.session is not None:
-            self.sessions.bind(req.session, rep.name, req.prompt_tokens, now)
-        return 0
-
-    def cache_lost(self, name: str, now: float) -> None:
-        self.sessions.drop_replica(name)
 
 
 class CacheAwareRouter(SessionAffinityRouter):
@@ -211,7 +118,7 @@ class CacheAwareRouter(SessionAffinityRouter):
         # a warm replica past the release is passed over (while another has room)
         kept = [row for row in rows if not (warm[row[0].name] and row[2] > bound)] or rows
         best: Replica | None = None
-        best_key = (True, _INF)
+        best_key = (True, math.inf)
         for rep, saturated, score in kept:
             hit = warm[rep.name]
             if hit and (saturated or score > bound or not self._qos_holds(req, rep, hit)):

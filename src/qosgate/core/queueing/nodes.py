@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Protocol
 
-from qosgate.core.fairshare import FairShare
+from qosgate.core.queueing.fairshare import FairShare
 from qosgate.core.request import Request
 
 

@@ -34,8 +34,8 @@ from collections.abc import Callable, Hashable
 from operator import attrgetter
 
 from qosgate.config import QosConfig
-from qosgate.core.engine_order import order_value
-from qosgate.core.queues import FairSplit, KeyedQueue, Node, StrictBands, release
+from qosgate.core.queueing.engine_order import order_value
+from qosgate.core.queueing.nodes import FairSplit, KeyedQueue, Node, StrictBands, release
 from qosgate.core.request import Request
 
 _MS = 1000.0  # time ranks in milliseconds: finer than any engine's step

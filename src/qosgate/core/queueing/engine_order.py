@@ -6,7 +6,7 @@ behind work of the same class that qosgate had released a moment earlier and wou
 after it (a light tenant behind a flood). So the value carries the whole order: the engine band
 first (the class, or the strict band it is served from), then the request's rank inside it as
 its policy orders the band (the tenant's fair-share position, or arrival, or deadline; see
-``policies``). Values are non-negative and smaller-first; ``engines.splice`` turns them round
+``policies``). Values are non-negative and smaller-first; ``wire.splice`` turns them round
 for an engine that runs larger values first.
 
 A rank is clamped into its band's stride, so it can never cross into another band; bands times

@@ -15,9 +15,26 @@ import pytest
 from hypothesis import settings
 
 settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+
+
+def _no_local_constants() -> None:
+    """Hypothesis also draws constants it reads from the source of every local module loaded
+    so far, so a derandomized test drew other examples in a whole run than run alone (a clean
+    clone's full run found a case that the test's file alone never drew). With none of those,
+    its examples depend on the test alone. (An internal of Hypothesis: where it is missing,
+    there is nothing to pin.)"""
+    from hypothesis.internal.conjecture import providers
+
+    if hasattr(providers, "_get_local_constants") and hasattr(providers, "Constants"):
+        empty = providers.Constants()
+        providers._get_local_constants = lambda: empty
+
+
 settings.register_profile("explore", derandomize=False, database=None, print_blob=True,
                           max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+if settings.default.derandomize:
+    _no_local_constants()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -60,6 +60,7 @@ from qosgate.core.timers import Timers
 __all__ = ["ReplicaSpec", "Scheduler"]
 
 _HOLD_MAX = 32  # requests set aside in one fill because no replica of theirs may take them
+_NO_LEVEL = 1 << 30  # below every class: nothing held yet
 # (an alias: ``Reason.X`` is a metaclass lookup, ~10x a global's, and every request completes)
 _COMPLETED = Reason.COMPLETED
 
@@ -569,9 +570,17 @@ class Scheduler:
         while True:
             held: list[Request] = []
             lending_withheld = False  # at the first hold, the reserve was lent to no one
+            held_above = _NO_LEVEL  # the highest class (lowest level) held in this pass
             while fleet.free_slots > 0 and policy.root.n:
                 req = policy.pop()
                 assert req is not None
+                if (lending_withheld and req.class_level > held_above
+                        and not fleet.lending_withheld()):
+                    # the reserve opened in this pass (the last class that may not borrow it
+                    # went): a higher class held before this one may borrow it first, so this
+                    # one goes back unplaced and the next pass takes them again in their order
+                    policy.restore(req)
+                    break
                 rep = fleet.choose(req, now)
                 if rep is None:
                     # paused on a full replica (it can only resume there), no replica of its
@@ -580,17 +589,12 @@ class Scheduler:
                     if not held:
                         lending_withheld = fleet.lending_withheld()
                     held.append(req)
+                    held_above = min(held_above, req.class_level)
                     if fleet.prefill_budget is not None:
                         fleet.close_budget_below(req)
                     if len(held) >= _HOLD_MAX or (fleet.may_stall and fleet.nothing_may_go()):
                         break
                     continue
-                if lending_withheld and not fleet.lending_withheld():
-                    # the reserve opened in this pass (the last class that may not borrow it
-                    # went): the borrowers held before this one come first, so it goes back
-                    # and the next pass takes them all again in their order
-                    policy.restore(req)
-                    break
                 self._dispatch(req, rep, now, out)
             for req in held:
                 policy.restore(req)  # popping charged it; it was not served, nor did it go idle

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from qosgate.calibrate.client import Timed
+from qosgate.calibrate.engine import Timed
 from qosgate.calibrate.fit import fit, tpot_observation, ttft_observation
 from qosgate.calibrate.probe import (
     Capacity,

@@ -13,7 +13,7 @@ import typer
 import yaml
 from rich.console import Console
 
-from qosgate.calibrate.client import HttpEngine, ProbeError
+from qosgate.calibrate.engine import HttpEngine, ProbeError
 from qosgate.calibrate.fit import fit
 from qosgate.calibrate.probe import Capacity, Probe, default_plan, describe
 from qosgate.calibrate.report import (

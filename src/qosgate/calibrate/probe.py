@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from qosgate.calibrate.client import (
+from qosgate.calibrate.engine import (
     Engine,
     ProbeError,
     Timed,

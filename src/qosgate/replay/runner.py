@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from qosgate.measure import Answer, send
 from qosgate.replay.bodies import body, head
-from qosgate.replay.client import Answer, send
 from qosgate.replay.plan import Planned
 from qosgate.runtime.upstream.transport import Pool
 

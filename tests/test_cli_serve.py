@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import QOSGATE, Server, start_gateway, start_standin
+from tests.support.processes import QOSGATE, Server, start_gateway, start_standin
 
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

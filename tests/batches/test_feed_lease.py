@@ -16,7 +16,7 @@ import pytest
 from qosgate.runtime.batches.lease import LocalLease, RedisLease
 from qosgate.runtime.batches.records import Fenced, LineResult
 from qosgate.runtime.batches.store import BatchStore
-from tests.batches.test_feed_e2e import (
+from tests.support.batches import (
     CHAT,
     answered_lines,
     bodies,
@@ -26,8 +26,9 @@ from tests.batches.test_feed_e2e import (
     submit,
     wait_status,
 )
-from tests.gateway.conftest import start_gateway, start_standin, wait_until
-from tests.gateway.redis_server import RedisServer
+from tests.support.processes import start_gateway, start_standin
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")

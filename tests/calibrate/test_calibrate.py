@@ -25,7 +25,7 @@ from qosgate.calibrate.probe import (
 from qosgate.cli import app
 from qosgate.models.simmodel import EngineProfile, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
-from tests.gateway.conftest import Server, start_standin
+from tests.support.processes import Server, start_standin
 
 PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coefficient shows
 COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",

@@ -19,15 +19,10 @@ from typing import Any
 
 from openai import OpenAI
 
-from tests.gateway.conftest import (
-    MODEL,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway, start_standin
+from tests.support.waiting import wait_until
 
 CONFIG = """
 policy: qos

@@ -24,8 +24,10 @@ from qosgate import metric_names as mn
 from qosgate.config import Tenant, default_config
 from qosgate.core import Request, Scheduler, State
 from qosgate.server.metrics import GatewayMetrics, starvation_waits
-from tests.gateway.conftest import MODEL, http, metric_values
-from tests.gateway.test_observability import ADMIN, ROOT, Stack, qosgate_names
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.observability import ADMIN, ROOT, Stack, qosgate_names
+from tests.support.processes import MODEL
 
 
 def _labels_by_family(text: str) -> dict[str, tuple[str, set[frozenset[str]]]]:
@@ -48,7 +50,7 @@ def scrape(st: Stack) -> str:
 def live(tmp_path: Path) -> tuple[str, str, int]:
     """/metrics after two completions (and the output tokens their usage reported), and after a
     stream and an embeddings call too."""
-    from tests.gateway.redis_server import redis_binary
+    from tests.support.redis_server import redis_binary
 
     redis_binary()
     st = Stack(tmp_path, None)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from tests.gateway.conftest import MODEL, Server, start_gateway
+from tests.support.processes import MODEL, Server, start_gateway
 
 CONFIG = """
 classes:

@@ -38,16 +38,10 @@ from qosgate.top import (
     parse_metrics,
 )
 from qosgate.top_fetch import normalize_url
-from tests.gateway.conftest import (
-    MODEL,
-    QOSGATE,
-    Server,
-    free_port,
-    http,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, QOSGATE, Server, start_gateway, start_standin
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -463,7 +457,7 @@ def test_a_silent_gateway_times_out() -> None:
 def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None:
     """``serve --workers 2 --redis``: one URL, two instances; the frame lists both from the
     shared state's fleet, whichever answered."""
-    from tests.gateway.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     redis = RedisServer(tmp_path)
     cfg = tmp_path / "top.yaml"

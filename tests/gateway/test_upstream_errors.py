@@ -12,8 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, Server, free_port, gateway_args, http, start_standin
-from tests.gateway.test_fleet_faults import (
+from tests.support.fleet import (
     ask,
     client,
     outcomes,
@@ -23,6 +22,9 @@ from tests.gateway.test_fleet_faults import (
     upstream,
     write_config,
 )
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, Server, gateway_args, start_standin
 
 
 def _gateway(tmp: Path, cfg: Path) -> Server:

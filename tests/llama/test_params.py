@@ -18,7 +18,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.llama.conftest import MODEL, MODEL_PATH, Serve
+from tests.support.llama import MODEL, MODEL_PATH, Serve
 
 PERSON = {
     "type": "object",

@@ -23,8 +23,9 @@ import pytest
 
 from qosgate.runtime.preflight import preflight
 from qosgate.settings import EngineSettings
-from tests.gateway.conftest import free_port, gateway_args
-from tests.llama.conftest import MODEL, Serve
+from tests.support.llama import MODEL, Serve
+from tests.support.ports import free_port
+from tests.support.processes import gateway_args
 
 CRASH_SITE = Path(__file__).parent / "crash_site"
 SMALL = ("--n-ctx", "256", "--threads", "2")

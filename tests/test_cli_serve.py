@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.processes import QOSGATE, Server, start_gateway, start_standin
 
+pytestmark = pytest.mark.e2e
+
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("QOSGATE_")}

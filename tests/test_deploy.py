@@ -302,6 +302,7 @@ def start_local(d: Deployed, tmp: Path, standin: Server, monkeypatch: pytest.Mon
     return Local(server, ports)
 
 
+@pytest.mark.e2e
 def test_container_healthcheck_passes_on_a_running_gateway(
         standin: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # as `docker run -e QOSGATE_UPSTREAM=...` (deploy/README.md)
@@ -320,6 +321,7 @@ def test_container_healthcheck_passes_on_a_running_gateway(
         assert local.server.stop() == 0
 
 
+@pytest.mark.e2e
 def test_kubernetes_replicas_answer_their_probes_and_share_redis(
         standin: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.support.redis_server import RedisServer
@@ -353,6 +355,7 @@ def test_kubernetes_replicas_answer_their_probes_and_share_redis(
         redis.stop()
 
 
+@pytest.mark.e2e
 def test_systemd_unit_starts_a_ready_gateway(standin: Server, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     local = start_local(systemd_deployed(), tmp_path, standin, monkeypatch)

@@ -21,6 +21,8 @@ from qosgate.runtime.batches.store import BatchStore
 from tests.support.httpclient import http
 from tests.support.processes import Server, start_gateway
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "qosgate-sim"
 CHAT: Final = "/v1/chat/completions"
 CONFIG = """

@@ -21,6 +21,8 @@ from tests.support.ports import free_port
 from tests.support.processes import Server, gateway_args, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 def gateway_config(tmp: Path, standin: Server) -> Path:
     """Default batch settings (no ``batches.dir``)."""

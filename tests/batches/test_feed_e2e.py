@@ -29,6 +29,8 @@ from tests.support.ports import reserved_port
 from tests.support.processes import Server, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def standin(tmp_path: Path) -> Iterator[Server]:

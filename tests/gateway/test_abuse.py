@@ -32,6 +32,8 @@ from tests.support.ports import free_port
 from tests.support.processes import MODEL, QOSGATE, Server, gateway_args, start_gateway
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 SIM = "qosgate-sim"
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "hi"}]

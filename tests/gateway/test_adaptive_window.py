@@ -26,6 +26,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 BATCH = 4  # the stand-ins' --max-num-seqs
 CAPACITY = 64  # the configured capacity: what a fixed window would be
 INITIAL = 16  # where the adaptive window starts (above the batch: it must come down)

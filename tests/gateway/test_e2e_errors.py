@@ -16,6 +16,8 @@ from openai import OpenAI
 from tests.support.httpclient import http
 from tests.support.processes import MODEL, Server, gateway_from
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """
 tenants:
   - name: acme

@@ -21,6 +21,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, gateway_from
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """
 tenants:
   - name: pix

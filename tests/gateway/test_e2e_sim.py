@@ -14,6 +14,8 @@ from tests.support.httpclient import http
 from tests.support.processes import Server, start_gateway
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def gateway(tmp_session: Path) -> Iterator[Server]:

@@ -30,6 +30,8 @@ from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
 
+pytestmark = pytest.mark.e2e
+
 FIXED = """
 upstreams:
   - {url: URL, name: standin, capacity: 64}

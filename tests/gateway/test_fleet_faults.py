@@ -49,6 +49,8 @@ from tests.support.httpclient import http
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 # ---------------------------------------------------------------------- (a) models
 def test_each_model_goes_only_to_the_replicas_serving_it(tmp_path: Path) -> None:

@@ -31,6 +31,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import Server, start_gateway
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 CONFIG = """
 tenants:
   - {name: acme, api_keys: [sk-acme], tier: pro}

@@ -63,6 +63,8 @@ from tests.support.observability import (
 )
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 # ---------------------------------------------------------------- tests
 def test_promtool_accepts_the_shipped_rules_and_example_config() -> None:

@@ -71,6 +71,7 @@ def live(tmp_path: Path) -> tuple[str, str, int]:
         st.close()
 
 
+@pytest.mark.e2e
 def test_live_metrics_are_the_registry(live: tuple[str, str, int]) -> None:
     live_text, first, served = live
     seen = _labels_by_family(live_text)
@@ -102,6 +103,7 @@ def test_live_metrics_are_the_registry(live: tuple[str, str, int]) -> None:
     assert tokens[(("kind", "output"), ("tenant", "acme"))] == served
 
 
+@pytest.mark.e2e
 def test_live_help_texts_are_the_registrys(live: tuple[str, str, int]) -> None:
     """The help text of every family on /metrics is its registered one: each family's text is
     written once, in ``metric_names.py``, whichever module emits it."""

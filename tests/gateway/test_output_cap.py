@@ -19,6 +19,8 @@ import pytest
 from tests.support.httpclient import http
 from tests.support.processes import MODEL, Server, gateway_from, start_standin
 
+pytestmark = pytest.mark.e2e
+
 HI = [{"role": "user", "content": "Hi"}]
 
 

@@ -22,6 +22,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 REPLICAS = 3
 
 

@@ -26,6 +26,8 @@ from tests.support.processes import MODEL, Server, start_gateway, start_standin
 from tests.support.redis_server import RedisServer
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 ADMIN = {"Authorization": "Bearer sk-admin"}
 
 

@@ -16,6 +16,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_gateway
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 def test_sigterm_drains_gracefully(standin: Server, tmp_session: Path) -> None:
     gw = start_gateway(tmp_session, "--upstream", standin.url, "--upstream-capacity", "1",

@@ -17,6 +17,8 @@ from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_standin
 
+pytestmark = pytest.mark.e2e
+
 FAST = ("--time-scale", "0.05")
 
 

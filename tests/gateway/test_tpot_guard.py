@@ -23,6 +23,8 @@ from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:

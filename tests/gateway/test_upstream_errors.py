@@ -33,6 +33,7 @@ def _gateway(tmp: Path, cfg: Path) -> Server:
                   "/healthz", tmp / f"gateway-{port}.log")
 
 
+@pytest.mark.e2e
 def test_an_engine_not_up_yet_is_a_503_with_retry_after_not_a_404(tmp_path: Path) -> None:
     dead = free_port()  # nothing listens here: a vLLM still loading its model
     cfg = write_config(tmp_path / "c.yaml", [{"url": f"http://127.0.0.1:{dead}", "name": "r0"}])
@@ -52,6 +53,7 @@ def test_an_engine_not_up_yet_is_a_503_with_retry_after_not_a_404(tmp_path: Path
     assert "is not ready at start-up" in log  # said once, at start-up
 
 
+@pytest.mark.e2e
 def test_an_engine_4xx_reaches_the_client_as_is_and_counts_as_rejected(tmp_path: Path) -> None:
     s = start_standin(tmp_path, "--max-model-len", "64")
     with running(s):  # stopped even if the gateway does not start
@@ -69,6 +71,7 @@ def test_an_engine_4xx_reaches_the_client_as_is_and_counts_as_rejected(tmp_path:
             assert not any(o == "failed" for o, _ in counted)
 
 
+@pytest.mark.e2e
 def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: Path) -> None:
     s = start_standin(tmp_path)
     with running(s):  # stopped even if the gateway does not start

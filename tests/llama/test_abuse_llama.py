@@ -14,6 +14,8 @@ import pytest
 from tests.support.httpclient import http
 from tests.support.llama import MODEL, Serve
 
+pytestmark = pytest.mark.e2e
+
 HI = [{"role": "user", "content": "hi"}]
 
 

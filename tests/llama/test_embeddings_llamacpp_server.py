@@ -35,6 +35,8 @@ from tests.support.ports import free_port
 from tests.support.processes import Server, start_gateway
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.e2e
+
 ALIAS = "smollm2-embed"
 
 

@@ -20,6 +20,8 @@ import pytest
 
 from tests.support.llama import MODEL, MODEL_PATH, Serve
 
+pytestmark = pytest.mark.e2e
+
 PERSON = {
     "type": "object",
     "properties": {

@@ -24,6 +24,8 @@ from qosgate.models.step import Sampling, SeqSpec
 from tests.support.llama import MODEL, MODEL_PATH, Serve
 from tests.support.processes import QOSGATE
 
+pytestmark = pytest.mark.e2e
+
 QUESTION = "Name three primary colors."
 
 

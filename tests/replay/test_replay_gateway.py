@@ -18,6 +18,8 @@ from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.processes import QOSGATE, Server, start_gateway, start_standin
 
+pytestmark = pytest.mark.e2e
+
 # a light tenant, and one with a tight requests/min limit: 2 in its bucket, then refused
 CONFIG: dict[str, Any] = {
     "tenants": [

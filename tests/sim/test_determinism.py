@@ -45,6 +45,7 @@ def test_same_seed_same_bytes_with_a_failing_heterogeneous_fleet(tmp_path: Path)
     assert a != _json(p, seed=12)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("text", [SCENARIO, FLEET], ids=["det", "det-fleet"])
 def test_same_bytes_in_another_process_and_through_the_cli(tmp_path: Path, text: str) -> None:
     p = _write(tmp_path, text)

@@ -31,7 +31,7 @@ from tests.support.processes import Server, start_gateway
 from tests.support.vllm import KV_EVENTS, KV_TOPIC, MODEL, client, wait_idle
 from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 BLOCK = 128  # vLLM's block size on the CPU backend (read from its events in precise mode)
 TURNS = 3

@@ -22,7 +22,7 @@ from tests.support.vllm import MAX_MODEL_LEN, MODEL
 from tests.support.waiting import wait_until
 
 # the first test here may build the environment and start vLLM (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(params=["vllm", "standin"])

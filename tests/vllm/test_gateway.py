@@ -23,7 +23,7 @@ from tests.support.vllm import GHOST, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL, client
 from tests.support.waiting import wait_until
 
 # the first test here may build the environment and start vLLM (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 IGNORE_EOS = {"ignore_eos": True}  # vLLM's sampling extra: exactly max_tokens tokens
 

@@ -1,4 +1,4 @@
-"""Honest answers about upstreams (issue 10, items 6 and 7), end to end through the ``openai``
+"""Honest answers about upstreams, end to end through the ``openai``
 client: an engine still loading is a 503 with Retry-After, not a permanent 404; an engine's
 429/503 keeps its Retry-After; an engine's 4xx reaches the client in OpenAI's format and counts
 as ``rejected``, not ``failed``; a 5xx the retries cannot get past is a 502 in OpenAI's format.

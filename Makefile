@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: serve test lint bench clean llama-env vllm-env vllm-up redis-env prometheus-env
+.PHONY: serve test test-fast lint bench clean llama-env vllm-env vllm-up redis-env prometheus-env
 
 # The embedded engine's llama.cpp is compiled by scripts/llama_env.py with portable instruction
 # sets (x86-64-v3: no AVX-512, no AMX), cached per flag set outside the checkout, and installed
@@ -32,8 +32,13 @@ lint: llama-env
 	$(BIN)/mypy
 	$(BIN)/lint-imports  # the layer contracts in pyproject.toml
 
+# every test; the 25 slowest are printed at the end
 test: lint vllm-env redis-env prometheus-env
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --durations=25 $(PYTEST_ARGS)
+
+# the tests that start no process (no e2e marker): the lint, then the suite in this process alone
+test-fast: lint
+	$(BIN)/pytest -q -m "not e2e" --durations=25 $(PYTEST_ARGS)
 
 # real servers the tests start, from the Debian packages if missing (scripts/apt_env.sh, timed)
 redis-env:

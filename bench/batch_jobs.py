@@ -57,7 +57,8 @@ from openai import OpenAI  # noqa: E402
 
 from bench.fleet_faults import Rec, one, pct  # noqa: E402
 from qosgate.settings import BatchSettings  # noqa: E402
-from tests.gateway.conftest import MODEL, Server, http, start_gateway, start_standin  # noqa: E402
+from tests.support.httpclient import http  # noqa: E402
+from tests.support.processes import MODEL, Server, start_gateway, start_standin  # noqa: E402
 
 REPLICAS = 2
 CAPACITY = 16  # each upstream's window at most (and the stand-ins' batch)

@@ -41,9 +41,8 @@ import matplotlib.pyplot as plt
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.gateway.test_observability import (  # noqa: E402
+from tests.support.observability import (  # noqa: E402
     BOARD,
-    MODEL,
     REALTIME_BUDGET_MS,
     RULES,
     Stack,
@@ -51,6 +50,7 @@ from tests.gateway.test_observability import (  # noqa: E402
     short_for,
     substitute,
 )
+from tests.support.processes import MODEL  # noqa: E402
 
 RATE = "10s"
 # (board panel title, y label, the series to plot (a regex on the legend), log scale)

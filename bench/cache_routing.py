@@ -54,7 +54,8 @@ from bench.multiturn import (  # noqa: E402
 from qosgate import config as qconfig  # noqa: E402
 from qosgate.models.simmodel import load_profile  # noqa: E402
 from qosgate.wire.parse import CHARS_PER_TOKEN  # noqa: E402
-from tests.gateway.conftest import Server, metric_values, start_gateway, start_standin  # noqa: E402
+from tests.support.metrics import metric_values  # noqa: E402
+from tests.support.processes import Server, start_gateway, start_standin  # noqa: E402
 
 ROUTERS = ("least-load", "cache-aware", "session-affinity")
 REPLICAS = 3

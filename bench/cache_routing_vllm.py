@@ -42,7 +42,8 @@ from pathlib import Path
 from multiturn import MultiTurn, prefix_cache_counts, run_sessions, summarize, words
 from vllm_common import MODEL, build_env, drain, start_vllm
 
-from tests.gateway.conftest import Server, reserved_port, start_gateway
+from tests.support.ports import reserved_port
+from tests.support.processes import Server, start_gateway
 
 ROUTERS = ("least-load", "cache-aware", "precise")
 

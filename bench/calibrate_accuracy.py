@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
 
 from qosgate.models.simmodel import load_profile  # noqa: E402
-from tests.gateway.conftest import QOSGATE, start_standin  # noqa: E402
+from tests.support.processes import QOSGATE, start_standin  # noqa: E402
 
 COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",
          "decode_s_per_ctx_token", "decode_s_per_seq")

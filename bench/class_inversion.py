@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 import uvloop  # noqa: E402
 
 from bench.fleet_faults import MODEL, Rec, _Resp, pct  # noqa: E402
-from tests.gateway.conftest import start_gateway, start_standin  # noqa: E402
+from tests.support.processes import start_gateway, start_standin  # noqa: E402
 
 API_RATE = 2.0  # untagged requests per second
 RT_RATE = 1.0  # realtime requests per second (phase 2)

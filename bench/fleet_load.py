@@ -54,7 +54,7 @@ import yaml  # noqa: E402
 from bench.fleet_faults import CLASSES, Rec, markers, metrics, new_request, one, pct  # noqa: E402
 from qosgate import config as qconfig  # noqa: E402
 from qosgate.models.simmodel import load_profile  # noqa: E402
-from tests.gateway.conftest import Server, start_gateway, start_standin  # noqa: E402
+from tests.support.processes import Server, start_gateway, start_standin  # noqa: E402
 
 SLOW = (1.0, 2.0, 4.0)  # r0, r1, r2
 TIME_SCALE = 8.0

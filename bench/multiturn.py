@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.vllm_common import pct  # noqa: E402
-from tests.gateway.conftest import metric_values  # noqa: E402
+from tests.support.metrics import metric_values  # noqa: E402
 
 WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "with", "on", "be",
          "by", "this", "are", "from", "at", "or", "an", "cache", "prefix", "replica", "engine",

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the tests
 
 from qosgate.models.simmodel import load_profile  # noqa: E402
-from tests.gateway.conftest import QOSGATE, Server, start_gateway, start_standin  # noqa: E402
+from tests.support.processes import QOSGATE, Server, start_gateway, start_standin  # noqa: E402
 
 
 def run(cmd: list[str]) -> None:

@@ -37,7 +37,7 @@ from vllm_common import build_env, drain, start_vllm
 
 from qosgate.sim.scenario_file import load_scenario
 from qosgate.sim.scenarios import prepare
-from tests.gateway.conftest import QOSGATE, Server, start_gateway
+from tests.support.processes import QOSGATE, Server, start_gateway
 
 BATCHED_TOKENS = 2048  # vLLM's --max-num-batched-tokens here (its default at 2048 of context)
 

@@ -19,7 +19,8 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 
 from qosgate.core.signals import LoadSignals  # noqa: E402
 from qosgate.wire.engine_metrics import parse_engine_metrics  # noqa: E402
-from tests.gateway.conftest import Server, reserved_port  # noqa: E402
+from tests.support.ports import reserved_port  # noqa: E402
+from tests.support.processes import Server  # noqa: E402
 
 PY = sys.executable
 SCRIPT = ROOT / "scripts" / "vllm_env.py"

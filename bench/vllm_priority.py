@@ -47,7 +47,7 @@ from typing import Any
 from openai import OpenAI
 from vllm_common import MODEL, build_env, drain, pct, start_vllm
 
-from tests.gateway.conftest import Server, start_gateway
+from tests.support.processes import Server, start_gateway
 
 MAX_NUM_SEQS = 2
 OFFLINE_TOKENS = 32

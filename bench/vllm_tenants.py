@@ -51,7 +51,7 @@ from pathlib import Path
 from openai import OpenAI
 from vllm_common import MODEL, build_env, drain, engine_signals, pct, start_vllm
 
-from tests.gateway.conftest import Server, start_gateway
+from tests.support.processes import Server, start_gateway
 
 MAX_NUM_SEQS = 4
 LIGHT_TOKENS = 8

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Capture a real vLLM's whole and streamed answers to the same requests, for
-``tests/engines/test_assemble.py`` (its ``data/vllm032/``).
+``tests/wire/test_assemble.py`` (its ``data/vllm032/``).
 
 Each case is sent twice: as is (the whole answer, ``NAME.json``) and with ``"stream": true`` and
 ``stream_options.include_usage`` (the raw event stream, ``NAME.sse``); the request is kept beside
@@ -8,7 +8,7 @@ them (``NAME.request.json``). The tool-call cases need a vLLM started with a too
 
     python scripts/vllm_env.py serve --port 8001 --max-num-seqs 2 -- \\
         --enable-auto-tool-choice --tool-call-parser hermes
-    python scripts/capture_vllm_streams.py 8001 tests/engines/data/vllm032
+    python scripts/capture_vllm_streams.py 8001 tests/wire/data/vllm032
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,10 @@ import pytest
 import typer
 
 from qosgate.cli import app
+from tests.support.processes import QOSGATE
 
-QOSGATE = [sys.executable, "-m", "qosgate.cli"]
+pytestmark = pytest.mark.e2e
+
 COMMANDS = ("serve", "config", "top", "simulate", "simulate-embeddings")
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import QOSGATE, Server, start_gateway, start_standin
+from tests.support.processes import QOSGATE, Server, start_gateway, start_standin
+
+pytestmark = pytest.mark.e2e
 
 
 def serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

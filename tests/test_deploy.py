@@ -24,7 +24,10 @@ import yaml
 from qosgate.cli import app
 from qosgate.config import load_config
 from qosgate.settings import check_settings, load_settings
-from tests.gateway.conftest import QOSGATE, Server, free_port, http, start_standin, wait_until
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import QOSGATE, Server, start_standin
+from tests.support.waiting import wait_until
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 CONFIG = DEPLOY / "qosgate.yaml"
@@ -299,6 +302,7 @@ def start_local(d: Deployed, tmp: Path, standin: Server, monkeypatch: pytest.Mon
     return Local(server, ports)
 
 
+@pytest.mark.e2e
 def test_container_healthcheck_passes_on_a_running_gateway(
         standin: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # as `docker run -e QOSGATE_UPSTREAM=...` (deploy/README.md)
@@ -317,9 +321,10 @@ def test_container_healthcheck_passes_on_a_running_gateway(
         assert local.server.stop() == 0
 
 
+@pytest.mark.e2e
 def test_kubernetes_replicas_answer_their_probes_and_share_redis(
         standin: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.gateway.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     redis = RedisServer(tmp_path)
     c = k8s_container()
@@ -350,6 +355,7 @@ def test_kubernetes_replicas_answer_their_probes_and_share_redis(
         redis.stop()
 
 
+@pytest.mark.e2e
 def test_systemd_unit_starts_a_ready_gateway(standin: Server, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     local = start_local(systemd_deployed(), tmp_path, standin, monkeypatch)

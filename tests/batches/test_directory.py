@@ -165,6 +165,7 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.e2e
 def test_the_lock_dies_with_its_process(tmp_path: Path) -> None:
     """``kill -9``: no exit handler runs, and the directory is free for the restart."""
     p = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdin=subprocess.PIPE,
@@ -191,6 +192,7 @@ def _race(directory: str, key: str, n: int, start: Any, results: Any, done: Any)
     lock.release()
 
 
+@pytest.mark.e2e
 def test_newcomers_starting_together_share_only_the_way_the_first_does(tmp_path: Path) -> None:
     """Six processes, two sharings, at once: every process of the sharing that took the
     directory first joins it, every other is refused (an exclusive lock turned shared is let go

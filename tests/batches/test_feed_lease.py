@@ -16,7 +16,7 @@ import pytest
 from qosgate.runtime.batches.lease import LocalLease, RedisLease
 from qosgate.runtime.batches.records import Fenced, LineResult
 from qosgate.runtime.batches.store import BatchStore
-from tests.batches.test_feed_e2e import (
+from tests.support.batches import (
     CHAT,
     answered_lines,
     bodies,
@@ -26,8 +26,9 @@ from tests.batches.test_feed_e2e import (
     submit,
     wait_status,
 )
-from tests.gateway.conftest import start_gateway, start_standin, wait_until
-from tests.gateway.redis_server import RedisServer
+from tests.support.processes import start_gateway, start_standin
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +47,7 @@ def test_local_lease_takes_a_fence_above_the_stored_one() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.e2e
 def test_one_owner_at_a_time_and_the_fence_grows_past_the_stored_one(redis: RedisServer) -> None:
     async def run() -> None:
         a = RedisLease(redis.url, "a", ttl_s=30, prefix="t1:")
@@ -67,6 +69,7 @@ def test_one_owner_at_a_time_and_the_fence_grows_past_the_stored_one(redis: Redi
     asyncio.run(run())
 
 
+@pytest.mark.e2e
 def test_an_expired_owner_loses_the_lease_and_cannot_take_it_back(redis: RedisServer) -> None:
     async def run() -> None:
         a = RedisLease(redis.url, "a", ttl_s=0.05, prefix="t2:")
@@ -89,6 +92,7 @@ def test_an_expired_owner_loses_the_lease_and_cannot_take_it_back(redis: RedisSe
     asyncio.run(run())
 
 
+@pytest.mark.e2e
 def test_a_fresh_redis_still_gives_fences_above_the_stored_ones(tmp_path: Path) -> None:
     r = RedisServer(tmp_path)
 
@@ -105,6 +109,7 @@ def test_a_fresh_redis_still_gives_fences_above_the_stored_ones(tmp_path: Path) 
         r.stop()
 
 
+@pytest.mark.e2e
 def test_the_owner_that_lost_its_lease_cannot_write(redis: RedisServer, tmp_path: Path) -> None:
     async def run() -> None:
         store = BatchStore(tmp_path / "batches", time.time)
@@ -143,6 +148,7 @@ def test_the_owner_that_lost_its_lease_cannot_write(redis: RedisServer, tmp_path
     asyncio.run(run())
 
 
+@pytest.mark.e2e
 def test_two_gateways_sharing_redis_and_a_directory_answer_every_line_once(
         redis: RedisServer, tmp_path: Path) -> None:
     standin = start_standin(tmp_path, "--record", str(tmp_path / "bodies.jsonl"),

@@ -366,6 +366,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.e2e
 def test_a_killed_writer_leaves_a_whole_database(tmp_path: Path) -> None:
     """kill -9 of a process in the middle of recording: reopened, every committed answer is
     there, the counts agree with the lines, and the rest can be answered."""

@@ -25,7 +25,7 @@ from qosgate.calibrate.probe import (
 from qosgate.cli import app
 from qosgate.models.simmodel import EngineProfile, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
-from tests.gateway.conftest import Server, start_standin
+from tests.support.processes import Server, start_standin
 
 PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coefficient shows
 COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",
@@ -178,6 +178,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s.stop()
 
 
+@pytest.mark.e2e
 def test_calibrate_writes_a_profile_the_simulator_loads(standin: Server, tmp_path: Path) -> None:
     """The command against a live stand-in: probe, fit, table, a profile file with the engine's
     limits, model and source. The coefficients' accuracy is the virtual-time test's (above)."""
@@ -201,6 +202,7 @@ def test_calibrate_writes_a_profile_the_simulator_loads(standin: Server, tmp_pat
     assert fitted.source.startswith("fitted by qosgate calibrate against http://127.0.0.1:")
 
 
+@pytest.mark.e2e
 def test_a_missing_limit_is_asked_for(standin: Server) -> None:
     """Not on a terminal, and the stand-in publishes no cache_config_info: the flag is named."""
     res = CliRunner().invoke(app, ["calibrate", f"127.0.0.1:{standin.port}"])

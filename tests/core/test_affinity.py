@@ -16,8 +16,7 @@ from qosgate.core.prefix import Prefix
 from qosgate.core.routing.prefix_index import BlockLru, PrefixIndex
 from qosgate.core.routing.sessions import Sessions
 from qosgate.core.signals import LoadSignals
-
-from .harness import Harness
+from tests.support.scheduler import Harness
 
 BLOCK = 16
 

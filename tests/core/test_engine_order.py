@@ -17,8 +17,7 @@ from qosgate.config import Tenant, default_config
 from qosgate.core import POLICY_NAMES, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.queueing import build_policy
 from qosgate.core.queueing.engine_order import STRIDE, band_of, order_value
-
-from .harness import Harness
+from tests.support.scheduler import Harness
 
 TENANTS = (
     Tenant(name="a", api_keys=("ka",), weight=1.0),

@@ -27,8 +27,7 @@ from qosgate.config import (
 from qosgate.core import POLICY_NAMES, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.prefix import Prefix
 from qosgate.core.signals import LoadSignals
-
-from .harness import Harness
+from tests.support.scheduler import Harness
 
 
 def _fixed(name: str, capacity: int, **kw: object) -> ReplicaSpec:

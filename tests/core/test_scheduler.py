@@ -6,8 +6,7 @@ import pytest
 
 from qosgate.config import Admission, Tenant, TenantLimits, default_config
 from qosgate.core import Dispatch, Finished, Preempt, QosInputs, ReplicaSpec, Scheduler, State
-
-from .harness import Harness
+from tests.support.scheduler import Harness
 
 
 def make(policy: str = "qos", capacity: int = 1, pausable: bool = False, **cfg: object) -> Harness:

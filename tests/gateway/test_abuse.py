@@ -1,8 +1,10 @@
-"""Issue 10, "nothing gets past it, nothing crashes it": one test (or a few) per item, each against
-a real gateway process (the simulated engine, or the vLLM stand-in for upstream mode).
+"""Nothing gets past the gateway, nothing crashes it: the output cap as asked, duplicate keys,
+/metrics access, malformed and deeply nested bodies, slow or oversized connections, honest 400s,
+streams while queued and at shutdown, start-up, config validation, and what users reach for; each
+against a real gateway process (the simulated engine, or the vLLM stand-in for upstream mode).
 
-Item numbers are the issue's. Items 6 and 7 (an unreachable upstream at start-up, upstream errors
-passed through) belong to the upstream client and are tested with it.
+An unreachable upstream at start-up and upstream errors passed through belong to the upstream
+client and are tested with it.
 """
 
 from __future__ import annotations
@@ -24,17 +26,13 @@ import pytest
 from openai import OpenAI
 
 from qosgate.core.queueing.engine_order import band_of
-from tests.gateway.conftest import (
-    MODEL,
-    QOSGATE,
-    Server,
-    free_port,
-    gateway_args,
-    http,
-    metric_values,
-    start_gateway,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, QOSGATE, Server, gateway_args, start_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 SIM = "qosgate-sim"
 CHAT = "/v1/chat/completions"
@@ -122,7 +120,8 @@ def raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 # ---------------------------------------------------------------------- gateways
 @pytest.fixture(scope="module")
 def sim_gw(tmp_session: Path) -> Iterator[Server]:
-    """Only options the gateway had before this issue: the same tests run against it fail."""
+    """Only basic options (tenants, admin keys, the simulated engine): what these tests pin needs
+    no option switched on."""
     cfg = write(tmp_session, "abuse-sim.yaml", TENANTS + """
 server: {admin_keys: [sk-admin]}
 engine: {kind: sim, time_scale: 0.02, eos_after: 8}
@@ -171,8 +170,8 @@ engine: {kind: sim, time_scale: 0.02}
     gw.stop()
 
 
-# ---------------------------------------------------------------------- 1. max_tokens cap
-def test_1_no_max_tokens_is_forwarded_as_none(up_gw: Server, standin: Server) -> None:
+# ---------------------------------------------------------------------- max_tokens cap
+def test_no_max_tokens_is_forwarded_as_none(up_gw: Server, standin: Server) -> None:
     """What the client asked is what the engine gets: no cap stays none (an explicit null
     stays null), and max_completion_tokens is not joined by a max_tokens."""
     for body, has in (
@@ -194,7 +193,7 @@ def test_1_no_max_tokens_is_forwarded_as_none(up_gw: Server, standin: Server) ->
     assert sent["max_completion_tokens"] == 5 and "max_tokens" not in sent
 
 
-def test_1_max_completion_tokens_is_checked_like_max_tokens(up_gw: Server) -> None:
+def test_max_completion_tokens_is_checked_like_max_tokens(up_gw: Server) -> None:
     code, _, out = post(up_gw, json.dumps(
         {"model": MODEL, "messages": HI, "max_completion_tokens": 9000}).encode())
     err = is_openai_error(out)
@@ -205,7 +204,7 @@ def test_1_max_completion_tokens_is_checked_like_max_tokens(up_gw: Server) -> No
     assert code == 400 and is_openai_error(out)["param"] == "max_completion_tokens"
 
 
-# ---------------------------------------------------------------------- 2. duplicate keys
+# ---------------------------------------------------------------------- duplicate keys
 @pytest.mark.parametrize(
     ("body", "param"),
     [
@@ -217,7 +216,7 @@ def test_1_max_completion_tokens_is_checked_like_max_tokens(up_gw: Server) -> No
         (b'{"model":"M","messages":MSG,"model":"M"}', "model"),
     ],
 )
-def test_2_duplicate_or_escaped_keys_the_gateway_acts_on_are_refused(
+def test_duplicate_or_escaped_keys_the_gateway_acts_on_are_refused(
     up_gw: Server, standin: Server, body: bytes, param: str
 ) -> None:
     body = body.replace(b"MSG", json.dumps(HI).encode()).replace(b'"M"', json.dumps(MODEL).encode())
@@ -230,7 +229,7 @@ def test_2_duplicate_or_escaped_keys_the_gateway_acts_on_are_refused(
     assert count(up_gw, "duplicate_key") == n + 1
 
 
-def test_2_the_engine_reads_the_priority_the_gateway_decided(up_gw: Server,
+def test_the_engine_reads_the_priority_the_gateway_decided(up_gw: Server,
                                                              standin: Server) -> None:
     # a tenant clamped to batch/offline asking for realtime: the engine sees band 2 (batch;
     # qosgate's order value, core.queueing.engine_order), whatever else the body says about
@@ -245,8 +244,8 @@ def test_2_the_engine_reads_the_priority_the_gateway_decided(up_gw: Server,
     assert sent["tools"] == body["tools"]
 
 
-# ---------------------------------------------------------------------- 3. /metrics
-def test_3_metrics_need_the_admin_key_when_configured(guarded_gw: Server) -> None:
+# ---------------------------------------------------------------------- /metrics
+def test_metrics_need_the_admin_key_when_configured(guarded_gw: Server) -> None:
     gw = guarded_gw
     code, _, out = http("GET", gw.url + "/metrics")
     assert code == 401 and is_openai_error(out)["code"] == "invalid_api_key"
@@ -256,7 +255,7 @@ def test_3_metrics_need_the_admin_key_when_configured(guarded_gw: Server) -> Non
     assert code == 200 and b"qosgate_requests_total" in body
 
 
-def test_3_tenant_labels_are_capped(guarded_gw: Server) -> None:
+def test_tenant_labels_on_metrics_are_capped(guarded_gw: Server) -> None:
     gw = guarded_gw
     for key in ("sk-acme", "sk-beta", "sk-gamma", "sk-clamped"):
         code, _, out = post(gw, json.dumps({"messages": HI, "max_tokens": 1}).encode(), key)
@@ -269,7 +268,7 @@ def test_3_tenant_labels_are_capped(guarded_gw: Server) -> None:
     assert sum(ok.values()) >= 2
 
 
-def test_3_metrics_on_a_port_of_their_own(tmp_session: Path) -> None:
+def test_metrics_on_a_port_of_their_own(tmp_session: Path) -> None:
     mport = free_port()
     gw = start_gateway(tmp_session, "--engine", "sim", "--metrics-port", str(mport))
     try:
@@ -282,7 +281,7 @@ def test_3_metrics_on_a_port_of_their_own(tmp_session: Path) -> None:
         gw.stop()
 
 
-# ---------------------------------------------------------------------- 4. crashes
+# ---------------------------------------------------------------------- crashes
 @pytest.mark.parametrize(
     ("body", "code"),
     [
@@ -294,7 +293,7 @@ def test_3_metrics_on_a_port_of_their_own(tmp_session: Path) -> None:
         (b'{"messages":[{"role":"user","content":"\\ud800"}]}', "invalid_json"),
     ],
 )
-def test_4_deep_nesting_and_invalid_utf8_are_counted_400s(sim_gw: Server, body: bytes,
+def test_deep_nesting_and_invalid_utf8_are_counted_400s(sim_gw: Server, body: bytes,
                                                           code: str) -> None:
     before = total(sim_gw)
     status, _, out = post(sim_gw, body)
@@ -302,8 +301,8 @@ def test_4_deep_nesting_and_invalid_utf8_are_counted_400s(sim_gw: Server, body: 
     assert total(sim_gw) == before + 1
 
 
-# ---------------------------------------------------------------------- 5. slowloris
-def test_5_a_silent_connection_is_closed_at_the_header_timeout(guard_gw: Server) -> None:
+# ---------------------------------------------------------------------- slowloris
+def test_a_silent_connection_is_closed_at_the_header_timeout(guard_gw: Server) -> None:
     n = refused_conns(guard_gw, "header_timeout")
     t0 = time.monotonic()
     assert raw_request(guard_gw.port, b"") == b""  # nothing sent: closed, nothing answered
@@ -311,7 +310,7 @@ def test_5_a_silent_connection_is_closed_at_the_header_timeout(guard_gw: Server)
     assert wait_until(lambda: refused_conns(guard_gw, "header_timeout") == n + 1)
 
 
-def test_5_half_a_head_gets_408(guard_gw: Server) -> None:
+def test_half_a_head_gets_408(guard_gw: Server) -> None:
     n = refused_conns(guard_gw, "header_timeout")
     out = raw_request(guard_gw.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
     head, _, body = out.partition(b"\r\n\r\n")
@@ -325,7 +324,7 @@ def _upload_head(size: int) -> bytes:
             b"Content-Length: " + str(size).encode() + b"\r\n\r\n")
 
 
-def test_5_an_upload_slower_than_the_body_timeout_is_timed_between_its_chunks(
+def test_an_upload_slower_than_the_body_timeout_is_timed_between_its_chunks(
         guard_gw: Server) -> None:
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions",
                        "body": {"model": "m", "prompt": "x"}}).encode() + b"\n"
@@ -353,7 +352,7 @@ def test_5_an_upload_slower_than_the_body_timeout_is_timed_between_its_chunks(
     assert head.startswith(b"HTTP/1.1 408") and is_openai_error(answer)["code"] == "body_timeout"
 
 
-def test_5_half_a_body_gets_408_and_is_the_requests_outcome(guard_gw: Server) -> None:
+def test_half_a_body_gets_408_and_is_the_requests_outcome(guard_gw: Server) -> None:
     n = count(guard_gw, "body_timeout")
     out = raw_request(guard_gw.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Length: 100\r\n\r\n{\"prompt\": \"x")
@@ -362,14 +361,14 @@ def test_5_half_a_body_gets_408_and_is_the_requests_outcome(guard_gw: Server) ->
     assert count(guard_gw, "body_timeout", outcome="rejected") == n + 1
 
 
-def test_5_headers_over_the_cap_get_431(guard_gw: Server) -> None:
+def test_headers_over_the_cap_get_431(guard_gw: Server) -> None:
     out = raw_request(guard_gw.port, b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * 8000)
     head, _, body = out.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 431")
     assert is_openai_error(body)["code"] == "headers_too_large"
 
 
-def test_5_connections_over_the_cap_get_503(guard_gw: Server) -> None:
+def test_connections_over_the_cap_get_503(guard_gw: Server) -> None:
     n = refused_conns(guard_gw, "too_many_connections")
     idle = [socket.create_connection(("127.0.0.1", guard_gw.port)) for _ in range(6)]
     try:
@@ -385,7 +384,7 @@ def test_5_connections_over_the_cap_get_503(guard_gw: Server) -> None:
     assert refused_conns(guard_gw, "too_many_connections") >= n + 1
 
 
-def test_5_malformed_http_is_an_openai_400(guard_gw: Server) -> None:
+def test_malformed_http_is_an_openai_400(guard_gw: Server) -> None:
     n = refused_conns(guard_gw, "invalid_http")
     out = raw_request(guard_gw.port, b"GET / HTTP/1.1\r\nBad Header\x01: x\r\n\r\n")
     head, _, body = out.partition(b"\r\n\r\n")
@@ -393,13 +392,13 @@ def test_5_malformed_http_is_an_openai_400(guard_gw: Server) -> None:
     assert refused_conns(guard_gw, "invalid_http") == n + 1
 
 
-# ---------------------------------------------------------------------- 8. honest 400s
+# ---------------------------------------------------------------------- honest 400s
 MALFORMED = [b"5", b'"hi"', b"{}", b"[]", b"null", b"[1]", b'[{"content":"x"}]',
              b'[{"role":"user","content":5}]']
 
 
 @pytest.mark.parametrize("messages", MALFORMED)
-def test_8_malformed_messages_are_400_in_process(sim_gw: Server, messages: bytes) -> None:
+def test_malformed_messages_are_400_in_process(sim_gw: Server, messages: bytes) -> None:
     before = total(sim_gw)
     code, _, out = post(sim_gw, b'{"max_tokens":1,"messages":' + messages + b"}")
     err = is_openai_error(out)
@@ -408,7 +407,7 @@ def test_8_malformed_messages_are_400_in_process(sim_gw: Server, messages: bytes
 
 
 @pytest.mark.parametrize("messages", MALFORMED)
-def test_8_malformed_messages_are_400_upstream(up_gw: Server, standin: Server,
+def test_malformed_messages_are_400_upstream(up_gw: Server, standin: Server,
                                               messages: bytes) -> None:
     before = len(recorded(standin))
     code, _, out = post(up_gw, b'{"max_tokens":1,"messages":' + messages + b"}")
@@ -417,13 +416,13 @@ def test_8_malformed_messages_are_400_upstream(up_gw: Server, standin: Server,
 
 
 @pytest.mark.parametrize("prompt", [b"5", b"{}", b"[]", b"null", b"[{}]", b'["a", 1]', b"[[]]"])
-def test_8_malformed_prompt_is_400(sim_gw: Server, prompt: bytes) -> None:
+def test_malformed_prompt_is_400(sim_gw: Server, prompt: bytes) -> None:
     code, _, out = post(sim_gw, b'{"max_tokens":1,"prompt":' + prompt + b"}",
                         path="/v1/completions")
     assert code == 400 and is_openai_error(out)["param"] == "prompt"
 
 
-def test_8_type_errors_name_the_param_and_limits_say_the_limit(sim_gw: Server) -> None:
+def test_type_errors_name_the_param_and_limits_say_the_limit(sim_gw: Server) -> None:
     code, _, out = post(sim_gw, b'{"messages":[{"role":"user","content":"x"}],"max_tokens":"ten"}')
     assert code == 400 and is_openai_error(out)["param"] == "max_tokens"
     code, _, out = post(sim_gw, b'{"messages":[{"role":"user","content":"x"}],"stream":"yes"}')
@@ -439,8 +438,8 @@ def test_8_type_errors_name_the_param_and_limits_say_the_limit(sim_gw: Server) -
     assert code == 401
 
 
-# ---------------------------------------------------------------------- 9. streams and start-up
-def test_9_a_queued_stream_gets_its_head_and_keep_alives(guarded_gw: Server) -> None:
+# ---------------------------------------------------------------------- streams and start-up
+def test_a_queued_stream_gets_its_head_and_keep_alives(guarded_gw: Server) -> None:
     c = OpenAI(base_url=guarded_gw.url + "/v1", api_key="sk-acme", max_retries=0)
     hold = c.chat.completions.create(model=SIM, messages=HI, max_tokens=500, stream=True)
     it = iter(hold)
@@ -462,7 +461,7 @@ def test_9_a_queued_stream_gets_its_head_and_keep_alives(guarded_gw: Server) -> 
         hold.close()
 
 
-def test_9_a_queue_timeout_after_the_early_head_is_an_error_event(tmp_session: Path) -> None:
+def test_a_queue_timeout_after_the_early_head_is_an_error_event(tmp_session: Path) -> None:
     cfg = write(tmp_session, "abuse-ka.yaml", """
 classes:
   - {name: realtime, level: 0, strict: true, ttft_budget_ms: 1000, queue_timeout_s: 10,
@@ -486,7 +485,7 @@ engine: {kind: sim, time_scale: 0.5, capacity: 1}   # the 2000-token stream hold
         gw.stop()
 
 
-def test_9_streams_cut_at_the_shutdown_timeout_end_with_an_error_and_done(
+def test_streams_cut_at_the_shutdown_timeout_end_with_an_error_and_done(
     tmp_session: Path,
 ) -> None:
     gw = start_gateway(tmp_session, "--engine", "sim", "--shutdown-timeout", "0.5")
@@ -516,7 +515,7 @@ def test_9_streams_cut_at_the_shutdown_timeout_end_with_an_error_and_done(
         gw.stop()
 
 
-def test_9_the_port_is_bound_before_the_model_loads(tmp_session: Path) -> None:
+def test_the_port_is_bound_before_the_model_loads(tmp_session: Path) -> None:
     bogus = write(tmp_session, "bogus.gguf", "not a model")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -529,7 +528,7 @@ def test_9_the_port_is_bound_before_the_model_loads(tmp_session: Path) -> None:
     assert "cannot listen" in r.stdout and "cannot start the engine" not in r.stdout
 
 
-def test_9_serving_on_names_the_bound_port(tmp_session: Path) -> None:
+def test_serving_on_names_the_bound_port(tmp_session: Path) -> None:
     log = tmp_session / "port0.log"
     with log.open("wb") as f:
         proc = subprocess.Popen([*QOSGATE, "serve", "--engine", "sim", "--port", "0"],
@@ -544,7 +543,7 @@ def test_9_serving_on_names_the_bound_port(tmp_session: Path) -> None:
         proc.wait(10)
 
 
-# ---------------------------------------------------------------------- 10. qosgate config
+# ---------------------------------------------------------------------- qosgate config
 @pytest.mark.parametrize(
     "section",
     [
@@ -558,15 +557,15 @@ def test_9_serving_on_names_the_bound_port(tmp_session: Path) -> None:
         "server: {metrics_auth: true}",
     ],
 )
-def test_10_config_validates_every_section(tmp_session: Path, section: str) -> None:
+def test_qosgate_config_validates_every_section(tmp_session: Path, section: str) -> None:
     p = write(tmp_session, "bad.yaml", section + "\n")
     r = subprocess.run([*QOSGATE, "config", "--config", str(p)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2, r.stdout
 
 
-# ---------------------------------------------------------------------- 11. what users reach for
-def test_11_health_x_api_key_content_length_and_class_case(sim_gw: Server) -> None:
+# ---------------------------------------------------------------------- what users reach for
+def test_health_x_api_key_content_length_and_class_case(sim_gw: Server) -> None:
     code, hdrs, body = http("GET", sim_gw.url + "/health")
     assert code == 200 and hdrs["content-length"] == str(len(body))
     body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
@@ -583,7 +582,7 @@ def test_11_health_x_api_key_content_length_and_class_case(sim_gw: Server) -> No
     assert code == 400 and hdrs["content-length"] == str(len(out))
 
 
-def test_11_api_key_flag(tmp_session: Path) -> None:
+def test_the_api_key_flag_admits_that_key_alone_by_either_header(tmp_session: Path) -> None:
     gw = start_gateway(tmp_session, "--engine", "sim", "--api-key", "sk-one")
     try:
         body = json.dumps({"messages": HI, "max_tokens": 1}).encode()
@@ -596,7 +595,7 @@ def test_11_api_key_flag(tmp_session: Path) -> None:
         gw.stop()
 
 
-def test_11_choices_are_listed_in_help() -> None:
+def test_serve_help_lists_the_choices_and_refuses_others() -> None:
     r = subprocess.run([*QOSGATE, "serve", "--help"], capture_output=True, text=True,
                        timeout=60, env=dict(os.environ, COLUMNS="200"))
     out = r.stdout
@@ -609,7 +608,7 @@ def test_11_choices_are_listed_in_help() -> None:
     assert r.returncode == 2
 
 
-def test_9_a_queued_upstream_stream_gets_keep_alives_then_its_tokens(standin: Server,
+def test_a_queued_upstream_stream_gets_keep_alives_then_its_tokens(standin: Server,
                                                                       tmp_session: Path) -> None:
     """The same through the upstream client's relay: after the early head, the engine's stream
     follows on the same response, whole."""

@@ -1,4 +1,4 @@
-"""The pieces behind issue 10, without servers: the request reader's checks (nesting, keys,
+"""The pieces behind test_abuse.py, without servers: the request reader's checks (nesting, keys,
 shapes), the member splice, the response sink (Content-Length, the early SSE head, an error after
 it), the tenant label cap and the limit messages."""
 

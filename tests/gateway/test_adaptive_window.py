@@ -21,15 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import (
-    MODEL,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 BATCH = 4  # the stand-ins' --max-num-seqs
 CAPACITY = 64  # the configured capacity: what a fixed window would be

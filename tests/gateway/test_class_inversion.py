@@ -18,16 +18,15 @@ import itertools
 import json
 from pathlib import Path
 
+import pytest
 from openai import AsyncOpenAI
 
-from tests.gateway.conftest import (
-    MODEL,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, start_gateway, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 # offline streams, closed loop: more than the engine's batch of 16 takes, so a backlog of
 # offline requests stands in the gateway (its window holds the engine's batch and a little more)

@@ -13,7 +13,10 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, gateway_from, http
+from tests.support.httpclient import http
+from tests.support.processes import MODEL, Server, gateway_from
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """
 tenants:

@@ -15,8 +15,13 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import MODEL, Server, gateway_from, http, metric_values, wait_until
-from tests.gateway.media_files import png
+from tests.support.httpclient import http
+from tests.support.media_files import png
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, gateway_from
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """
 tenants:

@@ -10,7 +10,11 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import Server, http, start_gateway, wait_until
+from tests.support.httpclient import http
+from tests.support.processes import Server, start_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,12 @@ import pytest
 from openai import OpenAI
 
 from qosgate.core.queueing.engine_order import band_of
-from tests.gateway.conftest import MODEL, Server, http, metric_values, start_gateway, wait_until
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """
 tenants:

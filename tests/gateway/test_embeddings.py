@@ -26,14 +26,11 @@ import pytest
 from openai import OpenAI
 
 from qosgate.wire.embeddings import text_vector
-from tests.gateway.conftest import (
-    MODEL,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway, start_standin
+
+pytestmark = pytest.mark.e2e
 
 FIXED = """
 upstreams:

@@ -26,7 +26,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.conftest import Server, http, metric_values, start_gateway, wait_until
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import Server, start_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """
 tenants:

@@ -1,7 +1,7 @@
 """Image sizes and audio lengths from headers (``wire/media.py``), the token rules
 (``wire/media_cost.py``) and the prompt estimate of bodies with images (``wire/parse.py``).
 
-The files are made by hand (``tests/gateway/media_files.py``); where Pillow is installed, the
+The files are made by hand (``tests/support/media_files.py``); where Pillow is installed, the
 readers are checked on its encoders' output too.
 """
 
@@ -19,7 +19,7 @@ from qosgate.config import Admission, AudioTokens, ImageTokens
 from qosgate.wire.media import B64, audio_seconds, bytes_reader, image_size
 from qosgate.wire.media_cost import image_tokens, unknown_image_tokens
 from qosgate.wire.parse import BadBody, Body, estimate_how, estimate_prompt_tokens, parse_body
-from tests.gateway.media_files import bmp, gif, jpeg, mp3, pillow, png, wav, webp
+from tests.support.media_files import bmp, gif, jpeg, mp3, pillow, png, wav, webp
 
 
 def test_png_written_by_hand_is_a_complete_png() -> None:

@@ -24,8 +24,10 @@ from qosgate import metric_names as mn
 from qosgate.config import Tenant, default_config
 from qosgate.core import Request, Scheduler, State
 from qosgate.server.metrics import GatewayMetrics, starvation_waits
-from tests.gateway.conftest import MODEL, http, metric_values
-from tests.gateway.test_observability import ADMIN, ROOT, Stack, qosgate_names
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.observability import ADMIN, ROOT, Stack, qosgate_names
+from tests.support.processes import MODEL
 
 
 def _labels_by_family(text: str) -> dict[str, tuple[str, set[frozenset[str]]]]:
@@ -48,7 +50,7 @@ def scrape(st: Stack) -> str:
 def live(tmp_path: Path) -> tuple[str, str, int]:
     """/metrics after two completions (and the output tokens their usage reported), and after a
     stream and an embeddings call too."""
-    from tests.gateway.redis_server import redis_binary
+    from tests.support.redis_server import redis_binary
 
     redis_binary()
     st = Stack(tmp_path, None)
@@ -69,6 +71,7 @@ def live(tmp_path: Path) -> tuple[str, str, int]:
         st.close()
 
 
+@pytest.mark.e2e
 def test_live_metrics_are_the_registry(live: tuple[str, str, int]) -> None:
     live_text, first, served = live
     seen = _labels_by_family(live_text)
@@ -100,6 +103,7 @@ def test_live_metrics_are_the_registry(live: tuple[str, str, int]) -> None:
     assert tokens[(("kind", "output"), ("tenant", "acme"))] == served
 
 
+@pytest.mark.e2e
 def test_live_help_texts_are_the_registrys(live: tuple[str, str, int]) -> None:
     """The help text of every family on /metrics is its registered one: each family's text is
     written once, in ``metric_names.py``, whichever module emits it."""

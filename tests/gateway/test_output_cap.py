@@ -16,7 +16,10 @@ from typing import Any
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, Server, gateway_from, http, start_standin
+from tests.support.httpclient import http
+from tests.support.processes import MODEL, Server, gateway_from, start_standin
+
+pytestmark = pytest.mark.e2e
 
 HI = [{"role": "user", "content": "Hi"}]
 

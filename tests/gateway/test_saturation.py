@@ -12,9 +12,12 @@ import statistics
 import time
 from pathlib import Path
 
+import pytest
 from openai import AsyncOpenAI
 
-from tests.gateway.conftest import MODEL, Server, start_gateway
+from tests.support.processes import MODEL, Server, start_gateway
+
+pytestmark = pytest.mark.e2e
 
 CONFIG = """
 classes:

@@ -17,14 +17,12 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import (
-    MODEL,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, start_gateway, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 REPLICAS = 3
 

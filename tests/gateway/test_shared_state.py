@@ -20,16 +20,13 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import (
-    MODEL,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
-from tests.gateway.redis_server import RedisServer
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway, start_standin
+from tests.support.redis_server import RedisServer
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 ADMIN = {"Authorization": "Bearer sk-admin"}
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.gateway.conftest import MODEL, Server, http, start_standin
+import pytest
+
+from tests.support.httpclient import http
+from tests.support.processes import MODEL, Server, start_standin
+
+pytestmark = pytest.mark.e2e
 
 
 def test_fcfs_accepts_and_ignores_nonzero_priority_like_vllm(tmp_session: Path) -> None:

@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import Server, http, start_standin, wait_until
+from tests.support.httpclient import http
+from tests.support.processes import Server, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 STEP_FIXED_S = 0.00685  # the default profile's fixed step time: a step lasts at least this
 

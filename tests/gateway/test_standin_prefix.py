@@ -13,7 +13,11 @@ from typing import Any
 import pytest
 
 from qosgate.models.simmodel import load_profile, with_host_tier
-from tests.gateway.conftest import MODEL, Server, http, metric_values, start_standin
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_standin
+
+pytestmark = pytest.mark.e2e
 
 FAST = ("--time-scale", "0.05")
 

@@ -38,16 +38,10 @@ from qosgate.top import (
     parse_metrics,
 )
 from qosgate.top_fetch import normalize_url
-from tests.gateway.conftest import (
-    MODEL,
-    QOSGATE,
-    Server,
-    free_port,
-    http,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, QOSGATE, Server, start_gateway, start_standin
+from tests.support.waiting import wait_until
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -353,6 +347,7 @@ def gw_status(gw: Server) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.e2e
 def test_once_against_a_live_gateway_under_load(live: Live) -> None:
     """Completed requests in two classes from two tenants, a refusal (bob's concurrency cap),
     and two long streams still running when the frame is taken."""
@@ -409,6 +404,7 @@ def test_once_against_a_live_gateway_under_load(live: Live) -> None:
     assert row(out, "gateways", live.gw.url)[2] == "ok"
 
 
+@pytest.mark.e2e
 def test_once_at_80_columns_prints_every_column_whole(live: Live) -> None:
     p = top(live.gw.url, "--once", "--key", "sk-admin", "--width", "80")
     assert p.returncode == 0, p.stderr
@@ -423,6 +419,7 @@ def test_once_at_80_columns_prints_every_column_whole(live: Live) -> None:
         assert head in out, head
 
 
+@pytest.mark.e2e
 def test_once_with_a_wrong_key_says_so_and_exits_1(live: Live) -> None:
     p = top(live.gw.url, "--once", "--key", "sk-nope")
     assert p.returncode == 1
@@ -430,6 +427,7 @@ def test_once_with_a_wrong_key_says_so_and_exits_1(live: Live) -> None:
     assert "HTTP 401" in p.stderr and "check --key" in p.stderr
 
 
+@pytest.mark.e2e
 def test_a_dead_url_next_to_a_live_one(live: Live) -> None:
     dead = f"127.0.0.1:{free_port()}"
     p = top(live.gw.url, dead, "--once", "--key", "sk-admin", "--width", "150")
@@ -440,6 +438,7 @@ def test_a_dead_url_next_to_a_live_one(live: Live) -> None:
     assert max(len(ln) for ln in p.stdout.splitlines()) <= 150
 
 
+@pytest.mark.e2e
 def test_nothing_answers_exit_1() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     p = top(url, "--once")
@@ -449,6 +448,7 @@ def test_nothing_answers_exit_1() -> None:
     assert f"no gateway answered: {url}: connection refused" in p.stderr
 
 
+@pytest.mark.e2e
 def test_a_silent_gateway_times_out() -> None:
     """A socket that accepts connections (the kernel's backlog) and never answers."""
     with socket.socket() as s:
@@ -460,10 +460,11 @@ def test_a_silent_gateway_times_out() -> None:
     assert f"{url}: no answer within 0.5s" in p.stdout
 
 
+@pytest.mark.e2e
 def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None:
     """``serve --workers 2 --redis``: one URL, two instances; the frame lists both from the
     shared state's fleet, whichever answered."""
-    from tests.gateway.redis_server import RedisServer
+    from tests.support.redis_server import RedisServer
 
     redis = RedisServer(tmp_path)
     cfg = tmp_path / "top.yaml"
@@ -493,6 +494,7 @@ def test_workers_on_one_port_show_as_a_fleet(live: Live, tmp_path: Path) -> None
                             ["engine-b", "wk-w0"], ["engine-b", "wk-w1"]]
 
 
+@pytest.mark.e2e
 def test_metrics_on_their_own_port(live: Live, tmp_path: Path) -> None:
     """``server.metrics_port``: /metrics is not on the API port; ``--metrics-port`` finds it."""
     cfg = tmp_path / "top.yaml"
@@ -550,6 +552,7 @@ def drain(read: Callable[[], bytes]) -> threading.Thread:
     return th
 
 
+@pytest.mark.e2e
 def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: Live) -> None:
     """In a pseudo-terminal: the alternate screen, a first cumulative frame, then frames with
     rates over the interval; SIGINT (Ctrl-C) ends it with status 0."""
@@ -577,6 +580,7 @@ def test_live_view_in_a_terminal_refreshes_with_rates_and_stops_on_ctrl_c(live: 
         os.close(master)
 
 
+@pytest.mark.e2e
 def test_frames_to_a_pipe_are_a_log(live: Live) -> None:
     """Without --once and stdout not a terminal: one plain frame per interval."""
     proc = subprocess.Popen([*QOSGATE, "top", live.gw.url, "--key", "sk-admin", "--interval",

@@ -18,15 +18,12 @@ from collections.abc import Iterator
 import pytest
 from openai import OpenAI
 
-from tests.gateway.conftest import (
-    MODEL,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import MODEL, Server, start_gateway, start_standin
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

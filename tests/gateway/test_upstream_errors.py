@@ -1,4 +1,4 @@
-"""Honest answers about upstreams (issue 10, items 6 and 7), end to end through the ``openai``
+"""Honest answers about upstreams, end to end through the ``openai``
 client: an engine still loading is a 503 with Retry-After, not a permanent 404; an engine's
 429/503 keeps its Retry-After; an engine's 4xx reaches the client in OpenAI's format and counts
 as ``rejected``, not ``failed``; a 5xx the retries cannot get past is a 502 in OpenAI's format.
@@ -12,8 +12,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, Server, free_port, gateway_args, http, start_standin
-from tests.gateway.test_fleet_faults import (
+from tests.support.fleet import (
     ask,
     client,
     outcomes,
@@ -23,6 +22,9 @@ from tests.gateway.test_fleet_faults import (
     upstream,
     write_config,
 )
+from tests.support.httpclient import http
+from tests.support.ports import free_port
+from tests.support.processes import MODEL, Server, gateway_args, start_standin
 
 
 def _gateway(tmp: Path, cfg: Path) -> Server:
@@ -31,6 +33,7 @@ def _gateway(tmp: Path, cfg: Path) -> Server:
                   "/healthz", tmp / f"gateway-{port}.log")
 
 
+@pytest.mark.e2e
 def test_an_engine_not_up_yet_is_a_503_with_retry_after_not_a_404(tmp_path: Path) -> None:
     dead = free_port()  # nothing listens here: a vLLM still loading its model
     cfg = write_config(tmp_path / "c.yaml", [{"url": f"http://127.0.0.1:{dead}", "name": "r0"}])
@@ -50,6 +53,7 @@ def test_an_engine_not_up_yet_is_a_503_with_retry_after_not_a_404(tmp_path: Path
     assert "is not ready at start-up" in log  # said once, at start-up
 
 
+@pytest.mark.e2e
 def test_an_engine_4xx_reaches_the_client_as_is_and_counts_as_rejected(tmp_path: Path) -> None:
     s = start_standin(tmp_path, "--max-model-len", "64")
     with running(s):  # stopped even if the gateway does not start
@@ -67,6 +71,7 @@ def test_an_engine_4xx_reaches_the_client_as_is_and_counts_as_rejected(tmp_path:
             assert not any(o == "failed" for o, _ in counted)
 
 
+@pytest.mark.e2e
 def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: Path) -> None:
     s = start_standin(tmp_path)
     with running(s):  # stopped even if the gateway does not start

@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.conftest import http
-from tests.llama.conftest import MODEL, Serve
+from tests.support.httpclient import http
+from tests.support.llama import MODEL, Serve
+
+pytestmark = pytest.mark.e2e
 
 HI = [{"role": "user", "content": "hi"}]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from qosgate.core.batching import FixedWindow
 from qosgate.models.llama_embed import LlamaEmbedder
-from tests.llama.conftest import MODEL, InProcGateway
+from tests.support.llama import MODEL, InProcGateway
 
 
 def test_embeddings_batched_in_one_decode(

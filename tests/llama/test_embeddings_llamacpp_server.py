@@ -28,15 +28,14 @@ from openai import OpenAI
 
 from qosgate.models.llama_embed import LlamaEmbedder
 from qosgate.wire.embeddings import pooled
-from tests.gateway.conftest import (
-    Server,
-    free_port,
-    http,
-    metric_values,
-    start_gateway,
-    wait_until,
-)
-from tests.llama.conftest import MODEL_PATH
+from tests.support.httpclient import http
+from tests.support.llama import MODEL_PATH
+from tests.support.metrics import metric_values
+from tests.support.ports import free_port
+from tests.support.processes import Server, start_gateway
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.e2e
 
 ALIAS = "smollm2-embed"
 

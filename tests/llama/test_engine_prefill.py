@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from qosgate.models.llamacpp import LlamaCppEngine
 from qosgate.models.step import Sampling, SeqSpec
-from tests.llama.conftest import MODEL_PATH
+from tests.support.llama import MODEL_PATH
 
 GREEDY = Sampling(temperature=0.0)
 LONG = "Summarize: " + "The history of computing spans many decades. " * 6

@@ -22,7 +22,7 @@ from qosgate.models.step import SeqSpec, StepResult
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.wire.job import Job
-from tests.llama.conftest import MODEL, MODEL_PATH
+from tests.support.llama import MODEL, MODEL_PATH
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 N = 12

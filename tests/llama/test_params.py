@@ -18,7 +18,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.llama.conftest import MODEL, MODEL_PATH, Serve
+from tests.support.llama import MODEL, MODEL_PATH, Serve
+
+pytestmark = pytest.mark.e2e
 
 PERSON = {
     "type": "object",

@@ -25,7 +25,8 @@ import pytest
 from openai import OpenAI
 
 from qosgate.config import QosConfig, default_config
-from tests.llama.conftest import MODEL, InProcGateway, wait_until
+from tests.support.llama import MODEL, InProcGateway
+from tests.support.waiting import wait_until
 
 OFFLINE = {"x-qos-class": "offline"}
 REALTIME = {"x-qos-class": "realtime"}

@@ -23,8 +23,9 @@ import pytest
 
 from qosgate.runtime.preflight import preflight
 from qosgate.settings import EngineSettings
-from tests.gateway.conftest import free_port, gateway_args
-from tests.llama.conftest import MODEL, Serve
+from tests.support.llama import MODEL, Serve
+from tests.support.ports import free_port
+from tests.support.processes import gateway_args
 
 CRASH_SITE = Path(__file__).parent / "crash_site"
 SMALL = ("--n-ctx", "256", "--threads", "2")
@@ -37,6 +38,7 @@ def test_the_check_decodes_with_the_real_engine_and_reports_its_build() -> None:
     assert res.system_info is not None and res.system_info.startswith("CPU : ")
 
 
+@pytest.mark.e2e
 def test_a_crash_in_the_check_stops_serve_before_it_serves(tmp_path: Path) -> None:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(CRASH_SITE), QOSGATE_TEST_ABORT_IN="preflight",
@@ -68,6 +70,7 @@ def test_a_crash_in_the_check_stops_serve_before_it_serves(tmp_path: Path) -> No
     assert re.search(r'File ".*llamacpp\.py", line \d+ in step', err), err
 
 
+@pytest.mark.e2e
 def test_no_preflight_skips_the_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same crashing double in the check's child: without the check the gateway serves."""
     monkeypatch.setenv("PYTHONPATH", str(CRASH_SITE))
@@ -80,6 +83,7 @@ def test_no_preflight_skips_the_check(tmp_path: Path, monkeypatch: pytest.Monkey
         assert s.stop() == 0
 
 
+@pytest.mark.e2e
 def test_a_crash_after_start_leaves_every_threads_stack_in_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

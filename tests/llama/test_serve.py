@@ -21,8 +21,10 @@ import pytest
 
 from qosgate.models.llamacpp import LlamaCppEngine
 from qosgate.models.step import Sampling, SeqSpec
-from tests.gateway.conftest import QOSGATE
-from tests.llama.conftest import MODEL, MODEL_PATH, Serve
+from tests.support.llama import MODEL, MODEL_PATH, Serve
+from tests.support.processes import QOSGATE
+
+pytestmark = pytest.mark.e2e
 
 QUESTION = "Name three primary colors."
 

@@ -14,14 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.gateway.conftest import (
-    QOSGATE,
-    Server,
-    http,
-    metric_values,
-    start_gateway,
-    start_standin,
-)
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import QOSGATE, Server, start_gateway, start_standin
+
+pytestmark = pytest.mark.e2e
 
 # a light tenant, and one with a tight requests/min limit: 2 in its bucket, then refused
 CONFIG: dict[str, Any] = {

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from qosgate.cli import app
-from tests.sim.test_determinism import SCENARIO
+from tests.support.sim import SCENARIO
 
 runner = CliRunner()
 
@@ -156,7 +156,7 @@ def test_the_description_follows_load_and_duration(tmp_path: Path) -> None:
 def test_a_failing_heterogeneous_fleet_prints_replicas_faults_and_phases(
     tmp_path: Path,
 ) -> None:
-    from tests.sim.test_determinism import FLEET
+    from tests.support.sim import FLEET
 
     p = _scenario(tmp_path, FLEET)
     out = tmp_path / "out"
@@ -203,7 +203,7 @@ def test_ttft_over_time_counts_the_unserved_as_infinitely_late() -> None:
 
     from qosgate.sim.plots import ttft_over_time
     from qosgate.sim.scenarios import Run
-    from tests.sim.helpers import simulate
+    from tests.support.sim import simulate
 
     # window 1: realtime requests queue behind each other; under fifo a long one blocks them
     reqs = [(0.0, "offline", 8, 2000)] + [(0.1 + 0.01 * i, "realtime", 8, 3) for i in range(5)]

@@ -10,7 +10,7 @@ import pytest
 from qosgate.config import config_from_mapping, default_config
 from qosgate.sim.results import RequestRecord, RunResult
 from qosgate.sim.setup import SIM_POLICIES, policy_setup
-from tests.sim.helpers import simulate, toy
+from tests.support.sim import simulate, toy
 
 
 def rec(result: RunResult, rid: str) -> RequestRecord:

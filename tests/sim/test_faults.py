@@ -14,7 +14,7 @@ from qosgate.config import QosConfig, default_config
 from qosgate.sim.driver import run_policy
 from qosgate.sim.results import RequestRecord, RunResult
 from qosgate.sim.setup import FaultPlan, ReplicaPlan, SimSetup, scaled
-from tests.sim.helpers import TOY, workload
+from tests.support.sim import TOY, workload
 
 FAR = 1000.0  # a probe interval longer than any of these runs
 

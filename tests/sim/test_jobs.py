@@ -26,8 +26,7 @@ from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import scenario_from_mapping
 from qosgate.sim.scenarios import prepare, run_scenario
 from qosgate.sim.setup import SimSetup
-from tests.sim.helpers import TOY, workload
-from tests.sim.test_determinism import FLEET, SCENARIO
+from tests.support.sim import FLEET, SCENARIO, TOY, workload
 
 runner = CliRunner()
 

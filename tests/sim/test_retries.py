@@ -9,8 +9,7 @@ from qosgate.config import default_config
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, retry_stats
 from qosgate.sim.setup import SimSetup
-
-from .helpers import TOY, workload
+from tests.support.sim import TOY, workload
 
 
 def _setup(retries: int) -> SimSetup:

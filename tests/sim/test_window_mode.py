@@ -14,7 +14,7 @@ from qosgate.cli import app
 from qosgate.sim.report import document, dumps
 from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
 from qosgate.sim.scenarios import prepare, run_scenario
-from tests.sim.test_determinism import SCENARIO
+from tests.support.sim import SCENARIO
 
 # overloaded, with room for the adaptive window to move below its ceiling of 256
 ADAPTIVE = (

@@ -24,27 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from openai import OpenAI
 
-from qosgate.core.signals import LoadSignals
-from qosgate.wire.engine_metrics import parse_engine_metrics
-from tests.gateway.conftest import (
-    PY,
-    Server,
-    http,
-    metric_values,
-    reserved_port,
-    start_gateway,
-    start_standin,
-    wait_until,
-)
+from tests.support.ports import reserved_port
+from tests.support.processes import PY, Server, start_gateway, start_standin
+from tests.support.vllm import GHOST, KV_EVENTS, KV_TOPIC, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vllm_env.py"
-MODEL = "smollm2-135m-instruct"
-MAX_MODEL_LEN = 2048
-MAX_NUM_SEQS = 2
-GHOST = "not-served-by-vllm"  # listed in the gateway's config, unknown to vLLM: vLLM's own 404
 START_TIMEOUT_S = 900.0  # eager start-up is 1-2 min; two at once on 2 busy cores, more
 
 TIMINGS: list[str] = []
@@ -92,11 +78,6 @@ def vllm_env(pytestconfig: pytest.Config) -> dict[str, Any]:
     info = subprocess.run([PY, str(SCRIPT), "info"], capture_output=True, text=True, check=True)
     data: dict[str, Any] = json.loads(info.stdout)
     return data
-
-
-# each vLLM's KV-event endpoint (by its URL), for the tests of precise cache-aware routing
-KV_EVENTS: dict[str, str] = {}
-KV_TOPIC = "kv"
 
 
 def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
@@ -267,26 +248,4 @@ def standin_fcfs(vllm_tmp: Path) -> Iterator[Server]:
     yield s
     s.stop()
 
-
-def client(server: Server, **kw: Any) -> OpenAI:
-    return OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, **kw)
-
-
-# ---------------------------------------------------------------------- engine state
-def signals(engine: Server) -> LoadSignals:
-    _, _, text = http("GET", engine.url + "/metrics")
-    return parse_engine_metrics(text.decode(), time.monotonic(), engine="vllm")
-
-
-def finished(engine: Server, reason: str) -> float:
-    _, _, text = http("GET", engine.url + "/metrics")
-    values = metric_values(text.decode(), "vllm:request_success_total")
-    return sum(v for k, v in values.items() if ("finished_reason", reason) in k)
-
-
-def wait_idle(engine: Server, timeout: float = 120.0) -> None:
-    """Nothing running or waiting in the engine (the previous test's requests are gone)."""
-    assert wait_until(
-        lambda: (s := signals(engine)).running == 0 and s.waiting == 0, timeout, every=0.1
-    ), f"engine still busy: {signals(engine)}"
 

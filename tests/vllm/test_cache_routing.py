@@ -25,10 +25,13 @@ import pytest
 
 from qosgate.runtime.kv_events import KVEventFeed
 from qosgate.wire.kv_events import CacheChange, token_prefix
-from tests.gateway.conftest import Server, http, metric_values, start_gateway, wait_until
-from tests.vllm.conftest import KV_EVENTS, KV_TOPIC, MODEL, client, wait_idle
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import Server, start_gateway
+from tests.support.vllm import KV_EVENTS, KV_TOPIC, MODEL, client, wait_idle
+from tests.support.waiting import wait_until
 
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 BLOCK = 128  # vLLM's block size on the CPU backend (read from its events in precise mode)
 TURNS = 3

@@ -15,11 +15,14 @@ from typing import Any
 import pytest
 
 from qosgate.wire.engine_metrics import parse_engine_metrics
-from tests.gateway.conftest import Server, http, metric_values, wait_until
-from tests.vllm.conftest import MAX_MODEL_LEN, MODEL
+from tests.support.httpclient import http
+from tests.support.metrics import metric_values
+from tests.support.processes import Server
+from tests.support.vllm import MAX_MODEL_LEN, MODEL
+from tests.support.waiting import wait_until
 
 # the first test here may build the environment and start vLLM (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 @pytest.fixture(params=["vllm", "standin"])

@@ -15,20 +15,15 @@ from typing import Any
 import openai
 import pytest
 
-from tests.engines.test_assemble import same_json
-from tests.gateway.conftest import Server, http, metric_values, wait_until
-from tests.vllm.conftest import (
-    GHOST,
-    MAX_MODEL_LEN,
-    MAX_NUM_SEQS,
-    MODEL,
-    client,
-    signals,
-    wait_idle,
-)
+from tests.support.httpclient import http
+from tests.support.json_match import same_json
+from tests.support.metrics import metric_values
+from tests.support.processes import Server
+from tests.support.vllm import GHOST, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL, client, signals, wait_idle
+from tests.support.waiting import wait_until
 
 # the first test here may build the environment and start vLLM (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 IGNORE_EOS = {"ignore_eos": True}  # vLLM's sampling extra: exactly max_tokens tokens
 

@@ -7,7 +7,7 @@ engine would have answered, for a client that wanted one piece.
 
 The object is vLLM 0.32's, member for member and in its order (``ChatCompletionResponse``,
 ``CompletionResponse`` and their choices in vLLM's ``entrypoints/openai/*/protocol.py``; checked
-against a real vLLM 0.32 by ``tests/engines/test_assemble.py`` on captured answers): vLLM writes a
+against a real vLLM 0.32 by ``tests/wire/test_assemble.py`` on captured answers): vLLM writes a
 whole answer with every member, ``null`` included, while its stream leaves unset members out.
 The bytes are those of vLLM's writer (Starlette's ``JSONResponse``: ``json.dumps`` with compact
 separators and ``ensure_ascii=False``), so floats such as log-probabilities come out as vLLM

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.conftest import free_port, wait_until
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 
 def redis_binary() -> str:

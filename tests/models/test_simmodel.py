@@ -11,43 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qosgate.models.simmodel import (
-    EngineProfile,
     Policy,
     SimEngine,
     available_profiles,
     load_profile,
 )
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
-
-# Round numbers so that durations can be computed by hand.
-TOY = EngineProfile(
-    name="toy",
-    model="toy",
-    gpu="none",
-    step_fixed_s=0.01,
-    prefill_s_per_token=0.001,
-    decode_s_per_ctx_token=0.0001,
-    decode_s_per_seq=0.002,
-    max_num_seqs=4,
-    max_num_batched_tokens=64,
-    kv_capacity_tokens=10_000,
-)
-
-
-def toy(**update: int | float) -> EngineProfile:
-    return TOY.model_copy(update=update)
+from tests.support.simmodel import TOY, run_all, toy
 
 
 def spec(sid: str, prompt: int, out: int, max_tokens: int = 1000, prio: int = 0) -> SeqSpec:
     return SeqSpec(sid, prompt, max_tokens, target_output_tokens=out, engine_priority=prio)
-
-
-def run_all(eng: SimEngine, limit: int = 100_000) -> list[StepResult]:
-    out = []
-    while eng.has_work():
-        out.append(eng.step())
-        assert len(out) < limit
-    return out
 
 
 def tokens_by_seq(results: list[StepResult]) -> dict[str, list[int]]:

@@ -7,18 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qosgate.core.prefix import Prefix
 from qosgate.models.prefix_cache import PrefixCache
 from qosgate.models.simmodel import SimEngine
 from qosgate.models.step import FinishEvent, SeqSpec
-from tests.engines.test_simmodel import TOY, run_all, toy
-
-B = 4  # tokens per block in these tests
-
-
-def pspec(sid: str, keys: tuple[int, ...], prompt: int, out: int = 1) -> SeqSpec:
-    return SeqSpec(sid, prompt, 1000, target_output_tokens=out, prefix=Prefix(keys, B))
-
+from tests.support.simmodel import TOY, B, pspec, run_all, toy
 
 # ---- the cache alone ---------------------------------------------------------------------------
 

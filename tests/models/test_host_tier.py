@@ -11,8 +11,7 @@ import pytest
 from qosgate.models.prefix_cache import PrefixCache
 from qosgate.models.simmodel import EngineMetrics, SimEngine, load_profile
 from qosgate.models.step import FinishEvent, SeqSpec
-from tests.engines.test_prefix_cache import B, pspec
-from tests.engines.test_simmodel import TOY, run_all, toy
+from tests.support.simmodel import TOY, B, pspec, run_all, toy
 
 LOAD = 0.0001  # s per token loaded from the host (prefill: 0.001)
 

@@ -11,7 +11,6 @@ next) differ; everything else, member order included, must be identical.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 
 from qosgate.wire.assemble import StreamAssembler, assemble
 from qosgate.wire.job import Route
+from tests.support.json_match import same_json
 
 DATA = Path(__file__).parent / "data" / "vllm032"
 CASES = sorted(p.name.removesuffix(".request.json") for p in DATA.glob("*.request.json"))
@@ -29,24 +29,6 @@ def _case(name: str) -> tuple[Route, bytes, bytes, bytes]:
     route: Route = "chat" if req["path"].endswith("/chat/completions") else "completions"
     return (route, json.dumps(req["body"]).encode(), (DATA / f"{name}.sse").read_bytes(),
             (DATA / f"{name}.json").read_bytes())
-
-
-def same_json(got: Any, want: Any, path: str = "$") -> None:
-    """Equal, member order included; floats equal to 1e-4 (see the module's docstring)."""
-    if isinstance(want, dict):
-        assert isinstance(got, dict), path
-        assert list(got) == list(want), f"{path}: members {list(got)} != {list(want)}"
-        for k in want:
-            same_json(got[k], want[k], f"{path}.{k}")
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            same_json(g, w, f"{path}[{i}]")
-    elif isinstance(want, float):
-        assert isinstance(got, float) and math.isclose(got, want, rel_tol=1e-4, abs_tol=1e-4), (
-            f"{path}: {got} != {want}")
-    else:
-        assert type(got) is type(want) and got == want, f"{path}: {got!r} != {want!r}"
 
 
 def _unpinned(doc: dict[str, Any], like: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,11 @@ from qosgate.sim.scenario_file import load_scenario, override
 from qosgate.sim.scenarios import prepare, run_scenario
 from qosgate.sim.setup import SimSetup
 from qosgate.sim.workload import Arrival, Stream, Workload
+from tests.support import simmodel
 
-# step = 0.01 + 0.001 * prefill tokens + 0.002 * decoding seqs (no per-context cost)
+# the engine model's toy with no per-context cost: step = 0.01 + 0.001 * prefill tokens
+# + 0.002 * decoding seqs
+TOY = simmodel.toy(decode_s_per_ctx_token=0.0)
 TOY = EngineProfile(
     name="toy",
     model="toy",
@@ -36,6 +39,7 @@ CLASSES = ("realtime", "api", "batch", "offline")
 
 
 def toy(**update: float) -> EngineProfile:
+    """The toy above with ``update`` applied."""
     return TOY.model_copy(update=update)
 
 

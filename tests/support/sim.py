@@ -22,18 +22,6 @@ from tests.support import simmodel
 # the engine model's toy with no per-context cost: step = 0.01 + 0.001 * prefill tokens
 # + 0.002 * decoding seqs
 TOY = simmodel.toy(decode_s_per_ctx_token=0.0)
-TOY = EngineProfile(
-    name="toy",
-    model="toy",
-    gpu="none",
-    step_fixed_s=0.01,
-    prefill_s_per_token=0.001,
-    decode_s_per_ctx_token=0.0,
-    decode_s_per_seq=0.002,
-    max_num_seqs=4,
-    max_num_batched_tokens=64,
-    kv_capacity_tokens=10_000,
-)
 
 CLASSES = ("realtime", "api", "batch", "offline")
 

@@ -4,26 +4,16 @@ of minutes and is run by hand)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.support.files import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def doc_tables() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "scripts" / "doc_tables.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["doc_tables"] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-DT = doc_tables()
+DT = load_module("scripts/doc_tables.py")
 TABLES = [t for f in DT.doc_files() for t in DT.find_tables(f)]
 CHEAP = [t for t in TABLES if t.cheap and not t.skip]
 

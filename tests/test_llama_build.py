@@ -14,9 +14,10 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.support.files import load_module
 
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -25,16 +26,7 @@ pytestmark = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                                 reason="the instruction-set check is for x86-64 builds")
 
 
-def llama_env() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("llama_env", ROOT / "scripts" / "llama_env.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["llama_env"] = mod  # dataclasses look their module up by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-LE = llama_env()
+LE = load_module("scripts/llama_env.py")
 
 
 def _need(what: str, have: object) -> None:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -24,6 +23,7 @@ from qosgate import metric_names as mn
 from qosgate.config import Tenant, default_config
 from qosgate.core import Request, Scheduler, State
 from qosgate.server.metrics import GatewayMetrics, starvation_waits
+from tests.support.files import load_module
 from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.observability import ADMIN, ROOT, Stack, qosgate_names
@@ -137,11 +137,7 @@ def test_every_name_in_board_rules_and_docs_is_registered() -> None:
 
 
 def test_board_json_is_generated() -> None:
-    spec = importlib.util.spec_from_file_location(
-        "make_board", ROOT / "deploy" / "grafana" / "make_board.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_module("deploy/grafana/make_board.py")
     assert (ROOT / "deploy" / "grafana" / "qosgate.json").read_text() == mod.render(), \
         "run .venv/bin/python deploy/grafana/make_board.py"
     board = json.loads(mod.render())

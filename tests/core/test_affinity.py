@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from qosgate.config import CacheRouting, Fleet, Tenant, default_config
-from qosgate.core import Dispatch, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core import AttemptFailed, Dispatch, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.prefix import Prefix
 from qosgate.core.routing.prefix_index import BlockLru, PrefixIndex
@@ -355,7 +355,7 @@ def test_a_retried_request_is_charged_whole_until_placed_again() -> None:
     s.submit(req, 0.0)
     assert req.cost == pytest.approx(full - s.pricing.prompt_weight * 4 * BLOCK)
     warm = req.replica
-    s.attempt_failed("t", 0.1, "upstream_500")  # retried on the other, cold replica
+    s.attempt_failed("t", 0.1, AttemptFailed("upstream_500"))  # retried on the other, cold replica
     assert req.replica not in (None, warm) and req.cached_tokens == 0
     assert req.cost == pytest.approx(full)
 

@@ -12,7 +12,7 @@ from qosgate.config import (
     Window,
     default_config,
 )
-from qosgate.core import Dispatch, Finished, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core import AttemptFailed, Dispatch, Finished, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.breakers import OutlierDetector
 from qosgate.core.decisions import Decision
 from qosgate.core.request import LENT_PREEMPTIBLE
@@ -65,7 +65,7 @@ def test_a_failed_attempt_is_retried_elsewhere_in_its_place_and_charged_once() -
     before = bucket.tokens
     req = s.requests["r1"]
     deadline = req.deadline
-    out = s.attempt_failed("r1", 0.0, "upstream_500")  # time stands still: no refill
+    out = s.attempt_failed("r1", 0.0, AttemptFailed("upstream_500"))  # time stands still: no refill
     # re-queued with its deadline and sent to the other replica although b has more room
     assert _dispatched(out) == {"r1": "a"} and req.deadline == deadline
     assert s.retries[("api", "b", "upstream_500")] == 1
@@ -80,12 +80,12 @@ def test_retry_cap_and_non_retryable_failures_end_the_request() -> None:
     s = _sched(ReplicaSpec("a", 2), ReplicaSpec("b", 2),
                fleet=Fleet(retries=Retries(max_attempts=2)))
     _submit(s, "r1")
-    out = s.attempt_failed("r1", 0.1, "upstream_502")
+    out = s.attempt_failed("r1", 0.1, AttemptFailed("upstream_502"))
     assert s.requests["r1"].state is State.DISPATCHED  # retried at once on the other replica
-    out = s.attempt_failed("r1", 0.2, "upstream_502")
+    out = s.attempt_failed("r1", 0.2, AttemptFailed("upstream_502"))
     assert _finished(out) == {"r1": ("failed", "upstream_502")}
     _submit(s, "r2")
-    out = s.attempt_failed("r2", 0.3, "first_byte_timeout", retryable=False)
+    out = s.attempt_failed("r2", 0.3, AttemptFailed("first_byte_timeout", retryable=False))
     assert _finished(out) == {"r2": ("timed_out", "first_byte_timeout")}
 
 
@@ -97,7 +97,7 @@ def test_a_replica_is_ejected_after_consecutive_failures_and_comes_back_on_proba
     _submit(s, "r1", model="m")
     for i in range(3):
         assert s.requests["r1"].replica == "a"  # the model's only replica
-        s.attempt_failed("r1", 1.0 + i, "upstream_500")
+        s.attempt_failed("r1", 1.0 + i, AttemptFailed("upstream_500"))
     assert s.replicas["a"].breaker.state(3.0) == "open"
     assert s.requests["r1"].state is State.QUEUED  # nowhere to go: waits, is not sent to a
     assert s.next_timer() is not None and abs(s.next_timer() - 33.0) < 1e-9  # type: ignore[operator]
@@ -118,12 +118,13 @@ def test_one_failure_on_probation_ejects_again() -> None:
                fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=10, jitter=0),
                            retries=Retries(max_attempts=10, min_retries=100)))
     _submit(s, "r1", model="m")
-    s.attempt_failed("r1", 1.0, "upstream_500")
-    s.attempt_failed("r1", 1.0, "upstream_500")
+    s.attempt_failed("r1", 1.0, AttemptFailed("upstream_500"))
+    s.attempt_failed("r1", 1.0, AttemptFailed("upstream_500"))
     assert s.replicas["a"].breaker.state(1.0) == "open"
     s.tick(11.0)
     assert s.requests["r1"].replica == "a"
-    s.attempt_failed("r1", 11.5, "upstream_500")  # one failure: out again, for longer
+    # one failure: out again, for longer
+    s.attempt_failed("r1", 11.5, AttemptFailed("upstream_500"))
     assert s.replicas["a"].breaker.state(11.5) == "open"
     assert s.replicas["a"].breaker.ejections == 2
 
@@ -144,7 +145,7 @@ def test_backpressure_cools_a_replica_without_ejecting_it() -> None:
                fleet=Fleet(outlier=Outlier(consecutive_failures=1)))
     ds = _dispatched(_submit(s, "r1"))
     first = ds["r1"]
-    s.attempt_failed("r1", 1.0, "upstream_429", backpressure=True, retry_after=5.0)
+    s.attempt_failed("r1", 1.0, AttemptFailed("upstream_429", backpressure=True, retry_after=5.0))
     rep = s.replicas[first]
     assert rep.breaker.state(1.0) == "closed" and rep.breaker.ejections == 0
     assert not rep.eligible(2.0) and rep.eligible(6.0)
@@ -158,11 +159,11 @@ def test_a_refused_connection_marks_the_replica_down_until_a_probe_says_up() -> 
     _submit(s, "r1", model="m")
     first = s.requests["r1"].replica
     assert first is not None
-    s.attempt_failed("r1", 0.5, "upstream_unreachable", unreachable=True)
+    s.attempt_failed("r1", 0.5, AttemptFailed("upstream_unreachable", unreachable=True))
     assert not s.replicas[first].up
     other = "b" if first == "a" else "a"
     assert s.requests["r1"].replica == other  # retried at once on the other one
-    s.attempt_failed("r1", 0.6, "upstream_unreachable", unreachable=True)
+    s.attempt_failed("r1", 0.6, AttemptFailed("upstream_unreachable", unreachable=True))
     assert s.requests["r1"].state is State.QUEUED  # both down: it waits in the queue
     # every replica of the model is down: refused at once, honestly, not queued
     out = _submit(s, "r2", now=0.7, model="m")
@@ -195,7 +196,7 @@ def test_the_retry_budget_bounds_concurrent_retries() -> None:
         _submit(s, f"r{i}")
     ends = {}
     for i in range(5):
-        ends |= _finished(s.attempt_failed(f"r{i}", 1.0, "upstream_500"))
+        ends |= _finished(s.attempt_failed(f"r{i}", 1.0, AttemptFailed("upstream_500")))
     # two retries in flight at most; the third failure and later end the request
     assert sorted(ends) == ["r2", "r3", "r4"]
 
@@ -586,7 +587,7 @@ def test_a_request_paused_on_a_suspect_replica_resumes_only_once_its_call_is_ans
     p = s.replicas["p"]
     # rt0's call fails before its first byte: p is suspect while rt1 is unanswered, so neither
     # rt0's retry nor the paused b0 goes there
-    assert _dispatched(s.attempt_failed("rt0", 0.5, "upstream_500")) == {}
+    assert _dispatched(s.attempt_failed("rt0", 0.5, AttemptFailed("upstream_500"))) == {}
     assert p.failing and p.free == 1 and s.requests["b0"].state is State.QUEUED
     # rt1 answers: p is trusted again, and realtime goes first
     assert _dispatched(s.first_token("rt1", 0.6)) == {"rt0": "p"}

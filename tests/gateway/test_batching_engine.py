@@ -10,6 +10,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from qosgate.core.batching import Batcher, BatchLimits, FixedWindow
+from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.ports import Health
 from qosgate.wire.job import Job, Route, Unservable
@@ -40,7 +41,7 @@ class _Call:
 
     def failed(self, reason: str, output_tokens: int = 0) -> None: ...
 
-    def attempt_failed(self, reason: str, **how: object) -> None: ...
+    def attempt_failed(self, fact: AttemptFailed) -> None: ...
 
     def timed_out(self, reason: str) -> None: ...
 

@@ -8,9 +8,11 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import fields
 
 import pytest
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.runtime.upstream.transport import Pool, UpstreamError
 from qosgate.settings import UpstreamSettings
@@ -252,8 +254,11 @@ class FakeCall:
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         self.outcome = ("failed", reason)
 
-    def attempt_failed(self, reason: str, **how: object) -> None:
-        self.outcome = ("attempt_failed", (reason, how))
+    def attempt_failed(self, fact: AttemptFailed) -> None:
+        # as (reason, what differs from a plain failure)
+        how = {f.name: getattr(fact, f.name) for f in fields(fact)[1:]
+               if getattr(fact, f.name) != f.default}
+        self.outcome = ("attempt_failed", (fact.reason, how))
 
     def timed_out(self, reason: str) -> None:
         self.outcome = ("timed_out", reason)

@@ -20,7 +20,16 @@ import heapq
 from collections import Counter
 from dataclasses import dataclass, field
 
-from qosgate.core import Dispatch, Finished, Preempt, QosInputs, Request, Scheduler, State
+from qosgate.core import (
+    AttemptFailed,
+    Dispatch,
+    Finished,
+    Preempt,
+    QosInputs,
+    Request,
+    Scheduler,
+    State,
+)
 from qosgate.core.prefix import Prefix
 
 
@@ -118,7 +127,8 @@ class Harness:
     def fail_attempt(self, rid: str, **kind: object) -> None:
         """The engine call of a dispatched request failed before its first token."""
         self.inflight.discard(rid)  # that call is gone, whatever the core decides
-        self.apply(self.sched.attempt_failed(rid, self.now, "upstream_500", **kind))  # type: ignore[arg-type]
+        self.apply(self.sched.attempt_failed(
+            rid, self.now, AttemptFailed("upstream_500", **kind)))  # type: ignore[arg-type]
 
     def _check_order(self) -> None:
         """No lower class went past a held higher one onto a replica that one could use (one

@@ -2,6 +2,7 @@
 
 from qosgate.core.classifier import Classification, Classifier, QosInputError, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.queueing import POLICY_NAMES, build_policy
 from qosgate.core.replica import ReplicaSpec
 from qosgate.core.request import Request, State
@@ -9,6 +10,7 @@ from qosgate.core.scheduler import Scheduler
 
 __all__ = [
     "POLICY_NAMES",
+    "AttemptFailed",
     "Classification",
     "Classifier",
     "Decision",

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
 from qosgate.core.breakers import build_breaker
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.limits import FixedLimit, Limit, build_limit
 from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
@@ -221,19 +222,18 @@ class Fleet:
         if rep.name in self.usable_names:
             self.free_slots += rep.free - before
 
-    def attempt_failed(self, rep: Replica, now: float, latency: float, unreachable: bool,
-                       backpressure: bool, retry_after: float | None) -> None:
+    def attempt_failed(self, rep: Replica, now: float, latency: float, fact: AttemptFailed) -> None:
         """An attempt on ``rep`` failed before its first byte (see
         ``Scheduler.attempt_failed``): back-pressure cools it and tells its window; any other
         failure makes it suspect and tells its breaker; a refused connection marks it down."""
-        if backpressure:
-            wait = retry_after if retry_after is not None else self.cfg.fleet.cooldown_s
+        if fact.backpressure:
+            wait = fact.retry_after if fact.retry_after is not None else self.cfg.fleet.cooldown_s
             rep.cooled_until = max(rep.cooled_until, now + wait)
             rep.limit.on_sample(now, latency, len(rep.inflight), True)
         else:
             rep.failing = True
             rep.breaker.on_result(now, False)
-        if unreachable:
+        if fact.unreachable:
             if rep.up:
                 self.router.cache_lost(rep.name, now)  # the engine process is gone
             rep.up = False

@@ -28,6 +28,7 @@ from qosgate.core.admission import Admission, Displace
 from qosgate.core.backlog import Backlog
 from qosgate.core.classifier import Classifier, QosInputs
 from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.limits import Limit
@@ -306,49 +307,38 @@ class Scheduler:
         if req is not None and tokens > req.streamed:
             req.streamed = tokens
 
-    def attempt_failed(
-        self,
-        rid: str,
-        now: float,
-        reason: str,
-        *,
-        retryable: bool = True,
-        unreachable: bool = False,
-        backpressure: bool = False,
-        retry_after: float | None = None,
-    ) -> list[Decision]:
-        """An engine call failed before the first byte reached the client. The replica learns
-        of it (``unreachable``: it is down until a probe says otherwise; ``backpressure``: the
-        engine said 429/503, it is cooled for ``retry_after`` and its window told, not counted
-        as a fault). The request is re-queued in its place (same deadline) for another replica
-        while its attempts and the retry budget allow; else it ends ``failed`` (or
-        ``timed_out`` for a timeout reason)."""
+    def attempt_failed(self, rid: str, now: float, fact: AttemptFailed) -> list[Decision]:
+        """An engine call failed before the first byte reached the client (``AttemptFailed``
+        says how). The replica learns of it; the request is re-queued in its place (same
+        deadline) for another replica while its attempts and the retry budget allow; else it
+        ends ``failed`` (or ``timed_out`` for a timeout reason)."""
         out: list[Decision] = []
         self._advance(now, out)
         req = self.requests.get(rid)
         if req is None or req.state is not DISPATCHED:
             if req is not None and req.state is RUNNING:  # a byte went out: never retried
-                return self._end_running(rid, now, FAILED, reason, 0, None)
+                return self._end_running(rid, now, FAILED, fact.reason, 0, None)
             self._fill(now, out)
             return out
+        reason = fact.reason
         rep = self.replicas.get(req.replica or "")
         name = req.replica or ""
         self.attempt_failures[(req.service_class, name, reason)] += 1
         if rep is not None:
             latency = now - (req.dispatched_at or now)
-            self.fleet.attempt_failed(rep, now, latency, unreachable, backpressure, retry_after)
+            self.fleet.attempt_failed(rep, now, latency, fact)
         self._release_slot(req)
         self.fleet.refresh(now)
         req.failures += 1
         # the budget bounds retries that add load; a replica that refused the connection
         # took none, and a request already retrying is counted once
-        retry = retryable and req.failures < self.cfg.fleet.retries.max_attempts and (
-            req.avoid is not None or unreachable or self._retry_budget_left()
+        retry = fact.retryable and req.failures < self.cfg.fleet.retries.max_attempts and (
+            req.avoid is not None or fact.unreachable or self._retry_budget_left()
         )
         self.policy.settle(req, -req.cost)  # served nothing (charged again if re-dispatched)
         if not retry:
             req.move(TIMED_OUT if is_timeout(reason) else FAILED, reason)
-            req.retry_after = retry_after
+            req.retry_after = fact.retry_after
             self._release_tenant(req, 0)
             self._record(req, now, out)
             self._fill(now, out)

@@ -25,7 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from qosgate.core import Dispatch, Finished, Preempt, Request, Scheduler, State
+from qosgate.core import AttemptFailed, Dispatch, Finished, Preempt, Request, Scheduler, State
 from qosgate.core.decisions import Decision
 from qosgate.core.queueing.engine_order import order_value
 from qosgate.core.reasons import upstream
@@ -121,23 +121,10 @@ class Ticket:
         self.task = None
         d.apply(d.scheduler.fail(self.req.id, d.clock(), reason, output_tokens))
 
-    def attempt_failed(
-        self,
-        reason: str,
-        *,
-        retryable: bool = True,
-        unreachable: bool = False,
-        backpressure: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
+    def attempt_failed(self, fact: AttemptFailed) -> None:
         d = self._driver
         self.task = None  # a retry starts a call of its own
-        d.apply(
-            d.scheduler.attempt_failed(
-                self.req.id, d.clock(), reason, retryable=retryable, unreachable=unreachable,
-                backpressure=backpressure, retry_after=retry_after,
-            )
-        )
+        d.apply(d.scheduler.attempt_failed(self.req.id, d.clock(), fact))
 
     def timed_out(self, reason: str) -> None:
         d = self._driver

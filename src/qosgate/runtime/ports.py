@@ -19,6 +19,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.signals import LoadSignals
 from qosgate.wire.job import Job, Route, Unservable
 
@@ -96,18 +97,9 @@ class Call(Protocol):
         """The call failed after its first byte (or for good): the request ends ``failed``."""
         ...
 
-    def attempt_failed(
-        self,
-        reason: str,
-        *,
-        retryable: bool = True,
-        unreachable: bool = False,
-        backpressure: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
+    def attempt_failed(self, fact: AttemptFailed) -> None:
         """The call failed before anything reached the client: the core may retry it on
-        another replica. ``unreachable``: the replica refused the connection;
-        ``backpressure``: it answered 429/503 (``retry_after`` seconds, if it said)."""
+        another replica (``AttemptFailed`` says how it failed)."""
         ...
 
     def timed_out(self, reason: str) -> None:

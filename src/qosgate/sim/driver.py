@@ -45,12 +45,13 @@ learns of them by the same facts the gateway's upstream client reports:
 
 - ``die`` at t: the engine process is gone, with everything in it. A request on it that had
   streamed to its client fails (``fail(..., "upstream_disconnected")``, charged what it streamed);
-  one that had not is ``attempt_failed(..., "upstream_disconnected")``, and the core retries it
-  elsewhere within its retry budget -- as the upstream client reports a connection that breaks
-  after the request went out. A request dispatched to a dead replica is refused at once:
-  ``attempt_failed(..., "upstream_unreachable", unreachable=True)`` (a refused connect). A
-  request paused on it when it died lost its state: the core holds paused requests in its queue,
-  so it is told when it resumes it (a stream that had started fails, one that had not is retried).
+  one that had not is ``attempt_failed(..., AttemptFailed("upstream_disconnected"))``, and the
+  core retries it elsewhere within its retry budget -- as the upstream client reports a
+  connection that breaks after the request went out. A request dispatched to a dead replica is
+  refused at once: ``attempt_failed(..., AttemptFailed("upstream_unreachable",
+  unreachable=True))`` (a refused connect). A request paused on it when it died lost its state:
+  the core holds paused requests in its queue, so it is told when it resumes it (a stream that
+  had started fails, one that had not is retried).
   Until ``until_s`` the probes find it down; from then on the replica is up again, empty, and the
   next probe tells the core.
 - ``slow`` from t (until ``until_s``): every engine step that starts then takes ``factor`` times
@@ -71,7 +72,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from qosgate.core import Decision, Dispatch, Finished, Preempt, Request, Scheduler, State
+from qosgate.core import (
+    AttemptFailed,
+    Decision,
+    Dispatch,
+    Finished,
+    Preempt,
+    Request,
+    Scheduler,
+    State,
+)
 from qosgate.core.jobfeed import SWEEP_S
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
@@ -107,6 +117,8 @@ from qosgate.sim.workload import Arrival
 INF = math.inf
 DISCONNECTED = "upstream_disconnected"  # the upstream client's reason for a broken connection
 UNREACHABLE = "upstream_unreachable"  # ... and for a refused connect
+LOST = AttemptFailed(DISCONNECTED)  # a broken call that had sent the client nothing
+REFUSED = AttemptFailed(UNREACHABLE, unreachable=True)  # a refused connect
 
 ProgressFn = Callable[[float, int], None]
 
@@ -228,7 +240,7 @@ class Simulation:
         self.calls += 1
         if had_streamed:
             return self._holder(rid).fail(rid, now, DISCONNECTED, tokens)
-        return self._holder(rid).attempt_failed(rid, now, DISCONNECTED)
+        return self._holder(rid).attempt_failed(rid, now, LOST)
 
     def _dispatch(self, d: Dispatch, now: float) -> list[Decision]:
         rep = self.reps[d.replica]
@@ -242,7 +254,7 @@ class Simulation:
             rep.told_up = False
             if rid in self.started:  # cannot happen: a stream resumes only where it paused
                 return self._holder(rid).fail(rid, now, UNREACHABLE)
-            return self._holder(rid).attempt_failed(rid, now, UNREACHABLE, unreachable=True)
+            return self._holder(rid).attempt_failed(rid, now, REFUSED)
         self._touch(rep, now)
         if d.resume:
             if rid not in rep.seqs:  # not in this engine (cannot happen): its state is gone

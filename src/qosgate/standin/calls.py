@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.ports import Sink
 from qosgate.server.asgi import Send
 from qosgate.wire.job import Job
@@ -50,15 +51,7 @@ class StandInCall:
     def failed(self, reason: str, output_tokens: int = 0) -> None:
         pass
 
-    def attempt_failed(
-        self,
-        reason: str,
-        *,
-        retryable: bool = True,
-        unreachable: bool = False,
-        backpressure: bool = False,
-        retry_after: float | None = None,
-    ) -> None:
+    def attempt_failed(self, fact: AttemptFailed) -> None:
         pass
 
     def timed_out(self, reason: str) -> None:

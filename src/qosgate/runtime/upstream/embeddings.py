@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call
 from qosgate.runtime.upstream.errors import error_status
@@ -16,6 +17,7 @@ from qosgate.runtime.upstream.transport import Connection, Pool, refused_connect
 from qosgate.wire.embeddings import apportion, pooled
 
 log = logging.getLogger("qosgate.upstream")
+BAD_RESPONSE = AttemptFailed("upstream_bad_response")  # an answer that could not be read
 
 
 class UpstreamEmbeddings:
@@ -63,8 +65,9 @@ class UpstreamEmbeddings:
             refused = refused_connection(exc)
             reason = ("first_byte_timeout" if isinstance(exc, TimeoutError) else
                       "upstream_unreachable")
+            failed = AttemptFailed(reason, unreachable=refused)
             for c in calls:
-                c.attempt_failed(reason, unreachable=refused)
+                c.attempt_failed(failed)
             return
         except BaseException:
             if conn is not None:
@@ -88,7 +91,7 @@ class UpstreamEmbeddings:
         except (msgspec.DecodeError, KeyError, TypeError, ValueError) as exc:
             log.warning("upstream %s: embeddings answer unreadable: %s", self.base, exc)
             for c in calls:
-                c.attempt_failed("upstream_bad_response")
+                c.attempt_failed(BAD_RESPONSE)
             return
         weights = [c.job.prompt_tokens for c in calls]
         shares = apportion(int(total), weights) if isinstance(total, int) else weights

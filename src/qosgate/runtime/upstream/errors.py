@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.reasons import upstream
 from qosgate.runtime.ports import Call
 from qosgate.wire.errors import error_json
@@ -14,10 +15,10 @@ def error_status(call: Call, status: int, data: bytes, ctype: bytes | None,
                  retry_after: bytes | None) -> None:
     """An engine's error answer (status >= 400), before anything reached the client."""
     if status in (429, 503):  # back-pressure: cool this replica, try another
-        call.attempt_failed(upstream(status), backpressure=True,
-                            retry_after=retry_after_s(retry_after))
+        call.attempt_failed(AttemptFailed(upstream(status), backpressure=True,
+                                          retry_after=retry_after_s(retry_after)))
     elif status >= 500:
-        call.attempt_failed(upstream(status))
+        call.attempt_failed(AttemptFailed(upstream(status)))
     else:  # the engine's judgement of the request itself: the client's answer
         call.refused(status, error_body(status, data, ctype))
 

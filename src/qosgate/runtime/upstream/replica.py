@@ -31,6 +31,7 @@ from typing import Any
 
 import msgspec
 
+from qosgate.core.facts import AttemptFailed
 from qosgate.core.signals import LoadSignals
 from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
@@ -299,7 +300,7 @@ class OpenAIUpstream:
             if sink.started:
                 call.timed_out(reason)
             else:
-                call.attempt_failed(reason)
+                call.attempt_failed(AttemptFailed(reason))
         except (TimeoutError, OSError) as exc:
             log.warning("upstream %s: %s", self.base, exc)
             got = conn is not None and conn.got_bytes
@@ -316,7 +317,7 @@ class OpenAIUpstream:
                     reason = "upstream_bad_response"  # garbled: it answered, not HTTP
                 else:
                     reason = "upstream_disconnected"
-                call.attempt_failed(reason, unreachable=refused)
+                call.attempt_failed(AttemptFailed(reason, unreachable=refused))
         finally:
             dog.stop()
             if conn is not None:

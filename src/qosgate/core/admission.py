@@ -1,10 +1,12 @@
 """Admission: whether a new request may join the queue, and how long it is predicted to wait.
 
 ``Admission.verdict`` answers with ``None`` (admit: the common case builds nothing), a
-``Refusal`` (reason and Retry-After), or ``Displace`` (the queue is full, but the newest queued
-request of a lower class makes room). It never changes a request: the scheduler carries out the
-verdict. It reads the queue's books (``Backlog``) and the fleet's free room, and learns the
-service rates it predicts from as the scheduler tells it of dispatches and completions.
+``Refusal`` (reason and Retry-After; ``OverLimit`` for a configured size limit, saying which, so
+that the gateway refuses with the same words before it queues anything), or ``Displace`` (the
+queue is full, but the newest queued request of a lower class makes room). It never changes a
+request: the scheduler carries out the verdict. It reads the queue's books (``Backlog``) and the
+fleet's free room, and learns the service rates it predicts from as the scheduler tells it of
+dispatches and completions.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from qosgate.config import Admission as AdmissionConfig
 from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
 from qosgate.core.fleet import Fleet
@@ -30,6 +33,40 @@ class Refusal:
 
     reason: str
     retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OverLimit(Refusal):
+    """Refuse a request past a configured size limit (retrying will not help), with what its
+    client is told: its ``value`` (prompt tokens, or an output cap), the ``limit`` it is past,
+    and whether that limit is the output ``ceiling`` of its class or tenant rather than the
+    gateway's own."""
+
+    value: int
+    limit: int
+    ceiling: bool = False
+
+
+def over_limit(req: Request, limits: AdmissionConfig) -> OverLimit | None:
+    """The configured size limit ``req`` is past, if any: its prompt first, then its output
+    cap."""
+    if req.prompt_tokens > limits.max_prompt_tokens:
+        return OverLimit(Reason.PROMPT_TOO_LONG, None, req.prompt_tokens, limits.max_prompt_tokens)
+    return output_over(req.max_tokens, req, limits)
+
+
+def output_over(value: int, req: Request, limits: AdmissionConfig) -> OverLimit | None:
+    """``value`` as an output cap of ``req``: None from 1 to the lower of the gateway's limit and
+    the request's ceiling, else the refusal saying which."""
+    most = limits.max_output_tokens
+    ceiling = req.ceiling
+    if ceiling is not None and ceiling < most:
+        if 1 <= value <= ceiling:
+            return None
+        return OverLimit(Reason.INVALID_MAX_TOKENS, None, value, ceiling, True)
+    if 1 <= value <= most:
+        return None
+    return OverLimit(Reason.INVALID_MAX_TOKENS, None, value, most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,12 +184,9 @@ class Admission:
     # ---------------------------------------------------------------- the verdict
     def verdict(self, req: Request, limiter: Limiter, now: float) -> Refusal | Displace | None:
         adm = self.cfg
-        if req.prompt_tokens > adm.max_prompt_tokens:
-            return Refusal(Reason.PROMPT_TOO_LONG, None)
-        if req.max_tokens > adm.max_output_tokens or req.max_tokens < 1 or (
-            req.ceiling is not None and req.max_tokens > req.ceiling
-        ):
-            return Refusal(Reason.INVALID_MAX_TOKENS, None)
+        over = over_limit(req, adm)
+        if over is not None:
+            return over
         up_models = self._fleet.up_models
         if up_models is not None and (req.model not in up_models if req.model else not up_models):
             # every replica of its model is down: nothing to wait for in the queue (an ejected

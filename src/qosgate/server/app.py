@@ -53,8 +53,9 @@ from qosgate.server.auth import denied_message, request_key
 from qosgate.server.batch_lines import FlowLines
 from qosgate.server.batches import BatchRoutes
 from qosgate.server.errors import reason_error
-from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
+from qosgate.server.flow import UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
+from qosgate.server.prepare import NO_CLASS
 from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json

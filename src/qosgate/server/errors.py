@@ -7,7 +7,8 @@ import math
 
 from qosgate.config import QosConfig
 from qosgate.core import Request, State
-from qosgate.core.reasons import upstream_status
+from qosgate.core.admission import OverLimit, over_limit
+from qosgate.core.reasons import Reason, upstream_status
 from qosgate.wire.errors import error_json
 from qosgate.wire.sse import Headers
 
@@ -92,6 +93,7 @@ _REASONS: dict[str, tuple[int, str, str]] = {
 }
 
 RETRY_STATUSES = frozenset({429, 503})
+TEXT_ESTIMATE = "estimated as characters / 4"  # how a text's tokens are counted
 
 
 def retry_after_header(seconds: float | None) -> Headers:
@@ -107,6 +109,19 @@ def reason_error(
     return status, error_json(message or default, type_, reason, param)
 
 
+def over_limit_message(
+    over: OverLimit, subject: str, service_class: str, how: str = TEXT_ESTIMATE
+) -> str:
+    """The words of a refusal by a size limit (``core.admission.over_limit``): ``subject`` is
+    what broke it (the prompt, or the output member the client sent), ``how`` how a prompt's
+    tokens were counted."""
+    if over.reason == Reason.PROMPT_TOO_LONG:
+        return (f"{subject} is about {over.value} tokens ({how}), over the limit of "
+                f"{over.limit} tokens.")
+    whose = f" (the output ceiling of class {service_class} or its tenant)" if over.ceiling else ""
+    return f"{subject} is {over.value}; it must be between 1 and {over.limit}{whose}."
+
+
 def limit_message(
     reason: str, req: Request, cfg: QosConfig | None
 ) -> tuple[str | None, str | None]:
@@ -114,19 +129,13 @@ def limit_message(
     message)."""
     if cfg is None:
         return None, None
-    adm = cfg.admission
-    if reason == "prompt_too_long":
-        return (
-            f"The prompt is about {req.prompt_tokens} tokens (estimated as characters / 4), over "
-            f"the limit of {adm.max_prompt_tokens} tokens.",
-            "messages",
-        )
-    if reason == "invalid_max_tokens":
-        return (
-            f"max_tokens is {req.max_tokens}; it must be between 1 and "
-            f"{adm.max_output_tokens}.",
-            "max_tokens",
-        )
+    if reason in (Reason.PROMPT_TOO_LONG, Reason.INVALID_MAX_TOKENS):
+        over = over_limit(req, cfg.admission)
+        if over is None or over.reason != reason:
+            return None, None
+        if reason == Reason.PROMPT_TOO_LONG:
+            return over_limit_message(over, "The prompt", req.service_class), "messages"
+        return over_limit_message(over, "max_tokens", req.service_class), "max_tokens"
     tenant = next((t for t in cfg.tenants if t.name == req.tenant), None)
     if tenant is None:
         return None, None

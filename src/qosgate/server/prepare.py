@@ -117,7 +117,6 @@ def prepare(
     heads: RequestHeaders, body: bytes, route: Route, rid: str, now: float, rules: Rules
 ) -> Prepared | Refusal:
     """A completion (``route``: chat or completions) as the driver takes it, or its refusal."""
-    cfg = rules.cfg
     try:
         b = parse_body(body, route, rules.admission)
     except BadBody as exc:
@@ -127,22 +126,13 @@ def prepare(
         # assembled), so what vLLM and OpenAI refuse must be refused here
         return Refusal("invalid_body", "Stream options can only be defined when `stream=True`.",
                        "stream_options")
-    models = rules.models()
-    model = b.model if b.model is not None else (models[0] if models else "")
-    if model not in models:
-        if any(not e.ready and not e.models() for e in rules.engines.values()):
-            # an engine that has not answered yet may serve it: not a permanent 404
-            return Refusal("model_unavailable", retry_after=rules.retry_s)
-        return Refusal("model_not_found", f"The model `{model}` does not exist. Served "
-                       "models: " + (", ".join(models) or "none") + ".")
-    for eng in rules.engines.values():
-        problem = eng.check_body(body, route)
-        if problem is not None:
-            return Refusal("invalid_body", problem.message, problem.param)
-    hints = qos_hints(heads, b.qos_class, b.priority if isinstance(b.priority, int) else None,
-                      rules)
-    if isinstance(hints, Refusal):
-        return hints
+    model = _served_model(b.model, body, route, rules)
+    if isinstance(model, Refusal):
+        return model
+    inputs = qos_inputs(heads, b.qos_class, b.priority if isinstance(b.priority, int) else None,
+                        b.task_type, b.latency_budget_ms, rules)
+    if isinstance(inputs, Refusal):
+        return inputs
     session = _session(heads, b, rules)
     if isinstance(session, Refusal):
         return session
@@ -154,43 +144,24 @@ def prepare(
     # the prompt's keys, from its text (only for a router that reads them: hashing a long
     # prompt is not free)
     prefix = body_prefix(b) if sched.reads_prefix else None
-    inputs = QosInputs(api_key=heads.api_key, qos_class=hints[0], priority=hints[1],
-                       task_type=b.task_type, latency_budget_ms=b.latency_budget_ms)
     try:
         req = sched.make_request(rid, inputs, now, prompt_tokens, asked, model,
                                  context=rules.context(model), prefix=prefix, session=session)
     except QosInputError as exc:
         return Refusal(exc.code, exc.message, input_param(exc, heads.qos_class))
-    # each output member the client sent, the one the engine does not read too, then the rest
-    for name, v in (("max_completion_tokens", b.max_completion_tokens),
-                    ("max_tokens", b.max_tokens)):
-        over = output_over(v, req, rules.admission) if v is not None else None
-        if over is not None:
-            return _over_limit(over, req, name, name)
-    over = over_limit(req, rules.admission)
-    if over is not None:
-        return _over_limit(over, req, "messages" if route == "chat" else "prompt",
-                           "The prompt", estimate_how(b))
+    refusal = _size_refusal(b, req, route, rules)
+    if refusal is not None:
+        return refusal
     inserted = None
     if asked is None and req.ceiling is not None:
-        # a configured ceiling is the only cap the gateway adds, and the response says so;
-        # into the member the client named (null), else max_tokens, never beside the other
-        if b.has_max_completion_tokens:
-            body = set_member(body, "max_completion_tokens", req.ceiling, True)
-        else:
-            body = set_member(body, "max_tokens", req.ceiling, b.has_max_tokens)
-        asked = inserted = req.ceiling
+        body, asked = _with_ceiling(body, b, req.ceiling), req.ceiling
+        inserted = asked
     job = Job(
-        rid=rid,
-        route=route,
-        body=body,
-        stream=bool(b.stream),
-        model=model,
-        max_tokens=asked,
+        rid=rid, route=route, body=body, stream=bool(b.stream), model=model, max_tokens=asked,
         prompt_tokens=prompt_tokens,
         include_usage=bool(b.stream_options and b.stream_options.include_usage),
         has_priority=b.priority is not msgspec.UNSET,
-        first_byte_timeout_s=cfg.classes[req.class_level].first_byte_timeout,
+        first_byte_timeout_s=rules.cfg.classes[req.class_level].first_byte_timeout,
     )
     return Prepared(req, job, inserted)
 
@@ -200,7 +171,7 @@ def prepare_embeddings(
 ) -> Prepared | Refusal:
     """``POST /v1/embeddings`` as the driver takes it (classified, admitted and queued as a
     completion is; once dispatched, batched by its replica), or its refusal."""
-    cfg, es = rules.cfg, rules.embeddings
+    es = rules.embeddings
     try:
         b = parse_embeddings(body, es.max_inputs, es.max_input_tokens)
     except BadEmbeddings as exc:
@@ -214,11 +185,9 @@ def prepare_embeddings(
     if model not in models:
         return Refusal("model_not_found", f"The model `{model}` does not serve embeddings "
                        "here. Embedding models: " + (", ".join(models) or "none") + ".", "model")
-    hints = qos_hints(heads, b.qos_class, b.priority, rules)
-    if isinstance(hints, Refusal):
-        return hints
-    inputs = QosInputs(api_key=heads.api_key, qos_class=hints[0], priority=hints[1],
-                       task_type=b.task_type, latency_budget_ms=b.latency_budget_ms)
+    inputs = qos_inputs(heads, b.qos_class, b.priority, b.task_type, b.latency_budget_ms, rules)
+    if isinstance(inputs, Refusal):
+        return inputs
     try:
         req = rules.scheduler.make_request(rid, inputs, now, b.tokens, 1, model)
     except QosInputError as exc:
@@ -229,18 +198,63 @@ def prepare_embeddings(
     job = Job(
         rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,
         prompt_tokens=b.tokens, has_priority=b.has_priority,
-        first_byte_timeout_s=cfg.classes[req.class_level].first_byte_timeout, inputs=b.inputs,
+        first_byte_timeout_s=rules.cfg.classes[req.class_level].first_byte_timeout,
+        inputs=b.inputs,
         encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
     )
     return Prepared(req, job)
 
 
-def qos_hints(
-    heads: RequestHeaders, qos_class: str | None, priority: int | None, rules: Rules
-) -> tuple[str | None, int | None] | Refusal:
-    """The class and priority a request asks for: the headers win over the body's members
-    (``qos_class``, ``priority``); class names are case-insensitive. A priority header that is
-    not an integer is refused."""
+def _served_model(name: str | None, body: bytes, route: Route, rules: Rules) -> str | Refusal:
+    """The model a completion asks for (none: the first served), if it is served and every
+    engine could serve the body."""
+    models = rules.models()
+    model = name if name is not None else (models[0] if models else "")
+    if model not in models:
+        if any(not e.ready and not e.models() for e in rules.engines.values()):
+            # an engine that has not answered yet may serve it: not a permanent 404
+            return Refusal("model_unavailable", retry_after=rules.retry_s)
+        return Refusal("model_not_found", f"The model `{model}` does not exist. Served "
+                       "models: " + (", ".join(models) or "none") + ".")
+    for eng in rules.engines.values():
+        problem = eng.check_body(body, route)
+        if problem is not None:
+            return Refusal("invalid_body", problem.message, problem.param)
+    return model
+
+
+def _size_refusal(b: Body, req: Request, route: Route, rules: Rules) -> Refusal | None:
+    """A completion past a configured size limit (the core's rule), said of the member at
+    fault: each output member the client sent (the one the engine does not read too), then the
+    prompt."""
+    for name, v in (("max_completion_tokens", b.max_completion_tokens),
+                    ("max_tokens", b.max_tokens)):
+        over = output_over(v, req, rules.admission) if v is not None else None
+        if over is not None:
+            return _over_limit(over, req, name, name)
+    over = over_limit(req, rules.admission)
+    if over is not None:
+        return _over_limit(over, req, "messages" if route == "chat" else "prompt",
+                           "The prompt", estimate_how(b))
+    return None
+
+
+def _with_ceiling(body: bytes, b: Body, ceiling: int) -> bytes:
+    """``body`` capped at a configured ceiling, the only cap the gateway adds (the response
+    says so): into the member the client named (null), else max_tokens, never beside the
+    other."""
+    if b.has_max_completion_tokens:
+        return set_member(body, "max_completion_tokens", ceiling, True)
+    return set_member(body, "max_tokens", ceiling, b.has_max_tokens)
+
+
+def qos_inputs(
+    heads: RequestHeaders, qos_class: str | None, priority: int | None, task_type: str | None,
+    latency_budget_ms: float | None, rules: Rules,
+) -> QosInputs | Refusal:
+    """What a request tells the classifier: its key, and the class and priority it asks for,
+    where the headers win over the body's members (``qos_class``, ``priority``) and class
+    names are case-insensitive; a priority header that is not an integer is refused."""
     if heads.qos_class is not None:
         qos_class = heads.qos_class.decode("latin-1").strip()
     if qos_class is not None:
@@ -251,7 +265,8 @@ def qos_hints(
         except ValueError:
             return Refusal("invalid_priority", "x-qos-priority must be an integer.",
                            "x-qos-priority")
-    return qos_class, priority
+    return QosInputs(api_key=heads.api_key, qos_class=qos_class, priority=priority,
+                     task_type=task_type, latency_budget_ms=latency_budget_ms)
 
 
 def _session(heads: RequestHeaders, b: Body, rules: Rules) -> str | Refusal | None:

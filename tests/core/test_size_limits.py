@@ -19,9 +19,9 @@ CFG = default_config(
 def test_the_prompt_first_then_the_output_cap() -> None:
     s = Scheduler(CFG)
     both = s.make_request("r", QosInputs(api_key="sk-acme"), 0.0, 1001, 501)
-    assert over_limit(both, LIMITS) == OverLimit("prompt_too_long", None, 1001, 1000)
+    assert over_limit(both, LIMITS) == OverLimit("prompt_too_long", 1001, 1000)
     out = s.make_request("o", QosInputs(api_key="sk-acme"), 0.0, 10, 501)
-    assert over_limit(out, LIMITS) == OverLimit("invalid_max_tokens", None, 501, 500)
+    assert over_limit(out, LIMITS) == OverLimit("invalid_max_tokens", 501, 500)
     within = s.make_request("ok", QosInputs(api_key="sk-acme"), 0.0, 1000, 500)
     assert over_limit(within, LIMITS) is None
 
@@ -29,7 +29,7 @@ def test_the_prompt_first_then_the_output_cap() -> None:
 def test_a_lower_ceiling_is_the_limit_and_says_so() -> None:
     s = Scheduler(CFG)
     req = s.make_request("r", QosInputs(api_key="sk-tight"), 0.0, 10, 21)
-    assert over_limit(req, LIMITS) == OverLimit("invalid_max_tokens", None, 21, 20, True)
+    assert over_limit(req, LIMITS) == OverLimit("invalid_max_tokens", 21, 20, True)
     assert output_over(20, req, LIMITS) is None and output_over(0, req, LIMITS) is not None
 
 

@@ -1,12 +1,12 @@
 """Admission: whether a new request may join the queue, and how long it is predicted to wait.
 
 ``Admission.verdict`` answers with ``None`` (admit: the common case builds nothing), a
-``Refusal`` (reason and Retry-After; ``OverLimit`` for a configured size limit, saying which, so
-that the gateway refuses with the same words before it queues anything), or ``Displace`` (the
-queue is full, but the newest queued request of a lower class makes room). It never changes a
-request: the scheduler carries out the verdict. It reads the queue's books (``Backlog``) and the
-fleet's free room, and learns the service rates it predicts from as the scheduler tells it of
-dispatches and completions.
+``Refusal`` (reason and Retry-After), or ``Displace`` (the queue is full, but the newest queued
+request of a lower class makes room). It never changes a request: the scheduler carries out the
+verdict. Its first rule, the configured size limits (``over_limit``), is also the gateway's
+before it queues anything: its ``OverLimit`` says the value, the limit and whose it is. It reads
+the queue's books (``Backlog``) and the fleet's free room, and learns the service rates it
+predicts from as the scheduler tells it of dispatches and completions.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
-class OverLimit(Refusal):
-    """Refuse a request past a configured size limit (retrying will not help), with what its
-    client is told: its ``value`` (prompt tokens, or an output cap), the ``limit`` it is past,
-    and whether that limit is the output ``ceiling`` of its class or tenant rather than the
-    gateway's own."""
+class OverLimit:
+    """A request past a configured size limit (``reason``), with what its client is told: its
+    ``value`` (prompt tokens, or an output cap), the ``limit`` it is past, and whether that
+    limit is the output ``ceiling`` of its class or tenant rather than the gateway's own."""
 
+    reason: str
     value: int
     limit: int
     ceiling: bool = False
@@ -51,7 +51,7 @@ def over_limit(req: Request, limits: AdmissionConfig) -> OverLimit | None:
     """The configured size limit ``req`` is past, if any: its prompt first, then its output
     cap."""
     if req.prompt_tokens > limits.max_prompt_tokens:
-        return OverLimit(Reason.PROMPT_TOO_LONG, None, req.prompt_tokens, limits.max_prompt_tokens)
+        return OverLimit(Reason.PROMPT_TOO_LONG, req.prompt_tokens, limits.max_prompt_tokens)
     return output_over(req.max_tokens, req, limits)
 
 
@@ -63,10 +63,10 @@ def output_over(value: int, req: Request, limits: AdmissionConfig) -> OverLimit 
     if ceiling is not None and ceiling < most:
         if 1 <= value <= ceiling:
             return None
-        return OverLimit(Reason.INVALID_MAX_TOKENS, None, value, ceiling, True)
+        return OverLimit(Reason.INVALID_MAX_TOKENS, value, ceiling, True)
     if 1 <= value <= most:
         return None
-    return OverLimit(Reason.INVALID_MAX_TOKENS, None, value, most)
+    return OverLimit(Reason.INVALID_MAX_TOKENS, value, most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +186,7 @@ class Admission:
         adm = self.cfg
         over = over_limit(req, adm)
         if over is not None:
-            return over
+            return Refusal(over.reason, None)
         up_models = self._fleet.up_models
         if up_models is not None and (req.model not in up_models if req.model else not up_models):
             # every replica of its model is down: nothing to wait for in the queue (an ejected

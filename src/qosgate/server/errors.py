@@ -7,7 +7,7 @@ import math
 
 from qosgate.config import QosConfig
 from qosgate.core import Request, State
-from qosgate.core.admission import OverLimit, over_limit
+from qosgate.core.admission import OverLimit
 from qosgate.core.reasons import Reason, upstream_status
 from qosgate.wire.errors import error_json
 from qosgate.wire.sse import Headers
@@ -125,17 +125,11 @@ def over_limit_message(
 def limit_message(
     reason: str, req: Request, cfg: QosConfig | None
 ) -> tuple[str | None, str | None]:
-    """(message, param) for a refusal by a configured limit, saying the limit (None: the default
-    message)."""
+    """(message, param) for a refusal by a tenant's configured limit, saying the limit (None: the
+    default message). (A size limit never gets here: ``server.prepare`` refuses it first, with
+    ``over_limit_message``.)"""
     if cfg is None:
         return None, None
-    if reason in (Reason.PROMPT_TOO_LONG, Reason.INVALID_MAX_TOKENS):
-        over = over_limit(req, cfg.admission)
-        if over is None or over.reason != reason:
-            return None, None
-        if reason == Reason.PROMPT_TOO_LONG:
-            return over_limit_message(over, "The prompt", req.service_class), "messages"
-        return over_limit_message(over, "max_tokens", req.service_class), "max_tokens"
     tenant = next((t for t in cfg.tenants if t.name == req.tenant), None)
     if tenant is None:
         return None, None

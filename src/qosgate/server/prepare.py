@@ -10,10 +10,11 @@ prompt's prefix keys, the classification (``Scheduler.make_request``), the confi
 limits (the core's ``over_limit``: the same rule admission applies, said with the member at
 fault), and the output ceiling written into the body.
 
-Pure: no ASGI, no asyncio, no I/O; values in, a value out, so each rule is tested with a header
-and a body (``RequestFlow`` dispatches, waits and answers). The prompt's token keys, where the
-replicas publish their KV events, take an engine's tokenizer: the flow asks for them after
-``prepare`` and puts them in place of the text's.
+No ASGI, no asyncio, no I/O: the headers, the body and the ``Rules`` (the configuration, the
+scheduler's classifier, what the engines last said they serve) in, a value out, so each rule is
+tested with a header and a body (``RequestFlow`` dispatches, waits and answers). The prompt's
+token keys, where the replicas publish their KV events, take an engine's tokenizer: the flow
+asks for them after ``prepare`` and puts them in place of the text's.
 """
 
 from __future__ import annotations
@@ -199,8 +200,7 @@ def prepare_embeddings(
         rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,
         prompt_tokens=b.tokens, has_priority=b.has_priority,
         first_byte_timeout_s=rules.cfg.classes[req.class_level].first_byte_timeout,
-        inputs=b.inputs,
-        encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
+        inputs=b.inputs, encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
     )
     return Prepared(req, job)
 

@@ -516,7 +516,7 @@ def show_config(config: ConfigOpt = None) -> None:
     )
     if settings.upstreams:
         for i, u in enumerate(settings.upstreams):
-            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.capacity}, "
+            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.max_window}, "
                           f"priority polarity {u.priority_polarity}"
                           + (f" ({u.priority_order} order)" if u.priority_polarity != "none"
                              else ""))

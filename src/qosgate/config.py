@@ -540,10 +540,18 @@ def config_from_mapping(data: dict[str, Any]) -> QosConfig:
 
 
 def load_config(path: str | Path) -> QosConfig:
-    raw = read_yaml_mapping(path)
-    # the I/O layers' own sections live beside the QoS ones and are validated by those layers;
-    # anything else goes to validation, so a misspelt key is an error rather than ignored
-    return config_from_mapping({k: v for k, v in raw.items() if k not in IO_SECTIONS})
+    return config_from_mapping(qos_sections(read_yaml_mapping(path)))
 
 
-IO_SECTIONS = frozenset({"server", "upstreams", "engine", "redis", "embeddings", "batches"})
+IO_SECTIONS = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
+
+
+def qos_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A config file's QoS sections: all but the I/O layers' own (``IO_SECTIONS``, which
+    ``settings.py`` validates), so that a misspelt key is an error rather than ignored."""
+    return {k: v for k, v in raw.items() if k not in IO_SECTIONS}
+
+
+def io_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A config file's I/O sections (``settings.GatewaySettings``), those left empty omitted."""
+    return {k: raw[k] for k in IO_SECTIONS if raw.get(k) is not None}

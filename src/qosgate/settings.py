@@ -23,18 +23,31 @@ engine:                         # the in-process engine, used when there are no 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from qosgate.config import QosConfig, Strict, read_yaml_mapping, renamed_keys, validated
+from qosgate.config import (
+    QosConfig,
+    Strict,
+    config_from_mapping,
+    default_config,
+    io_sections,
+    qos_sections,
+    read_yaml_mapping,
+    renamed_keys,
+    validated,
+)
+from qosgate.flags import set_keys
 from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
 __all__ = [
     "BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings",
+    "load_gateway",
 ]
 
 
@@ -347,10 +360,18 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     """The I/O sections of a config file (the QoS ones are read by ``config.load_config``)."""
     if path is None:
         return GatewaySettings()
-    raw = read_yaml_mapping(path)
-    sections = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
-    data = {k: raw[k] for k in sections if raw.get(k) is not None}
-    return settings_from_mapping(data)
+    return settings_from_mapping(io_sections(read_yaml_mapping(path)))
+
+
+def load_gateway(path: str | Path | None, overrides: Mapping[str, Any] | None = None
+                 ) -> tuple[QosConfig, GatewaySettings]:
+    """A whole config file, read once: its QoS sections as a ``QosConfig`` and its I/O
+    sections, with ``overrides`` set (config keys the command's flags give,
+    ``flags.flag_keys``), as ``GatewaySettings``; each validated once. No file: the defaults
+    (and the overrides)."""
+    raw = read_yaml_mapping(path) if path is not None else {}
+    cfg = config_from_mapping(qos_sections(raw)) if path is not None else default_config()
+    return cfg, settings_from_mapping(set_keys(io_sections(raw), overrides or {}))
 
 
 def settings_from_mapping(data: dict[str, Any]) -> GatewaySettings:

@@ -298,14 +298,15 @@ def serve(
     faulthandler.enable()
     from qosgate.runtime.batches.directory import DirectoryRefused
     from qosgate.server.banner import banner, windows
-    from qosgate.server.run import Listeners, build_gateway
+    from qosgate.server.compose import build_gateway
+    from qosgate.server.run import Listeners
     from qosgate.server.run import serve as run_server
     from qosgate.server.workers import this_worker
 
     values = {**ctx.params, "reuse_port": os.environ.get("QOSGATE_REUSE_PORT") == "1" or None}
     cfg, settings = _load_both(config, flag_keys(SERVE_FLAGS, values, _deprecated(ctx)))
     if api_key:
-        cfg = with_api_keys(cfg, split_list(api_key) or [])
+        cfg = with_api_keys(cfg, split_list(api_key))
     if not settings.upstreams:
         _refuse_upstream_options(ctx)
         if settings.engine.kind == "llamacpp":

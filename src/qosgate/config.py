@@ -7,7 +7,6 @@ realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -16,8 +15,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PolicyName = Literal["fifo", "priority", "wfq", "qos"]
-
-log = logging.getLogger("qosgate.config")
 
 
 class Strict(BaseModel):
@@ -467,25 +464,6 @@ def default_config(**overrides: Any) -> QosConfig:
     }
     base.update(overrides)
     return QosConfig.model_validate(base)
-
-
-def renamed_keys(data: Any, section: str, renames: Mapping[str, str]) -> Any:
-    """``data`` (a section's mapping, before validation) with each old key of ``renames`` moved
-    to its new one and a warning naming the new spelling: a renamed key keeps working for one
-    release, so that a config written for the last one still starts. Both spellings at once is
-    an error: which one was meant cannot be guessed."""
-    if not isinstance(data, dict) or not renames.keys() & data.keys():
-        return data
-    out = dict(data)
-    for old, new in renames.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give "
-                             f"{new} alone")
-        log.warning("%s.%s is deprecated: use %s.%s", section, old, section, new)
-        out[new] = out.pop(old)
-    return out
 
 
 class ConfigError(ValueError):

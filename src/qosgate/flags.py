@@ -14,18 +14,27 @@ A key is a dotted path (``server.port``); ``name[]`` in it means every entry of 
 from __future__ import annotations
 
 import copy
+import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SERVE_FLAGS", "Flag", "apply", "flag_keys", "set_keys", "split_list"]
+__all__ = ["SERVE_FLAGS", "UNSET", "Flag", "apply", "flag_keys", "set_keys", "split_list"]
+
+
+class _Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = _Unset.UNSET
+"""What a ``Flag``'s ``convert`` returns for a value that sets nothing (an empty list)."""
 
 
 @dataclass(frozen=True)
 class Flag:
     """The command parameter ``param`` sets the config key ``key`` when given (not None).
 
-    ``convert``: the flag's value as the key takes it (None from it: the key is not set).
+    ``convert``: the flag's value as the key takes it (``UNSET`` from it: the key is not set).
     ``also``: other keys set, to these values, whenever the flag is given. ``renamed_to``: this
     flag is the deprecated name of the flag whose parameter is given here; it still sets the
     key, with a warning, unless that flag is given too (the new name wins)."""
@@ -41,21 +50,24 @@ Warn = Callable[[str, str], None]
 """Told (old parameter, new parameter) when a deprecated flag is given."""
 
 
-def flag_keys(table: Iterable[Flag], values: Mapping[str, Any], warn: Warn) -> dict[str, Any]:
+def flag_keys(table: Iterable[Flag], values: Mapping[str, Any], warn: Warn | None = None
+              ) -> dict[str, Any]:
     """The config keys the given flags set, in the table's order (a list before its entries'
-    keys). ``values``: the command's parameters by name; None is a flag not given."""
+    keys). ``values``: the command's parameters by name; None is a flag not given. ``warn``:
+    told of each deprecated flag given."""
     out: dict[str, Any] = {}
     for f in table:
         value = values.get(f.param)
         if value is None:
             continue
         if f.renamed_to is not None:
-            warn(f.param, f.renamed_to)
+            if warn is not None:
+                warn(f.param, f.renamed_to)
             if values.get(f.renamed_to) is not None:
                 continue
         if f.convert is not None:
             value = f.convert(value)
-            if value is None:
+            if value is UNSET:
                 continue
         out[f.key] = value
         out.update(f.also)
@@ -88,15 +100,15 @@ def _set(node: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 def apply(data: Mapping[str, Any], table: Iterable[Flag], values: Mapping[str, Any],
-          warn: Warn) -> dict[str, Any]:
+          warn: Warn | None = None) -> dict[str, Any]:
     """``data`` (a config file's mapping) with the given flags' keys set: validate it once."""
     return set_keys(data, flag_keys(table, values, warn))
 
 
-def split_list(values: str | Iterable[str]) -> list[str] | None:
-    """A repeatable, comma-separated flag's items (None: none given)."""
+def split_list(values: str | Iterable[str]) -> list[str]:
+    """A repeatable, comma-separated flag's items."""
     items = [values] if isinstance(values, str) else list(values)
-    return [x for v in items for x in v.split(",") if x] or None
+    return [x for v in items for x in v.split(",") if x]
 
 
 SERVE_FLAGS: tuple[Flag, ...] = (
@@ -107,7 +119,7 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("metrics_port", "server.metrics_port"),
     Flag("metrics_auth", "server.metrics_auth"),
     Flag("max_connections", "server.max_connections"),
-    Flag("admin_key", "server.admin_keys", split_list),
+    Flag("admin_key", "server.admin_keys", lambda keys: split_list(keys) or UNSET),
     Flag("reuse_port", "server.reuse_port"),  # QOSGATE_REUSE_PORT=1, set by serve --workers
     Flag("redis", "redis.url"),
     Flag("instance_id", "redis.instance_id"),
@@ -123,10 +135,10 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("n_ctx", "engine.n_ctx"),
     Flag("threads", "engine.n_threads"),
     Flag("pause", "engine.pausable"),
-    Flag("no_preflight", "engine.preflight", lambda on: False if on else None),
+    Flag("no_preflight", "engine.preflight", lambda on: False if on else UNSET),
     # the list first: the flags below set their key in each of its entries
     Flag("upstream", "upstreams",
-         lambda urls: [{"url": u.strip()} for u in urls.split(",") if u.strip()] or None),
+         lambda urls: [{"url": u.strip()} for u in urls.split(",") if u.strip()] or UNSET),
     Flag("max_window", "upstreams[].max_window"),
     Flag("upstream_capacity", "upstreams[].max_window", renamed_to="max_window"),
     Flag("upstream_polarity", "upstreams[].priority_polarity"),

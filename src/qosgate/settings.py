@@ -23,6 +23,7 @@ engine:                         # the in-process engine, used when there are no 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -38,7 +39,6 @@ from qosgate.config import (
     io_sections,
     qos_sections,
     read_yaml_mapping,
-    renamed_keys,
     validated,
 )
 from qosgate.flags import set_keys
@@ -49,6 +49,27 @@ __all__ = [
     "BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings",
     "load_gateway",
 ]
+
+
+log = logging.getLogger("qosgate.settings")
+
+def renamed_keys(data: Any, section: str, renames: Mapping[str, str]) -> Any:
+    """``data`` (a section's mapping, before validation) with each old key of ``renames`` moved
+    to its new one and a warning naming the new spelling: a renamed key keeps working for one
+    release, so that a config written for the last one still starts. Both spellings at once is
+    an error: which one was meant cannot be guessed."""
+    if not isinstance(data, dict) or not renames.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give "
+                             f"{new} alone")
+        log.warning("%s.%s is deprecated: use %s.%s", section, old, section, new)
+        out[new] = out.pop(old)
+    return out
 
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,16 +20,15 @@ from rich.progress import (
 from qosgate.config import Fleet
 from qosgate.core.routing import ROUTERS
 from qosgate.extras import PLOTS, missing
-from qosgate.sim.jobs import parse_job
+from qosgate.flags import flag_keys
+from qosgate.sim.flags import SIMULATE_FLAGS, with_keys
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
     ScenarioError,
-    arrival_changes,
     available_scenarios,
     describe,
     load_scenario,
-    override,
 )
 from qosgate.sim.scenarios import Run, prepare, run_scenario
 from qosgate.sim.setup import SIM_POLICIES
@@ -38,6 +37,7 @@ _DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default
 
 
 def simulate_command(
+    ctx: typer.Context,
     scenario: Annotated[
         str,
         typer.Option(
@@ -170,64 +170,7 @@ def simulate_command(
             console.print(f"[bold]{name}[/bold]: {describe(sc)}")
         return
     try:
-        sc = load_scenario(scenario)
-        given = {
-            "seed": seed,
-            "profile": profile,
-            "replicas": replicas,
-            "window": window,
-            "window_mode": window_mode,
-            "duration_s": duration,
-            "retries": retries,
-        }
-        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        if policies is not None:
-            changes["policies"] = [p.strip() for p in policies.split(",") if p.strip()]
-            if not changes["policies"]:
-                raise ScenarioError(
-                    f"--policies names no policy: give one or more of {', '.join(SIM_POLICIES)}"
-                )
-        changes.update(arrival_changes(time_scale, load))
-        gw: dict[str, Any] = {}
-        if gateways is not None:
-            try:
-                gw["counts"] = [int(x) for x in gateways.split(",") if x.strip()]
-            except ValueError:
-                raise ScenarioError(
-                    f"--gateways {gateways!r}: give counts like 4 or 1,2,4"
-                ) from None
-            if not gw["counts"]:
-                raise ScenarioError("--gateways names no count")
-        for key, val in (("spread", spread), ("shared", shared_state),
-                         ("sync_interval_s", sync_interval_s), ("sync_delay_s", sync_delay_s)):
-            if val is not None:
-                gw[key] = val
-        if gw:
-            changes["gateways"] = {**sc.gateways.model_dump(), **gw}
-        fleet: dict[str, Any] = {}
-        routers = [r.strip() for r in (router or "").split(",") if r.strip()]
-        if router is not None and not routers:
-            raise ScenarioError(f"--router names no router: give one or more of "
-                                f"{', '.join(ROUTERS)}")
-        if len(routers) == 1:
-            fleet["router"] = routers[0]
-            if sc.routers:  # one router given replaces the scenario's list
-                changes["routers"] = []
-        elif routers:
-            changes["routers"] = routers
-        if tpot_guard is not None:
-            fleet["tpot_guard"] = None if tpot_guard == "off" else tpot_guard
-        if prefill_budget is not None:
-            fleet["prefill_budget_tokens"] = None if prefill_budget == "off" else prefill_budget
-        if fleet:
-            config = dict(sc.config)
-            config["fleet"] = {**dict(config.get("fleet", {})), **fleet}
-            changes["config"] = config
-        if job:
-            changes["jobs"] = [parse_job(text).model_dump(by_alias=True, exclude_none=True)
-                               for text in job]
-        if changes:
-            sc = override(sc, **changes)
+        sc = with_keys(load_scenario(scenario), flag_keys(SIMULATE_FLAGS, ctx.params))
         prep = prepare(sc, trace)
     except (ScenarioError, ValueError) as exc:
         err.print(f"[red]{exc}[/red]")

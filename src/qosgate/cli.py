@@ -130,9 +130,9 @@ def serve(
     ] = None,
     max_window: Annotated[
         int | None,
-        _opt("Most requests in flight at each replica: the cap of its adaptive window "
-             "(default: 64).", "QOSGATE_MAX_WINDOW", "--max-window", panel=UPSTREAM,
-             metavar="N"),
+        _opt("Most requests in flight at each replica: the cap of its adaptive window, "
+             "upstreams[].max_window (default: 64).", "QOSGATE_MAX_WINDOW", "--max-window",
+             panel=UPSTREAM, metavar="N"),
     ] = None,
     upstream_capacity: Annotated[
         int | None,
@@ -217,8 +217,9 @@ def serve(
     ] = None,
     window: Annotated[
         int | None,
-        _opt("Requests decoding at once (default: 4 for llamacpp, min(max_num_seqs, 64) for "
-             "sim).", "QOSGATE_WINDOW", "--window", panel=BUILT_IN, metavar="N"),
+        _opt("Requests decoding at once: the engine's window, engine.max_window (default: 4 "
+             "for llamacpp, min(max_num_seqs, 64) for sim).", "QOSGATE_WINDOW", "--window",
+             panel=BUILT_IN, metavar="N"),
     ] = None,
     max_num_seqs: Annotated[
         int | None,

@@ -353,7 +353,7 @@ class BatchSettings(Strict):
     queued_per_job: int = Field(
         default=0, ge=0, description="a job's lines waiting in the scheduler's queue beyond the "
         "slots live traffic leaves free (0: a job takes free slots only)")
-    live_window_s: float = Field(
+    live_span_s: float = Field(
         default=30.0, gt=0, description="the spare slots a job may take are the fleet's window "
         "less the most live requests seen over this long")
     headroom: float = Field(
@@ -366,6 +366,11 @@ class BatchSettings(Strict):
     lease_ttl_s: float = Field(
         default=15.0, gt=0, le=600, description="several instances (redis.url): a job's owner "
         "renews its lease within this; after it, another instance takes the job over")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "batches", {"live_window_s": "live_span_s"})
 
 
 class GatewaySettings(Strict):

@@ -25,12 +25,13 @@ from qosgate.sim.flags import SIMULATE_FLAGS, with_keys
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
+    Scenario,
     ScenarioError,
     available_scenarios,
     describe,
     load_scenario,
 )
-from qosgate.sim.scenarios import Run, prepare, run_scenario
+from qosgate.sim.scenarios import Prepared, Run, ScenarioResult, prepare, run_scenario
 from qosgate.sim.setup import SIM_POLICIES
 
 _DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default
@@ -184,10 +185,41 @@ def simulate_command(
         plots = False
         if not (quiet or json_only):
             err.print(f"no plots: `{PLOTS.pip}` writes them", markup=False, soft_wrap=True)
+    show = not (quiet or json_only)
+    res, total_runs, simulated, wall = _run(sc, prep, show, err)
+
+    doc = document(res)
+    if json_only:
+        sys.stdout.write(dumps(doc))
+    elif not quiet:
+        print_report(res, console)
+        console.print(
+            f"[dim]{total_runs} run(s), {simulated} simulated requests in {wall:.1f} s wall "
+            f"({simulated / wall if wall > 0 else 0:.0f} requests/s)[/dim]",
+            highlight=False,
+        )
+    if out is not None:
+        paths = write_files(res, out, doc)
+        if plots is not False:
+            from qosgate.sim.plots import write_plots
+
+            paths += write_plots(res, out)
+        if not (json_only or quiet):
+            for p in paths:
+                console.print(f"wrote {p}")
+    if not ledger_ok(res):
+        err.print("[red]the outcome ledger does not balance: some request has no outcome[/red]")
+        raise typer.Exit(1)
+
+
+def _run(sc: Scenario, prep: Prepared, show: bool, err: Console
+         ) -> tuple[ScenarioResult, int, int, float]:
+    """Every run of the scenario, under a progress bar on a terminal: the result, the number
+    of runs, the requests simulated and the wall-clock seconds. Exit 2 if a run cannot be
+    set up (a sweep load no workload can be drawn for)."""
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
     total_runs = (n_loads * len(sc.gateways.counts) * len(prep.configs()) * len(sc.policies)
                   * (2 if prep.jobs else 1))
-    show = not (quiet or json_only)
     started = time.perf_counter()
     done_runs = 0
     simulated = 0
@@ -221,27 +253,4 @@ def simulate_command(
             progress.stop()
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
-    wall = time.perf_counter() - started
-
-    doc = document(res)
-    if json_only:
-        sys.stdout.write(dumps(doc))
-    elif not quiet:
-        print_report(res, console)
-        console.print(
-            f"[dim]{total_runs} run(s), {simulated} simulated requests in {wall:.1f} s wall "
-            f"({simulated / wall if wall > 0 else 0:.0f} requests/s)[/dim]",
-            highlight=False,
-        )
-    if out is not None:
-        paths = write_files(res, out, doc)
-        if plots is not False:
-            from qosgate.sim.plots import write_plots
-
-            paths += write_plots(res, out)
-        if not (json_only or quiet):
-            for p in paths:
-                console.print(f"wrote {p}")
-    if not ledger_ok(res):
-        err.print("[red]the outcome ledger does not balance: some request has no outcome[/red]")
-        raise typer.Exit(1)
+    return res, total_runs, simulated, time.perf_counter() - started

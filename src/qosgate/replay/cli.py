@@ -24,7 +24,7 @@ from qosgate.flags import flag_keys
 from qosgate.replay.compare import compare_table, comparison, predict
 from qosgate.replay.plan import Planned, plan_workload, read_requests
 from qosgate.replay.record import measured
-from qosgate.replay.runner import Target, replay
+from qosgate.replay.runner import Attempt, Target, replay
 from qosgate.sim.flags import REPLAY_FLAGS, with_keys
 from qosgate.sim.fmt import num
 from qosgate.sim.report import document, dumps
@@ -95,6 +95,21 @@ def _prepared(scenario: str, trace: Path | None, keys: dict[str, Any]) -> Prepar
     # engines are real ones, whose priority queue never preempts (vLLM 0.32, ``SimEngine``)
     keys = {"engine_preempts": False, **keys, "faults": [], "jobs": []}
     return prepare(with_keys(load_scenario(scenario), keys), trace)
+
+
+def _send(plan: list[Planned], target: Target, show: bool, err: Console) -> list[Attempt]:
+    """The requests sent, under a progress bar on a terminal; every attempt, in sending order."""
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True, disable=not show or not err.is_terminal)
+    with progress:
+        task = progress.add_task(f"replay → {target.url}", total=len(plan))
+
+        def on(sent: int, done: int) -> None:
+            progress.update(task, completed=done, total=max(sent, len(plan)),
+                            description=f"replay → {target.url}: {sent} sent")
+
+        return asyncio.run(replay(plan, target, on))
 
 
 def replay_command(
@@ -193,17 +208,7 @@ def replay_command(
     target = Target(base, name, token_prompts, retries, max_seconds, request_timeout,
                     seed_of_prompts, ignore_eos)
     show = not (quiet or json_only)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                        transient=True, disable=not show or not err.is_terminal)
-    with progress:
-        task = progress.add_task(f"replay → {base}", total=len(plan))
-
-        def on(sent: int, done: int) -> None:
-            progress.update(task, completed=done, total=max(sent, len(plan)),
-                            description=f"replay → {base}: {sent} sent")
-
-        attempts = asyncio.run(replay(plan, target, on))
+    attempts = _send(plan, target, show, err)
     load_x = wl.rate / prep.capacity_rps if prep.capacity_rps else None
     res = measured(prep, attempts, [s.label() for s in wl.streams], wl.duration, wl.rate,
                    load_x)

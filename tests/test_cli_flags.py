@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from qosgate.cli import serve
 from qosgate.config import ConfigError, QosConfig
-from qosgate.flags import SERVE_FLAGS, UNSET, Flag, apply, flag_keys, set_keys
+from qosgate.flags import SERVE_FLAGS, UNSET, Flag, flag_keys, set_keys
 from qosgate.replay.cli import replay_command
 from qosgate.settings import GatewaySettings, load_gateway
 from qosgate.sim.cli import simulate_command
@@ -79,7 +79,7 @@ def test_set_keys_makes_the_path_sets_every_list_entry_and_leaves_the_input() ->
 
 def test_a_list_flag_comes_before_the_keys_of_its_entries() -> None:
     values = {"upstream": "http://a, http://b", "max_window": 7, "upstream_polarity": "vllm"}
-    out = apply({"upstreams": [{"url": "http://old"}]}, SERVE_FLAGS, values)
+    out = set_keys({"upstreams": [{"url": "http://old"}]}, flag_keys(SERVE_FLAGS, values))
     assert out["upstreams"] == [
         {"url": u, "max_window": 7, "priority_polarity": "vllm"}
         for u in ("http://a", "http://b")]

@@ -1,11 +1,11 @@
 """Command-line flags as config keys.
 
 A command's flags override its config file. Each command has one table (``Flag`` rows) saying
-which config key each flag sets; ``apply`` sets the given flags' keys in the file's mapping,
-which is then validated once, as the file alone would be. So a flag and its key cannot drift
-apart, a bad value is reported by the key's own validation, and the merge is written once for
-``serve`` (the gateway's settings, ``SERVE_FLAGS``), ``simulate`` and ``replay`` (a scenario,
-``sim/flags.py``).
+which config key each flag sets (``flag_keys``), and ``set_keys`` sets them in the file's
+mapping, which is then validated once, as the file alone would be (``settings.load_gateway``,
+``sim.flags.with_keys``). So a flag and its key cannot drift apart, a bad value is reported by
+the key's own validation, and the merge is written once for ``serve`` (the gateway's settings,
+``SERVE_FLAGS``), ``simulate`` and ``replay`` (a scenario, ``sim/flags.py``).
 
 A key is a dotted path (``server.port``); ``name[]`` in it means every entry of the list
 ``name`` (``upstreams[].max_window``: each upstream's).
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SERVE_FLAGS", "UNSET", "Flag", "apply", "flag_keys", "set_keys", "split_list"]
+__all__ = ["SERVE_FLAGS", "UNSET", "Flag", "flag_keys", "set_keys", "split_list"]
 
 
 class _Unset(enum.Enum):
@@ -97,12 +97,6 @@ def _set(node: dict[str, Any], path: list[str], value: Any) -> None:
     child = node.get(head)
     node[head] = child = dict(child) if isinstance(child, Mapping) else {}
     _set(child, rest, value)
-
-
-def apply(data: Mapping[str, Any], table: Iterable[Flag], values: Mapping[str, Any],
-          warn: Warn | None = None) -> dict[str, Any]:
-    """``data`` (a config file's mapping) with the given flags' keys set: validate it once."""
-    return set_keys(data, flag_keys(table, values, warn))
 
 
 def split_list(values: str | Iterable[str]) -> list[str]:

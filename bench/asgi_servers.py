@@ -72,7 +72,7 @@ def main() -> None:
     def uvicorn() -> tuple[int, subprocess.Popen[bytes]]:
         gp = free_port()
         return gp, start([*QOSGATE, "serve", "--port", str(gp), "--config", cfg, "--upstream",
-                          upstream, "--upstream-capacity", "1024", "--upstream-polarity", "vllm",
+                          upstream, "--max-window", "1024", "--upstream-polarity", "vllm",
                           "--log-level", "warning"], f"http://127.0.0.1:{gp}/readyz", gw_cpu)
 
     def granian_server() -> tuple[int, subprocess.Popen[bytes]]:

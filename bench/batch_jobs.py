@@ -17,7 +17,7 @@ in front of the same stand-ins, each ``--window`` seconds after a warm-up:
 4. *job*: the job alone; 5. *loop*: the loop alone.
 
 The job (or the loop) starts after the gateway has watched its live traffic for two
-``batches.live_window_s`` (set to ``LIVE_WINDOW_S`` here), as a gateway that has been running a
+``batches.live_span_s`` (set to ``LIVE_SPAN_S`` here), as a gateway that has been running a
 while has; TTFTs count the live requests sent in the measured window.
 
 Printed: realtime and api TTFT p50/p99 (client side, to the first SSE event) per phase, and
@@ -64,9 +64,9 @@ REPLICAS = 2
 CAPACITY = 16  # each upstream's window at most (and the stand-ins' batch)
 QUEUED_PER_JOB = BatchSettings().queued_per_job  # the default, as a deployment runs it
 JOB_TOKENS = 64  # max_tokens of a job's line (and of the loop's requests)
-# batches.live_window_s: shorter than the default 30 s so that each phase's gateway has
+# batches.live_span_s: shorter than the default 30 s so that each phase's gateway has
 # watched its live traffic for a whole window (it waits this long first) in a short bench
-LIVE_WINDOW_S = 10.0
+LIVE_SPAN_S = 10.0
 JOB_PROMPT_CHARS = 400
 LIVE = (("realtime", 24, 200), ("api", 64, 800))  # class, max_tokens, prompt characters
 
@@ -81,9 +81,9 @@ class Phase:
 
 def gateway(tmp: Path, urls: list[str], name: str, headroom: float | None = None) -> Server:
     cfg: dict[str, Any] = {
-        "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
+        "upstreams": [{"url": u, "name": f"r{i}", "max_window": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
-        "batches": {"dir": str(tmp / f"batches-{name}"), "live_window_s": LIVE_WINDOW_S},
+        "batches": {"dir": str(tmp / f"batches-{name}"), "live_span_s": LIVE_SPAN_S},
     }
     if headroom is not None:
         cfg["batches"]["headroom"] = headroom
@@ -159,7 +159,7 @@ async def client_loop(gw: Server, width: int, stop: asyncio.Event, done: list[fl
 async def phase(name: str, tmp: Path, urls: list[str], args: argparse.Namespace,
                 job: Path | None, loop_width: int) -> Phase:
     """One phase on a fresh gateway: live traffic (if any) from the start; the job or the loop
-    after two ``LIVE_WINDOW_S`` (a gateway that has run a while has watched its steady live
+    after two ``LIVE_SPAN_S`` (a gateway that has run a while has watched its steady live
     traffic, past its own start-up); measured over ``args.window`` after a further
     ``args.warm``."""
     ph = Phase(name)
@@ -168,11 +168,11 @@ async def phase(name: str, tmp: Path, urls: list[str], args: argparse.Namespace,
         c = bid = None
         stop = asyncio.Event()
         done: list[float] = []
-        lead = 2 * LIVE_WINDOW_S + args.warm
+        lead = 2 * LIVE_SPAN_S + args.warm
         live = (asyncio.create_task(live_stream(gw, args.live_rate, lead + args.window,
                                                 args.seed, ph.live))
                 if name.startswith("live") else None)
-        await asyncio.sleep(2 * LIVE_WINDOW_S)
+        await asyncio.sleep(2 * LIVE_SPAN_S)
         if job is not None:
             c, bid, _ = await asyncio.to_thread(submit, gw, job)
         looping = (asyncio.create_task(client_loop(gw, loop_width, stop, done))

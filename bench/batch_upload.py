@@ -30,8 +30,9 @@ from openai import OpenAI
 
 from qosgate.config import default_config
 from qosgate.runtime.batches.records import LineResult
+from qosgate.server.compose import build_gateway
 from qosgate.server.protocol import ConnectionStats, guarded_protocol
-from qosgate.server.run import build_gateway, connection_limits
+from qosgate.server.run import connection_limits
 from qosgate.settings import settings_from_mapping
 
 T = TypeVar("T")

@@ -98,7 +98,7 @@ def gateway(tmp: Path, urls: list[str], router: str, time_scale: float) -> Serve
     rate = 1.0 / (load_profile("default").prefill_s_per_token * time_scale)
     cfg: dict[str, Any] = {
         "classes": [c.model_dump(exclude_none=True) for c in qconfig.default_config().classes],
-        "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
+        "upstreams": [{"url": u, "name": f"r{i}", "max_window": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
         "fleet": {"router": router, "cache": {"prefill_tokens_per_s": round(rate)}},
     }

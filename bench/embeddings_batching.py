@@ -6,7 +6,7 @@ adaptive, at three arrival rates, in one run.
 A benchmark, not a test: it prints a table. One vLLM stand-in serves ``/v1/embeddings`` with its
 batch cost model (one call at a time, 20 ms fixed + 50 us per input token: a single short input
 costs ~20.5 ms, so unbatched it serves at most ~48 calls/s). For every (window, rate) a fresh
-gateway (``upstreams`` = the stand-in, capacity 64; ``embeddings.window`` set per row) gets an
+gateway (``upstreams`` = the stand-in, max_window 64; ``embeddings.linger`` set per row) gets an
 open-loop Poisson stream of single-input requests (one sentence of 30-60 characters, seeded) for
 ``--seconds``; the client is aiohttp, one connection per request in flight. Per row:
 
@@ -48,10 +48,10 @@ WORDS = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "
 
 WINDOWS: list[tuple[str, str]] = [
     ("off", "window: 'off'"),
-    ("fixed 10 ms", "window: fixed, window_ms: 10"),
-    ("fixed 50 ms", "window: fixed, window_ms: 50"),
-    ("fixed 100 ms", "window: fixed, window_ms: 100"),
-    ("adaptive", "window: adaptive"),
+    ("fixed 10 ms", "linger: fixed, linger_ms: 10"),
+    ("fixed 50 ms", "linger: fixed, linger_ms: 50"),
+    ("fixed 100 ms", "linger: fixed, linger_ms: 100"),
+    ("adaptive", "linger: adaptive"),
 ]
 INFLIGHT = (1, 0)  # batches in flight per replica: 1 (the default), 0 (no limit)
 
@@ -171,7 +171,7 @@ def main() -> None:
                 cfg = tmp / f"gw-{gport}.yaml"
                 cfg.write_text(
                     f"upstreams:\n  - {{url: 'http://127.0.0.1:{sport}', name: standin, "
-                    f"capacity: 64}}\nembeddings: {{{window}, max_inflight_batches: "
+                    f"max_window: 64}}\nembeddings: {{{window}, max_inflight_batches: "
                     f"{inflight}}}\n")
                 gw = subprocess.Popen(
                     [PY, "-m", "qosgate.cli", "serve", "--port", str(gport), "--log-level",

@@ -263,7 +263,7 @@ def gateway_config(path: Path, urls: list[str], capacity: int,
         classes.append(d)
     cfg: dict[str, Any] = {
         "classes": classes,
-        "upstreams": [{"url": u, "name": f"r{i}", "capacity": capacity,
+        "upstreams": [{"url": u, "name": f"r{i}", "max_window": capacity,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
     }
     if budget_percent is not None:

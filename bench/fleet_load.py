@@ -116,7 +116,7 @@ def gateway(tmp: Path, urls: list[str], mode: str) -> Server:
     fleet = PHASES[mode]
     cfg = {
         "classes": [c.model_dump(exclude_none=True) for c in qconfig.default_config().classes],
-        "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
+        "upstreams": [{"url": u, "name": f"r{i}", "max_window": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
         "fleet": fleet,
     }

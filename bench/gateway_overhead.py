@@ -301,7 +301,7 @@ def main() -> None:
                          "--scheduling-policy", "priority", "--time-scale", time_scale],
                         f"http://127.0.0.1:{sp}/health", cpu_load)
         gateway = start([*QOSGATE, "serve", "--port", str(gp), "--config", fixed_window,
-                         "--upstream", f"http://127.0.0.1:{sp}", "--upstream-capacity", "1024",
+                         "--upstream", f"http://127.0.0.1:{sp}", "--max-window", "1024",
                          "--upstream-polarity", "vllm", "--log-level", "warning"],
                         f"http://127.0.0.1:{gp}/readyz", cpu_gw)
         return standin, gateway, sp, gp

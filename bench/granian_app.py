@@ -4,7 +4,7 @@ granian): one upstream at ``$QOSGATE_BENCH_UPSTREAM``, a fixed window, as the ov
 import os
 
 from qosgate.config import Fleet, Window, default_config
-from qosgate.server.run import build_gateway
+from qosgate.server.compose import build_gateway
 from qosgate.settings import GatewaySettings, UpstreamSettings
 
 app = build_gateway(

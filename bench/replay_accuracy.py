@@ -46,7 +46,7 @@ def run(cmd: list[str]) -> None:
 
 
 def gateway(tmp: Path, urls: list[str], window: int) -> Server:
-    cfg = {"upstreams": [{"url": u, "name": f"r{i}", "capacity": window}
+    cfg = {"upstreams": [{"url": u, "name": f"r{i}", "max_window": window}
                          for i, u in enumerate(urls)]}
     path = tmp / "gateway.json"
     path.write_text(json.dumps(cfg, indent=1))

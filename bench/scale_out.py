@@ -195,7 +195,7 @@ tenants:
 server: {{admin_keys: [sk-admin]}}
 upstreams:
   - url: {surl}
-    capacity: 256
+    max_window: 256
 """)
     try:
         wait(lambda: get(surl + "/health") is not None)

@@ -72,7 +72,7 @@ tenants:
   - {{name: light, api_keys: [sk-light]}}
 fleet: {{window: {{mode: adaptive, overtake: {overtake}}}}}
 upstreams:
-  - {{url: {url}, name: vllm, capacity: 64, priority_polarity: vllm,
+  - {{url: {url}, name: vllm, max_window: 64, priority_polarity: vllm,
      priority_order: {order}}}
 """
 

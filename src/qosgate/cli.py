@@ -19,6 +19,7 @@ from rich.markup import escape
 from qosgate import __version__
 from qosgate.cli_help import SectionedCommand
 from qosgate.extras import EMBEDDED, missing
+from qosgate.flags import SERVE_FLAGS, Warn, flag_keys, split_list
 from qosgate.tables import FitTable
 
 if TYPE_CHECKING:  # the server's modules load only when a command needs them
@@ -30,8 +31,6 @@ from qosgate.config import (
     QosConfig,
     Tenant,
     config_from_mapping,
-    default_config,
-    load_config,
 )
 
 app = typer.Typer(
@@ -48,14 +47,27 @@ ConfigOpt = Annotated[
 ]
 
 
-def _load(path: Path | None) -> QosConfig:
-    if path is None:
-        return default_config()
+def _load_both(path: Path | None, overrides: dict[str, Any] | None = None
+               ) -> tuple[QosConfig, GatewaySettings]:
+    """The config file read once (``settings.load_gateway``), with the flags' keys set; exit 2
+    on any error."""
+    from qosgate.settings import load_gateway
+
     try:
-        return load_config(path)
+        return load_gateway(path, overrides)
     except ConfigError as exc:
         console.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
+
+
+def _deprecated(ctx: typer.Context) -> Warn:
+    """Says, on stderr, which flag replaces a deprecated one given."""
+    names = {p.name: p.opts[0] for p in ctx.command.params}
+
+    def warn(old: str, new: str) -> None:
+        err.print(f"[yellow]{names[old]} is deprecated: use {names[new]}[/yellow]")
+
+    return warn
 
 
 def _check_gateway(cfg: QosConfig, settings: GatewaySettings) -> None:
@@ -116,10 +128,16 @@ def serve(
              "engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u", panel=UPSTREAM,
              metavar="URL[,URL]"),
     ] = None,
+    max_window: Annotated[
+        int | None,
+        _opt("Most requests in flight at each replica: the cap of its adaptive window, "
+             "upstreams[].max_window (default: 64).", "QOSGATE_MAX_WINDOW", "--max-window",
+             panel=UPSTREAM, metavar="N"),
+    ] = None,
     upstream_capacity: Annotated[
         int | None,
-        _opt("Most requests in flight at each replica: the cap of its adaptive window "
-             "(default: 64).", "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity",
+        _opt("Deprecated: use --max-window (this is its old name; --max-window wins if both "
+             "are given).", "QOSGATE_UPSTREAM_CAPACITY", "--upstream-capacity",
              panel=UPSTREAM, metavar="N"),
     ] = None,
     upstream_polarity: Annotated[
@@ -199,8 +217,9 @@ def serve(
     ] = None,
     window: Annotated[
         int | None,
-        _opt("Requests decoding at once (default: 4 for llamacpp, min(max_num_seqs, 64) for "
-             "sim).", "QOSGATE_WINDOW", "--window", panel=BUILT_IN, metavar="N"),
+        _opt("Requests decoding at once: the engine's window, engine.max_window (default: 4 "
+             "for llamacpp, min(max_num_seqs, 64) for sim).", "QOSGATE_WINDOW", "--window",
+             panel=BUILT_IN, metavar="N"),
     ] = None,
     max_num_seqs: Annotated[
         int | None,
@@ -280,59 +299,15 @@ def serve(
     faulthandler.enable()
     from qosgate.runtime.batches.directory import DirectoryRefused
     from qosgate.server.banner import banner, windows
-    from qosgate.server.run import Listeners, build_gateway
+    from qosgate.server.compose import build_gateway
+    from qosgate.server.run import Listeners
     from qosgate.server.run import serve as run_server
     from qosgate.server.workers import this_worker
-    from qosgate.settings import load_settings, settings_from_mapping
 
-    cfg = _load(config)
+    values = {**ctx.params, "reuse_port": os.environ.get("QOSGATE_REUSE_PORT") == "1" or None}
+    cfg, settings = _load_both(config, flag_keys(SERVE_FLAGS, values, _deprecated(ctx)))
     if api_key:
-        cfg = with_api_keys(cfg, [k for arg in api_key for k in arg.split(",") if k])
-    try:
-        settings = load_settings(config)
-        data = settings.model_dump()
-        srv, eng = data["server"], data["engine"]
-        for k, v in (("host", host), ("port", port),
-                     ("shutdown_timeout_s", shutdown_timeout), ("log_level", log_level),
-                     ("metrics_port", metrics_port), ("metrics_auth", metrics_auth),
-                     ("max_connections", max_connections)):
-            if v is not None:
-                srv[k] = v
-        rd = data["redis"]
-        for k, v in (("url", redis), ("instance_id", instance_id),
-                     ("fail_open", redis_fail_open)):
-            if v is not None:
-                rd[k] = v
-        if os.environ.get("QOSGATE_REUSE_PORT") == "1":
-            srv["reuse_port"] = True
-        if admin_key:
-            srv["admin_keys"] = [k for arg in admin_key for k in arg.split(",") if k]
-        if sim_capacity is not None:
-            err.print("[yellow]--sim-capacity is deprecated: use --window[/yellow]")
-            if window is None:
-                window = sim_capacity
-        for k, v in (("profile", profile), ("time_scale", time_scale),
-                     ("served_model_name", served_model_name), ("kind", engine),
-                     ("model", str(model) if model is not None else None),
-                     ("capacity", window), ("max_num_seqs", max_num_seqs), ("n_ctx", n_ctx),
-                     ("n_threads", threads), ("pausable", pause)):
-            if v is not None:
-                eng[k] = v
-        if no_preflight:
-            eng["preflight"] = False
-        if upstream:
-            data["upstreams"] = [{"url": u.strip()} for u in upstream.split(",") if u.strip()]
-        for u in data["upstreams"]:
-            if upstream_capacity is not None:
-                u["capacity"] = upstream_capacity
-            if upstream_polarity is not None:
-                u["priority_polarity"] = upstream_polarity
-            if upstream_api_key is not None:
-                u["api_key"] = upstream_api_key
-        settings = settings_from_mapping(data)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+        cfg = with_api_keys(cfg, split_list(api_key))
     if not settings.upstreams:
         _refuse_upstream_options(ctx)
         if settings.engine.kind == "llamacpp":
@@ -409,7 +384,7 @@ def _need_embedded(default_model: bool) -> None:
         raise typer.Exit(2)
 
 
-UPSTREAM_OPTIONS = ("upstream_capacity", "upstream_polarity", "upstream_api_key")
+UPSTREAM_OPTIONS = ("max_window", "upstream_capacity", "upstream_polarity", "upstream_api_key")
 
 
 def _refuse_upstream_options(ctx: typer.Context) -> None:
@@ -456,14 +431,7 @@ def show_config(config: ConfigOpt = None) -> None:
     """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
     engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
     error."""
-    from qosgate.settings import load_settings
-
-    cfg = _load(config)
-    try:
-        settings = load_settings(config)
-    except ConfigError as exc:
-        console.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from None
+    cfg, settings = _load_both(config)
     _check_gateway(cfg, settings)
     classes = FitTable(f"service classes (policy: {cfg.policy})", [
         ("class", "left"), ("level", "left"), ("strict", "left"), ("weight", "right"),
@@ -516,7 +484,7 @@ def show_config(config: ConfigOpt = None) -> None:
     )
     if settings.upstreams:
         for i, u in enumerate(settings.upstreams):
-            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.capacity}, "
+            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.max_window}, "
                           f"priority polarity {u.priority_polarity}"
                           + (f" ({u.priority_order} order)" if u.priority_polarity != "none"
                              else ""))

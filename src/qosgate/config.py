@@ -7,6 +7,7 @@ realtime (P0) / api (P1) / batch (P2) / offline (P3); weights P1:P2:P3 = 5:3:2; 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -195,7 +196,7 @@ class Window(Strict):
     """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
     starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
     and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
-    the replica's configured capacity; ``fixed`` is the capacity, always."""
+    the replica's ``max_window``; ``fixed`` is the ``max_window``, always."""
 
     mode: Literal["adaptive", "fixed"] = "adaptive"
     initial: int = Field(default=8, ge=1)
@@ -517,10 +518,18 @@ def config_from_mapping(data: dict[str, Any]) -> QosConfig:
 
 
 def load_config(path: str | Path) -> QosConfig:
-    raw = read_yaml_mapping(path)
-    # the I/O layers' own sections live beside the QoS ones and are validated by those layers;
-    # anything else goes to validation, so a misspelt key is an error rather than ignored
-    return config_from_mapping({k: v for k, v in raw.items() if k not in IO_SECTIONS})
+    return config_from_mapping(qos_sections(read_yaml_mapping(path)))
 
 
-IO_SECTIONS = frozenset({"server", "upstreams", "engine", "redis", "embeddings", "batches"})
+IO_SECTIONS = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
+
+
+def qos_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A config file's QoS sections: all but the I/O layers' own (``IO_SECTIONS``, which
+    ``settings.py`` validates), so that a misspelt key is an error rather than ignored."""
+    return {k: v for k, v in raw.items() if k not in IO_SECTIONS}
+
+
+def io_sections(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A config file's I/O sections (``settings.GatewaySettings``), those left empty omitted."""
+    return {k: raw[k] for k in IO_SECTIONS if raw.get(k) is not None}

@@ -119,7 +119,8 @@ TENANT_WEIGHT = _f("qosgate_tenant_weight", "gauge", "", T,
 
 # ---------------------------------------------------------------- replicas
 REPLICA_INFLIGHT = _f("qosgate_replica_inflight", "gauge", "", R, "Requests in flight.")
-REPLICA_CAPACITY = _f("qosgate_replica_capacity", "gauge", "", R, "In-flight window.")
+REPLICA_CAPACITY = _f("qosgate_replica_capacity", "gauge", "", R,
+                      "The window in force: requests the replica may hold in flight.")
 REPLICA_UP = _f("qosgate_replica_up", "gauge", "", R, "1 if its last health probe answered.")
 REPLICA_ELIGIBLE = _f("qosgate_replica_eligible", "gauge", "", R,
                       "1 if it may take work now (up, not cooling, not ejected).")
@@ -189,16 +190,16 @@ SHARED_SYNCS = _f("qosgate_shared_state_syncs_total", "counter", "", ("instance"
 
 # ---------------------------------------------------------------- embeddings batching
 EMB_WINDOW = _f("qosgate_embeddings_batch_window_seconds", "gauge", "seconds", R,
-                "The batch window in force at a replica.", _BATCHES)
+                "The linger in force at a replica: how long a batch waits to fill.", _BATCHES)
 EMB_PENDING = _f("qosgate_embeddings_batch_pending", "gauge", "", R,
-                 "Embeddings requests waiting in a batch window.", _BATCHES)
+                 "Embeddings requests waiting in a lingering batch.", _BATCHES)
 EMB_BATCHES = _f("qosgate_embeddings_batches_total", "counter", "", ("replica", "reason"),
                  "Batches released, by reason (size, tokens, urgent, full, window).", _BATCHES)
 EMB_SIZE = _f("qosgate_embeddings_batch_size", "histogram", "", R,
               "Requests per released batch.", _BATCHES)
 EMB_DECISIONS = _f("qosgate_embeddings_window_decisions_total", "counter", "",
                    ("replica", "decision"),
-                   "The adaptive window's evaluations: grow, shrink or hold.", _BATCHES)
+                   "The adaptive linger's evaluations: grow, shrink or hold.", _BATCHES)
 
 # ---------------------------------------------------------------- batch jobs (OpenAI Batch API)
 _JOBS = "qosgate.server.metrics (BatchJobsCollector)"

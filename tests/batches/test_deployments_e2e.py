@@ -30,7 +30,7 @@ def gateway_config(tmp: Path, standin: Server) -> Path:
     path.write_text(f"""
 tenants: [{{name: acme, api_keys: [sk-acme]}}]
 upstreams: [{{url: {standin.url}, capacity: 8}}]
-batches: {{live_window_s: 0.2}}
+batches: {{live_span_s: 0.2}}
 """)
     return path
 

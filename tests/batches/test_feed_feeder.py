@@ -129,7 +129,7 @@ class Runner:
 # live traffic watched over 10 ms: a feeder that has just started has watched a whole window
 # almost at once (the tests of the spare slots themselves shift the clock instead)
 SETTINGS = BatchSettings(queued_per_job=4, retries=2, backoff_s=0.001, backoff_max_s=0.004,
-                         live_window_s=0.01)
+                         live_span_s=0.01)
 
 
 def feeder(store: MemoryStore, runner: Runner, wall: Callable[[], float] = lambda: 1.0,
@@ -172,7 +172,7 @@ def test_live_traffic_keeps_its_peak_and_a_headroom_of_the_fleet() -> None:
         loop = asyncio.get_running_loop()
         shift = [0.0]
         f = feeder(store, runner, capacity=8, live=lambda: live[0],
-                   settings=SETTINGS.model_copy(update={"live_window_s": 30.0}),
+                   settings=SETTINGS.model_copy(update={"live_span_s": 30.0}),
                    clock=lambda: loop.time() + shift[0])
         f.start()
         await until(lambda: f.spare._since is not None)

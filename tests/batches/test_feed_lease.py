@@ -158,7 +158,7 @@ def test_two_gateways_sharing_redis_and_a_directory_answer_every_line_once(
 tenants: [{{name: acme, api_keys: [sk-acme]}}]
 upstreams: [{{url: {standin.url}, capacity: 4}}]
 redis: {{url: "{redis.url}", prefix: "two:"}}
-batches: {{dir: {tmp_path / "batches"}, lease_ttl_s: 1, live_window_s: 0.2}}
+batches: {{dir: {tmp_path / "batches"}, lease_ttl_s: 1, live_span_s: 0.2}}
 """)
     gws = [start_gateway(tmp_path, "--config", str(cfg))]
     try:

@@ -81,7 +81,7 @@ def test_a_job_beside_live_traffic_answers_every_line_exactly_once() -> None:
 def test_the_feed_keeps_a_job_bounded_yet_fills_an_idle_fleet() -> None:
     # live traffic watched over 0.5 s: the spare slots reach the whole window 0.5 s in
     sim = Simulation(setup([], (job("j", 100, 0.0, 600.0),), queued_per_job=2,
-                           live_window_s=0.5), "qos")
+                           live_span_s=0.5), "qos")
     seen: list[int] = []
     take = sim.jobs.take  # type: ignore[union-attr]
 
@@ -117,7 +117,7 @@ def test_the_earlier_deadline_goes_first_across_two_jobs() -> None:
 
 
 def test_a_window_too_short_expires_the_rest_and_keeps_what_finished() -> None:
-    res = Simulation(setup([], (job("j", 400, 0.0, 2.0, length=(40, 40)),), live_window_s=0.1),
+    res = Simulation(setup([], (job("j", 400, 0.0, 2.0, length=(40, 40)),), live_span_s=0.1),
                      "qos").run()
     (rec,) = res.jobs
     assert rec.status == "expired" and rec.finished_at == 2.0

@@ -38,7 +38,7 @@ upstreams:
     capacity: {capacity}
 batches:
   {dir_line}
-  live_window_s: 0.2  # no live traffic here: the whole fleet is the job's 0.2 s after start
+  live_span_s: 0.2  # no live traffic here: the whole fleet is the job's 0.2 s after start
   windows: ["24h", "3s"]
   backoff_s: 0.05
   backoff_max_s: 0.2

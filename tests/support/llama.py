@@ -23,7 +23,7 @@ from qosgate.config import QosConfig, default_config
 from qosgate.models.llamacpp import LlamaCppEngine, default_model_path
 from qosgate.runtime.inprocess import InProcessEngine
 from qosgate.server.app import Gateway
-from qosgate.server.run import build_gateway
+from qosgate.server.compose import build_gateway
 from qosgate.settings import settings_from_mapping
 from tests.support.ports import free_port
 from tests.support.processes import Server, gateway_args

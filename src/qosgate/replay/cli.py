@@ -20,19 +20,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from qosgate.flags import flag_keys
 from qosgate.replay.compare import compare_table, comparison, predict
 from qosgate.replay.plan import Planned, plan_workload, read_requests
 from qosgate.replay.record import measured
-from qosgate.replay.runner import Target, replay
+from qosgate.replay.runner import Attempt, Target, replay
+from qosgate.sim.flags import REPLAY_FLAGS, with_keys
 from qosgate.sim.fmt import num
 from qosgate.sim.report import document, dumps
 from qosgate.sim.report_tables import print_tables
 from qosgate.sim.scenario_file import (
     ScenarioError,
-    arrival_changes,
     available_scenarios,
     load_scenario,
-    override,
 )
 from qosgate.sim.scenarios import Prepared, prepare, workload_for
 from qosgate.sim.workload import Workload
@@ -90,15 +90,30 @@ def refusals_table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
-def _prepared(scenario: str, trace: Path | None, changes: dict[str, Any]) -> Prepared:
-    sc = load_scenario(scenario)
+def _prepared(scenario: str, trace: Path | None, keys: dict[str, Any]) -> Prepared:
     # the replay sends the live workload alone: faults and batch jobs are the simulator's; its
     # engines are real ones, whose priority queue never preempts (vLLM 0.32, ``SimEngine``)
-    changes = {"engine_preempts": False, **changes, "faults": [], "jobs": []}
-    return prepare(override(sc, **changes), trace)
+    keys = {"engine_preempts": False, **keys, "faults": [], "jobs": []}
+    return prepare(with_keys(load_scenario(scenario), keys), trace)
+
+
+def _send(plan: list[Planned], target: Target, show: bool, err: Console) -> list[Attempt]:
+    """The requests sent, under a progress bar on a terminal; every attempt, in sending order."""
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                        transient=True, disable=not show or not err.is_terminal)
+    with progress:
+        task = progress.add_task(f"replay → {target.url}", total=len(plan))
+
+        def on(sent: int, done: int) -> None:
+            progress.update(task, completed=done, total=max(sent, len(plan)),
+                            description=f"replay → {target.url}: {sent} sent")
+
+        return asyncio.run(replay(plan, target, on))
 
 
 def replay_command(
+    ctx: typer.Context,
     url: Annotated[str, typer.Argument(help="Base URL of an OpenAI-compatible endpoint.")],
     scenario: Annotated[str, typer.Option(
         "--scenario", "-s",
@@ -120,7 +135,7 @@ def replay_command(
     replicas: Annotated[int | None, typer.Option(
         min=1, help="Replicas behind the URL (for --load's capacity and --compare-sim).")] = None,
     window: Annotated[int | None, typer.Option(
-        min=1, help="The gateway's window per replica (its upstreams' capacity), for --load's "
+        min=1, help="The gateway's window per replica (its upstreams' max_window), for --load's "
         "capacity and --compare-sim (default: the scenario's, auto).")] = None,
     embedded: Annotated[bool, typer.Option(
         "--embedded/--upstreams", help="What --compare-sim models behind the URL: upstream "
@@ -179,12 +194,7 @@ def replay_command(
     err = Console(stderr=True)
     try:
         base = check_host(url, allow_host or [])
-        given = {"seed": seed, "duration_s": duration, "profile": profile, "replicas": replicas,
-                 "window": window, "window_mode": window_mode, "retries": retries or None,
-                 "pausable": embedded, "engine_queue": engine_queue}
-        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        changes.update(arrival_changes(time_scale, load))
-        prep = _prepared(scenario, trace, changes)
+        prep = _prepared(scenario, trace, flag_keys(REPLAY_FLAGS, ctx.params))
         wl = read_requests(requests, prep) if requests else workload_for(prep, load)
         wl = bounded(wl, max_requests, max_seconds)
         plan: list[Planned] = plan_workload(prep, wl)
@@ -198,17 +208,7 @@ def replay_command(
     target = Target(base, name, token_prompts, retries, max_seconds, request_timeout,
                     seed_of_prompts, ignore_eos)
     show = not (quiet or json_only)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeElapsedColumn(), console=err,
-                        transient=True, disable=not show or not err.is_terminal)
-    with progress:
-        task = progress.add_task(f"replay → {base}", total=len(plan))
-
-        def on(sent: int, done: int) -> None:
-            progress.update(task, completed=done, total=max(sent, len(plan)),
-                            description=f"replay → {base}: {sent} sent")
-
-        attempts = asyncio.run(replay(plan, target, on))
+    attempts = _send(plan, target, show, err)
     load_x = wl.rate / prep.capacity_rps if prep.capacity_rps else None
     res = measured(prep, attempts, [s.label() for s in wl.streams], wl.duration, wl.rate,
                    load_x)

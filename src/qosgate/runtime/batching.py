@@ -13,8 +13,8 @@ ends without a word. The batch's latency (from its oldest request's arrival here
 window controller. One ``DeadlineTimer`` wakes this at the batcher's window end.
 
 What the replica's room is (``room``) and when it may have changed (``room_changed``: a request
-ended anywhere) are the wiring's (``server/app.py``): the scheduler knows its replicas, this does
-not.
+ended anywhere) are the wiring's (``server/compose.py``): the scheduler knows its replicas, this
+does not.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def llamacpp_from_settings(es: EngineSettings) -> InProcessEngine:
     """The replica ``qosgate serve`` builds from its ``engine`` section; the start-up check
     (``runtime/preflight.py``) builds the very same one in its child process."""
     return llamacpp_replica(
-        model=es.model, capacity=es.capacity, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
+        model=es.model, capacity=es.max_window, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
         n_threads=es.n_threads, served_model_name=es.served_model_name,
         evict_paused=es.evict_paused, pausable=es.pausable,
         embeddings=es.embeddings, embed_batch_tokens=es.embed_batch_tokens,

@@ -1,5 +1,6 @@
-"""The gateway's ASGI app: what it is built of (the scheduler, the driver, shared state,
-embeddings batching, metrics), its life (start-up, shutdown), and its routes: the OpenAI ones go to
+"""The gateway's ASGI app: its parts (the scheduler, the driver, shared state, embeddings
+batching, metrics, the Batch API; built by ``server/compose.py``), their life (start-up,
+shutdown), and the routes: the OpenAI ones go to
 ``server/flow.py`` (one request's way from its body to its answer), the rest -- ``/v1/models``,
 health and readiness, ``/metrics``, ``/v1/qos/status`` -- are answered here. Who is asking (keys,
 QoS headers) is ``server/auth.py``.
@@ -8,38 +9,24 @@ QoS headers) is ``server/auth.py``.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import logging
-import math
-import time
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
-import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from qosgate.config import QosConfig
-from qosgate.core import QosInputError, ReplicaSpec, Request, Scheduler
-from qosgate.core.batching import Batcher, BatchLimits, make_controller
-from qosgate.core.ledger import LeasedLedger
+from qosgate.core import QosInputError, Scheduler
 from qosgate.core.shared import prime
-from qosgate.runtime.batches.directory import BatchDirectory, batch_directory
+from qosgate.runtime.batches.directory import BatchDirectory
 from qosgate.runtime.batches.feeder import Feeder
-from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
 from qosgate.runtime.batches.store import BatchStore
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
 from qosgate.runtime.precise import PreciseCache
-from qosgate.runtime.shared_state import (
-    InstanceInfo,
-    RedisStore,
-    SharedState,
-    new_instance_id,
-    status_of,
-)
-from qosgate.runtime.upstream.replica import OpenAIUpstream
+from qosgate.runtime.shared_state import SharedState, status_of
 from qosgate.server.asgi import (
     Receive,
     Scope,
@@ -50,16 +37,16 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, request_key
-from qosgate.server.batch_lines import FlowLines
 from qosgate.server.batches import BatchRoutes
+from qosgate.server.catalog import Catalog
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import UNKNOWN_TENANT, RequestFlow
-from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
+from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.prepare import NO_CLASS
 from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
-from qosgate.wire.responses import context_of, merge_cards, models_list
+from qosgate.wire.responses import models_list
 
 log = logging.getLogger("qosgate.gateway")
 
@@ -74,149 +61,60 @@ def _local_port(scope: Scope) -> int | None:
     return int(server[1]) if server and server[1] is not None else None
 
 
-class Gateway:
-    """The ASGI app. ``engines`` maps replica names to engines (see ``server.engines``)."""
+@dataclass
+class GatewayParts:
+    """What a gateway is built of, wired together by ``server.compose.assemble``."""
 
-    def __init__(
-        self,
-        cfg: QosConfig,
-        settings: GatewaySettings,
-        engines: dict[str, Engine],
-        policy: str | None = None,
-        batch_dir: BatchDirectory | None = None,
-    ) -> None:
-        """``batch_dir``: where the Batch API keeps its jobs, already claimed by the caller
-        (``server.run.build_gateway`` takes it before loading a model); default: this
-        gateway's (``batch_directory``), claimed at start-up."""
-        self.cfg = cfg
-        self.settings = settings
-        self.engines = engines
-        self.clock = time.monotonic
-        # shared tenant state (docs/guides/several-instances.md): leased budgets synced with Redis
-        rs = settings.redis
-        self.instance = rs.instance_id or new_instance_id()
-        ledger = LeasedLedger() if rs.url else None
-        # precise mode: the replicas whose index follows their engine's KV events
-        upstreams = [(e.name, e.cfg, e) for e in engines.values() if isinstance(e, OpenAIUpstream)]
-        with_events = {name for name, u, _ in upstreams if u.kv_events is not None}
-        self.scheduler = Scheduler(
-            cfg,
-            policy,
-            [
-                # an in-process engine's window is its batch (it is scheduled here, token by
-                # token); an upstream's adapts to what the engine reports of its own load
-                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
-                            ordered=e.ordered, cache_events=name in with_events)
-                for name, e in engines.items()
-            ],
-            ledger=ledger,
-        )
-        self.metrics = GatewayMetrics(self.scheduler, self.clock)
-        self.shared: SharedState | None = None
-        if rs.url and ledger is not None:
-            sched = self.scheduler
-            self.shared = SharedState(
-                RedisStore(rs.url, rs.prefix, rs.timeout_s), ledger, self.clock,
-                sched.policy.root, self.instance, rs.sync_interval_s, rs.lease_ttl_s,
-                rs.fail_open, rs.degrade_after_s,
-                info=lambda: msgspec.json.encode({
-                    "queued_total": sched.queued_total,
-                    "inflight": len(sched.requests) - sched.queued_total,
-                }).decode(),
-            )
-            self.metrics.registry.register(self.shared)
-        self.metrics.registry.register(InstanceInfo(self.instance, "redis" if rs.url else "none"))
-        # embeddings: the calls of a replica whose engine serves batches are batched by a
-        # decorator over it (runtime/batching.py), its window per core/batching.py
-        es = settings.embeddings
-        self.batching = [
-            BatchingEngine(
-                e,  # type: ignore[arg-type]
-                Batcher(
-                    BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
-                    make_controller(es.window, window_s=es.window_ms / 1000,
-                                    floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
-                                    target_s=es.target_ms / 1000, every=es.every,
-                                    alpha=es.alpha),
-                ),
-                functools.partial(self._room, name), self.clock, es.urgent_levels,
-            )
-            for name, e in engines.items() if getattr(e, "embeds", False)
-        ]
-        self.metrics.registry.register(BatchingCollector(self.batching))
-        batched = {b.name: b for b in self.batching}
-        self.driver = Driver(
-            self.scheduler, {name: batched.get(name, e) for name, e in engines.items()},
-            clock=self.clock, on_finished=self._on_finished,
-            on_cached=self.metrics.prompt_cache,
-        )
-        self.precise = PreciseCache.build(upstreams, self.scheduler, self.driver)
-        self.flow = RequestFlow(cfg, settings, engines, self.scheduler, self.driver,
-                                self.metrics, self.models, self._context, self.precise)
-        self.admin_keys = frozenset(settings.server.admin_keys)
+    cfg: QosConfig
+    settings: GatewaySettings
+    engines: dict[str, Engine]  # replica name -> engine
+    catalog: Catalog
+    clock: Callable[[], float]
+    instance: str  # this instance's id in /metrics and /v1/qos/status
+    scheduler: Scheduler
+    metrics: GatewayMetrics
+    shared: SharedState | None  # tenant state shared through Redis
+    batching: list[BatchingEngine]  # embeddings batching, one per replica that embeds
+    driver: Driver
+    precise: PreciseCache | None  # replicas whose index follows their engine's KV events
+    flow: RequestFlow
+    batch_dir: BatchDirectory | None  # the Batch API's: taken at start-up
+    batch_store: BatchStore | None
+    batch_routes: BatchRoutes | None
+    feeder: Feeder | None  # runs the jobs' lines through the flow
+
+
+class Gateway:
+    """The ASGI app: routes requests to its parts and runs their life. Built by
+    ``server.compose.build_gateway``."""
+
+    def __init__(self, parts: GatewayParts) -> None:
+        self.cfg = parts.cfg
+        self.settings = parts.settings
+        self.engines = parts.engines
+        self.catalog = parts.catalog
+        self.clock = parts.clock
+        self.instance = parts.instance
+        self.scheduler = parts.scheduler
+        self.metrics = parts.metrics
+        self.shared = parts.shared
+        self.batching = parts.batching
+        self.driver = parts.driver
+        self.precise = parts.precise
+        self.flow = parts.flow
+        self.batch_dir = parts.batch_dir
+        self.batch_store = parts.batch_store
+        self.batch_routes = parts.batch_routes
+        self.feeder = parts.feeder
+        self.admin_keys = frozenset(parts.settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
-        self._contexts: dict[str, int | None] = {}
-        self._contexts_until = -math.inf
-        self.metrics.cap_tenants(settings.server.metrics_max_tenants)
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
-        bs = settings.batches  # the Batch API: its directory is taken, its store opened at start
-        self.batch_dir = ((batch_dir or batch_directory(settings, self.instance))
-                          if bs.enabled else None)
-        self.batch_store = (BatchStore(self.batch_dir.path, time.time, bs.max_lines)
-                            if self.batch_dir is not None else None)
-        self.batch_routes = (BatchRoutes(cfg, settings, self.batch_store, self.scheduler,
-                                         self.metrics) if self.batch_store is not None else None)
-        # the feeder runs the jobs' lines through self.flow; the routes wake it
-        self.feeder: Feeder | None = None
-        if (self.batch_dir is not None and self.batch_dir.feeds and self.batch_store is not None
-                and self.batch_routes is not None):
-            lease: Lease = (RedisLease(rs.url, self.instance, bs.lease_ttl_s, rs.prefix)
-                            if rs.url else LocalLease())
-            self.feeder = Feeder(self.batch_store, FlowLines(self.flow, cfg), lease, bs,
-                                 self._batch_capacity, lambda m: m in self.models(),
-                                 lambda: len(self.scheduler.requests), time.time, self.clock)
-            self.batch_routes.on_created = self.batch_routes.on_cancel = self.feeder.notify
-            self.metrics.registry.register(BatchJobsCollector(self.feeder))
-
-    def _room(self, replica: str) -> bool:
-        """May ``replica`` still take another dispatch (its batcher's question)."""
-        rep = self.scheduler.replicas.get(replica)
-        return rep is not None and rep.free > 0
-
-    def _batch_capacity(self) -> int:
-        """Requests the fleet runs at once (the replicas' windows): a job keeps this many
-        lines in flight, and its queue, so that it fills an idle fleet."""
-        return sum(rep.window for rep in self.scheduler.replicas.values())
-
-    def _on_finished(self, req: Request) -> None:
-        """A request ended (driver hook): the metrics, and a slot freed (a batch waiting for
-        room may be due)."""
-        self.metrics.observe(req)
-        for b in self.batching:
-            b.room_changed()
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:
-        seen: dict[str, None] = {}
-        for e in self.engines.values():
-            for m in e.models():
-                seen.setdefault(m, None)
-        return list(seen)
-
-    def model_cards(self) -> list[dict[str, Any]]:
-        """``/v1/models``: the engines' own entries, each model once (``merge_cards``)."""
-        return merge_cards([e.model_cards() for e in self.engines.values()])
-
-    def _context(self, model: str) -> int | None:
-        """The context length of ``model`` as its engines report it (the smallest), cached for
-        a second: the engines' entries change only when a probe reads them again."""
-        now = self.clock()
-        if now >= self._contexts_until:
-            self._contexts = {c["id"]: context_of(c) for c in self.model_cards()}
-            self._contexts_until = now + 1.0
-        return self._contexts.get(model)
+        return self.catalog.models()
 
     def replicas_up(self) -> dict[str, bool]:
         return {name: e.ready for name, e in self.engines.items()}
@@ -368,7 +266,7 @@ class Gateway:
                 await send_bytes(send, 401, error_json(denied_message(exc, scope),
                                                        "invalid_request_error", exc.code))
                 return
-        await send_json(send, 200, models_list(self.model_cards()))
+        await send_json(send, 200, models_list(self.catalog.model_cards()))
 
     async def _ready(self, send: Send) -> None:
         up = any(e.ready for e in self.engines.values())

@@ -1,4 +1,4 @@
-"""Build the gateway from config and serve it with uvicorn (uvloop + httptools).
+"""Serve the gateway (built by ``server/compose.py``) with uvicorn (uvloop + httptools).
 
 Start-up order: the listening sockets are bound first (a port in use stops start-up before a
 model is loaded), then the engines are built, then uvicorn serves on those sockets, and only once
@@ -29,76 +29,18 @@ from typing import Any
 
 import uvicorn
 
-from qosgate.config import QosConfig
-from qosgate.models.simmodel import SimEngine, load_profile
-from qosgate.runtime.batches.directory import batch_directory
-from qosgate.runtime.embedded import llamacpp_from_settings
-from qosgate.runtime.inprocess import InProcessEngine
-from qosgate.runtime.ports import Engine
-from qosgate.runtime.shared_state import new_instance_id
-from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.server.app import Gateway
 from qosgate.server.protocol import ConnectionLimits, ConnectionStats, guarded_protocol
 from qosgate.settings import GatewaySettings, ServerSettings
 
 log = logging.getLogger("qosgate.gateway")
 
-DEFAULT_SIM_WINDOW = 64
 BACKLOG = 4096
 # descriptors kept back from the connection cap: the process's own files, the model, the event
 # loop, the log -- and, for upstreams, one connection per request in each replica's window
 FD_RESERVE = 64
 # uvicorn's own cut, after ours: only if ours could not end a request (it should not happen)
 _BACKSTOP_S = 5.0
-
-
-def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
-    engines: dict[str, Engine] = {}
-    if settings.upstreams:
-        for i, u in enumerate(settings.upstreams):
-            up = OpenAIUpstream(u, i)
-            if up.name in engines:
-                raise ValueError(f"two upstreams are named {up.name!r}")
-            engines[up.name] = up
-        return engines
-    es = settings.engine
-    if es.kind == "llamacpp":
-        llama = llamacpp_from_settings(es)
-        return {llama.name: llama}
-    prof = load_profile(es.profile)
-    if es.max_num_seqs is not None:
-        prof = prof.model_copy(update={"max_num_seqs": es.max_num_seqs})
-    # the engine orders by the band too (vLLM polarity) when its KV cache is contended
-    sim = SimEngine(prof, "priority")
-    engines["sim-0"] = InProcessEngine(
-        sim,
-        name="sim-0",
-        capacity=es.capacity or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
-        models=[es.served_model_name or "qosgate-sim"],
-        modelled_time=True,
-        time_scale=es.time_scale,
-        pausable=es.pausable,
-        eos_after=es.eos_after,
-    )
-    return engines
-
-
-def build_gateway(cfg: QosConfig, settings: GatewaySettings, policy: str | None = None,
-                  worker: tuple[str, int] | None = None) -> Gateway:
-    """The gateway, its batch directory taken first: a directory another deployment holds
-    (``DirectoryRefused``) stops start-up before a model is loaded. ``worker``: (group, index)
-    of a process of ``serve --workers``."""
-    batch_dir = None
-    if settings.batches.enabled:
-        batch_dir = batch_directory(settings, settings.redis.instance_id or new_instance_id(),
-                                    worker)
-        batch_dir.claim()
-    try:
-        return Gateway(cfg, settings, build_engines(settings), policy, batch_dir)
-    except BaseException:
-        if batch_dir is not None:
-            batch_dir.release()
-        raise
 
 
 # ---------------------------------------------------------------------- sockets
@@ -158,7 +100,7 @@ def connection_limits(settings: GatewaySettings) -> ConnectionLimits:
             soft = hard
         except (ValueError, OSError):  # pragma: no cover - not allowed here: keep the soft one
             pass
-    reserve = FD_RESERVE + sum(u.capacity for u in settings.upstreams)
+    reserve = FD_RESERVE + sum(u.max_window for u in settings.upstreams)
     fit = max(16, soft - reserve) if soft != resource.RLIM_INFINITY else 65_536
     cap = srv.max_connections if srv.max_connections is not None else fit
     if cap > fit:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -20,24 +20,25 @@ from rich.progress import (
 from qosgate.config import Fleet
 from qosgate.core.routing import ROUTERS
 from qosgate.extras import PLOTS, missing
-from qosgate.sim.jobs import parse_job
+from qosgate.flags import flag_keys
+from qosgate.sim.flags import SIMULATE_FLAGS, with_keys
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
+    Scenario,
     ScenarioError,
-    arrival_changes,
     available_scenarios,
     describe,
     load_scenario,
-    override,
 )
-from qosgate.sim.scenarios import Run, prepare, run_scenario
+from qosgate.sim.scenarios import Prepared, Run, ScenarioResult, prepare, run_scenario
 from qosgate.sim.setup import SIM_POLICIES
 
 _DEFAULT_PREFILL_BUDGET = Fleet.model_fields["prefill_budget_tokens"].default
 
 
 def simulate_command(
+    ctx: typer.Context,
     scenario: Annotated[
         str,
         typer.Option(
@@ -170,64 +171,7 @@ def simulate_command(
             console.print(f"[bold]{name}[/bold]: {describe(sc)}")
         return
     try:
-        sc = load_scenario(scenario)
-        given = {
-            "seed": seed,
-            "profile": profile,
-            "replicas": replicas,
-            "window": window,
-            "window_mode": window_mode,
-            "duration_s": duration,
-            "retries": retries,
-        }
-        changes: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
-        if policies is not None:
-            changes["policies"] = [p.strip() for p in policies.split(",") if p.strip()]
-            if not changes["policies"]:
-                raise ScenarioError(
-                    f"--policies names no policy: give one or more of {', '.join(SIM_POLICIES)}"
-                )
-        changes.update(arrival_changes(time_scale, load))
-        gw: dict[str, Any] = {}
-        if gateways is not None:
-            try:
-                gw["counts"] = [int(x) for x in gateways.split(",") if x.strip()]
-            except ValueError:
-                raise ScenarioError(
-                    f"--gateways {gateways!r}: give counts like 4 or 1,2,4"
-                ) from None
-            if not gw["counts"]:
-                raise ScenarioError("--gateways names no count")
-        for key, val in (("spread", spread), ("shared", shared_state),
-                         ("sync_interval_s", sync_interval_s), ("sync_delay_s", sync_delay_s)):
-            if val is not None:
-                gw[key] = val
-        if gw:
-            changes["gateways"] = {**sc.gateways.model_dump(), **gw}
-        fleet: dict[str, Any] = {}
-        routers = [r.strip() for r in (router or "").split(",") if r.strip()]
-        if router is not None and not routers:
-            raise ScenarioError(f"--router names no router: give one or more of "
-                                f"{', '.join(ROUTERS)}")
-        if len(routers) == 1:
-            fleet["router"] = routers[0]
-            if sc.routers:  # one router given replaces the scenario's list
-                changes["routers"] = []
-        elif routers:
-            changes["routers"] = routers
-        if tpot_guard is not None:
-            fleet["tpot_guard"] = None if tpot_guard == "off" else tpot_guard
-        if prefill_budget is not None:
-            fleet["prefill_budget_tokens"] = None if prefill_budget == "off" else prefill_budget
-        if fleet:
-            config = dict(sc.config)
-            config["fleet"] = {**dict(config.get("fleet", {})), **fleet}
-            changes["config"] = config
-        if job:
-            changes["jobs"] = [parse_job(text).model_dump(by_alias=True, exclude_none=True)
-                               for text in job]
-        if changes:
-            sc = override(sc, **changes)
+        sc = with_keys(load_scenario(scenario), flag_keys(SIMULATE_FLAGS, ctx.params))
         prep = prepare(sc, trace)
     except (ScenarioError, ValueError) as exc:
         err.print(f"[red]{exc}[/red]")
@@ -241,10 +185,41 @@ def simulate_command(
         plots = False
         if not (quiet or json_only):
             err.print(f"no plots: `{PLOTS.pip}` writes them", markup=False, soft_wrap=True)
+    show = not (quiet or json_only)
+    res, total_runs, simulated, wall = _run(sc, prep, show, err)
+
+    doc = document(res)
+    if json_only:
+        sys.stdout.write(dumps(doc))
+    elif not quiet:
+        print_report(res, console)
+        console.print(
+            f"[dim]{total_runs} run(s), {simulated} simulated requests in {wall:.1f} s wall "
+            f"({simulated / wall if wall > 0 else 0:.0f} requests/s)[/dim]",
+            highlight=False,
+        )
+    if out is not None:
+        paths = write_files(res, out, doc)
+        if plots is not False:
+            from qosgate.sim.plots import write_plots
+
+            paths += write_plots(res, out)
+        if not (json_only or quiet):
+            for p in paths:
+                console.print(f"wrote {p}")
+    if not ledger_ok(res):
+        err.print("[red]the outcome ledger does not balance: some request has no outcome[/red]")
+        raise typer.Exit(1)
+
+
+def _run(sc: Scenario, prep: Prepared, show: bool, err: Console
+         ) -> tuple[ScenarioResult, int, int, float]:
+    """Every run of the scenario, under a progress bar on a terminal: the result, the number
+    of runs, the requests simulated and the wall-clock seconds. Exit 2 if a run cannot be
+    set up (a sweep load no workload can be drawn for)."""
     n_loads = len(sc.sweep.loads) if sc.sweep else 1
     total_runs = (n_loads * len(sc.gateways.counts) * len(prep.configs()) * len(sc.policies)
                   * (2 if prep.jobs else 1))
-    show = not (quiet or json_only)
     started = time.perf_counter()
     done_runs = 0
     simulated = 0
@@ -278,27 +253,4 @@ def simulate_command(
             progress.stop()
             err.print(f"[red]{exc}[/red]")
             raise typer.Exit(2) from None
-    wall = time.perf_counter() - started
-
-    doc = document(res)
-    if json_only:
-        sys.stdout.write(dumps(doc))
-    elif not quiet:
-        print_report(res, console)
-        console.print(
-            f"[dim]{total_runs} run(s), {simulated} simulated requests in {wall:.1f} s wall "
-            f"({simulated / wall if wall > 0 else 0:.0f} requests/s)[/dim]",
-            highlight=False,
-        )
-    if out is not None:
-        paths = write_files(res, out, doc)
-        if plots is not False:
-            from qosgate.sim.plots import write_plots
-
-            paths += write_plots(res, out)
-        if not (json_only or quiet):
-            for p in paths:
-                console.print(f"wrote {p}")
-    if not ledger_ok(res):
-        err.print("[red]the outcome ledger does not balance: some request has no outcome[/red]")
-        raise typer.Exit(1)
+    return res, total_runs, simulated, time.perf_counter() - started

@@ -55,7 +55,7 @@ class SimJobs:
                  seed: int) -> None:
         self.jobs = [_Job(p) for p in plans]
         self.queued_per_job = settings.queued_per_job
-        self.spare = SpareCapacity(settings.live_window_s, settings.headroom)
+        self.spare = SpareCapacity(settings.live_span_s, settings.headroom)
         self.rule = rule
         self.rng = random.Random(f"{seed}:job-retries")
         self.owner: dict[str, tuple[int, int]] = {}  # request id -> (job, line)

@@ -316,20 +316,6 @@ def describe(s: Scenario) -> str:
     return _PLACEHOLDER_RE.sub(lambda m: vals[m.group(1)], s.description)
 
 
-def arrival_changes(time_scale: float | None, load: float | None) -> dict[str, Any]:
-    """The overrides ``--time-scale`` and ``--load`` make (a load replaces a rate and a sweep),
-    to merge into ``override``'s changes."""
-    arrivals: dict[str, Any] = {}
-    if time_scale is not None:
-        arrivals["time_scale"] = time_scale
-    if load is not None:
-        arrivals.update(load=load, rate=None)
-    out: dict[str, Any] = {"arrivals": arrivals} if arrivals else {}
-    if load is not None:
-        out["sweep"] = None
-    return out
-
-
 def override(scenario: Scenario, **changes: Any) -> Scenario:
     """A copy with top-level fields replaced (``arrivals={...}`` merges into the arrivals),
     re-validated. A description that does not template a value the override changes gets a

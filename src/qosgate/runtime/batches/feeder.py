@@ -131,7 +131,7 @@ class Feeder:
         self.capacity = capacity
         self.serves = serves
         self.in_flight = in_flight
-        self.spare = SpareCapacity(settings.live_window_s, settings.headroom)
+        self.spare = SpareCapacity(settings.live_span_s, settings.headroom)
         self._spare = 0
         self._stored: dict[str, int] = {}  # store.stats(), read at each sweep (for /metrics)
         self.wall = wall

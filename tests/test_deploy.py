@@ -1,8 +1,8 @@
 """``deploy/``'s Containerfile, Kubernetes manifests and systemd unit against the application: no
 Docker, kubectl or systemd here, so each file is read, its flags go through ``qosgate serve``'s
-own parser, and its ports and probes are cross-checked. (Real gateways started with its flags and
-variables, addresses made local, to answer every probe it
-declares: ``tests/e2e/test_deploy.py``.)"""
+own parser, and its ports and probes are cross-checked. (Real gateways started with its flags
+and variables, addresses made local, to answer every probe it declares:
+``tests/e2e/test_deploy.py``.)"""
 
 from __future__ import annotations
 

@@ -176,6 +176,7 @@ def _saturated_run(
     return h, service, per_tenant
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "capacity", "rules"), [
     ("qos", 8, False), ("wfq", 8, False),
     # realtime's reserve (10% of 16: one slot), then every rule at once (a quarter of 12)
@@ -198,6 +199,7 @@ def test_weighted_shares_hold_under_saturation(
         assert abs(got - want) <= 0.05 * want, f"{cls}: {got:.3f} vs {want} ({service})"
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -405,6 +407,7 @@ _FOUND = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICY_NAMES), ops=long_run)

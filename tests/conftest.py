@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -35,6 +36,19 @@ settings.register_profile("explore", derandomize=False, database=None, print_blo
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 if settings.default.derandomize:
     _no_local_constants()
+
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a process lives in ``tests/e2e`` (which marks it ``e2e``): one marked
+    by hand elsewhere is moved there, so that the folder and the marker say the same."""
+    stray = [item.nodeid for item in items
+             if item.get_closest_marker("e2e") and not item.path.is_relative_to(E2E)]
+    if stray:
+        raise pytest.UsageError("marked e2e outside tests/e2e (move them there): "
+                                + ", ".join(stray))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -23,6 +23,7 @@ def test_the_docs_have_doc_tables_and_a_cheap_subset() -> None:
     assert any(t.mode == "full" for t in CHEAP) and any(t.mode == "excerpt" for t in CHEAP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("table", CHEAP, ids=lambda t: t.where)
 def test_cheap_doc_table_matches_a_fresh_run(table: object) -> None:
     out, _, code = DT.run(table)

@@ -37,6 +37,7 @@ def _need(what: str, have: object) -> None:
         pytest.skip(f"{what} is missing")
 
 
+@pytest.mark.slow
 def test_the_installed_engine_holds_no_instruction_above_the_portable_baseline() -> None:
     spec = importlib.util.find_spec("llama_cpp")
     _need("llama_cpp (the embedded extra)", spec)
@@ -100,6 +101,7 @@ def _compile(tmp: Path, name: str) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "what"), [("amx", "amx"), ("avx512", "evex"),
                                             ("avx512vl", "evex")])
 def test_the_check_finds_instructions_above_the_baseline(tmp_path: Path, name: str,

@@ -1,8 +1,8 @@
 """Writes ``deploy/grafana/qosgate.json``, the Grafana board, from the panel list below.
 
 The JSON is what operators import; this script is how it is kept consistent (one place for the
-variables and the datasource of every panel). ``tests/gateway/test_observability_names.py``
-checks that the committed JSON is what this script writes; ``tests/gateway/test_observability.py``
+variables and the datasource of every panel). ``tests/test_metric_names.py``
+checks that the committed JSON is what this script writes; ``tests/e2e/test_observability.py``
 evaluates every expression of it against a real Prometheus scraping a real gateway.
 
     .venv/bin/python deploy/grafana/make_board.py        # rewrites deploy/grafana/qosgate.json

@@ -5,10 +5,10 @@ The code that emits metrics builds its families from these entries (``Family.cou
 ``.gauge``, ``.histogram``): ``server/metrics.py``, ``server/protocol.py`` and
 ``runtime/shared_state.py``. It sits at the top of the package, beside ``config.py``, so that
 every layer that emits or reads metrics (``runtime``, ``server``, ``top.py``) can import it.
-``tests/gateway/test_observability_names.py`` checks that a live gateway's ``/metrics`` carries
-exactly these families, types, labels and help texts, and that the Grafana board
-(``deploy/grafana/qosgate.json``), the Prometheus rules (``deploy/prometheus/``), ``top.py`` and
-the docs name only what is registered here.
+``tests/e2e/test_metric_names.py`` checks that a live gateway's ``/metrics`` carries
+exactly these families, types, labels and help texts; ``tests/test_metric_names.py`` that the
+Grafana board (``deploy/grafana/qosgate.json``), the Prometheus rules (``deploy/prometheus/``),
+``top.py`` and the docs name only what is registered here.
 
 Naming follows Prometheus' conventions: base units (``_seconds``), the unit before the type
 suffix, counters exposed with ``_total`` (``name`` below is the exposition name), histograms as

@@ -1,17 +1,13 @@
 """``qosgate calibrate``: the fit (pure), the measurements' arithmetic, the probe against the
-stand-in's own engine model in virtual time (which must give its profile back), and the command
-end to end against a live stand-in.
+stand-in's own engine model in virtual time (which must give its profile back). The command end
+to end against a live stand-in: ``tests/e2e/test_calibrate.py``.
 
 How close a probe of a *live* stand-in on a busy machine comes is a timing figure, so it is a
 benchmark (``bench/calibrate_accuracy.py``), not an assertion here."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from typer.testing import CliRunner
 
 from qosgate.calibrate.engine import Timed
 from qosgate.calibrate.fit import fit, tpot_observation, ttft_observation
@@ -22,14 +18,10 @@ from qosgate.calibrate.probe import (
     default_plan,
     kv_capacity_from_metrics,
 )
-from qosgate.cli import app
 from qosgate.models.simmodel import EngineProfile, SimEngine, load_profile
 from qosgate.models.step import SeqSpec
-from tests.support.processes import Server, start_standin
+from tests.support.calibration import COEFS, PROFILE
 
-PROFILE = "llama-3-8b-a100"  # large per-token and per-seq costs: every coefficient shows
-COEFS = ("step_fixed_s", "prefill_s_per_token", "prefill_s_per_ctx_token",
-         "decode_s_per_ctx_token", "decode_s_per_seq")
 ATTENTION = 3e-9  # s per (prefill token, token it attends to): a CPU's quadratic prefill
 
 
@@ -171,40 +163,7 @@ def test_a_run_that_would_pass_the_time_limit_is_skipped_and_said() -> None:
     assert engine.t < 8.0
 
 
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_standin(tmp_path_factory.mktemp("cal"), "--profile", PROFILE)
-    yield s
-    s.stop()
 
 
-@pytest.mark.e2e
-def test_calibrate_writes_a_profile_the_simulator_loads(standin: Server, tmp_path: Path) -> None:
-    """The command against a live stand-in: probe, fit, table, a profile file with the engine's
-    limits, model and source. The coefficients' accuracy is the virtual-time test's (above)."""
-    p = load_profile(PROFILE)
-    out = tmp_path / "fitted.yaml"
-    res = CliRunner().invoke(app, [
-        "calibrate", f"127.0.0.1:{standin.port}", "--out", str(out), "--time-limit", "60",
-        "--max-num-seqs", str(p.max_num_seqs),
-        "--max-num-batched-tokens", str(p.max_num_batched_tokens),
-        "--kv-capacity-tokens", str(p.kv_capacity_tokens), "--compare", PROFILE,
-    ])
-    assert res.exit_code == 0, res.output
-    assert "measured vs modelled" in res.output
-    fitted = load_profile(out)  # what `qosgate simulate --profile FILE` loads
-    for c in COEFS:
-        assert getattr(fitted, c) >= 0, c
-    assert fitted.step_fixed_s > 0 and fitted.prefill_s_per_token > 0
-    assert (fitted.max_num_seqs, fitted.max_num_batched_tokens, fitted.kv_capacity_tokens) == (
-        p.max_num_seqs, p.max_num_batched_tokens, p.kv_capacity_tokens)
-    assert fitted.model == p.model
-    assert fitted.source.startswith("fitted by qosgate calibrate against http://127.0.0.1:")
 
 
-@pytest.mark.e2e
-def test_a_missing_limit_is_asked_for(standin: Server) -> None:
-    """Not on a terminal, and the stand-in publishes no cache_config_info: the flag is named."""
-    res = CliRunner().invoke(app, ["calibrate", f"127.0.0.1:{standin.port}"])
-    assert res.exit_code == 2
-    assert "--max-num-seqs" in res.output

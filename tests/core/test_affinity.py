@@ -361,6 +361,7 @@ def test_a_retried_request_is_charged_whole_until_placed_again() -> None:
 
 
 # ---------------------------------------------------------------- the hot spot
+@pytest.mark.slow
 def test_hot_spot_one_system_prompt_many_tenants_spreads_and_stays_fair() -> None:
     """Every request of eight tenants starts with the same long system prompt: affinity alone
     would pile them all onto the replica that ran it first. The load release spreads them over

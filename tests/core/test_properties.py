@@ -176,6 +176,7 @@ def _saturated_run(
     return h, service, per_tenant
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("policy", "capacity", "rules"), [
     ("qos", 8, False), ("wfq", 8, False),
     # realtime's reserve (10% of 16: one slot), then every rule at once (a quarter of 12)
@@ -198,6 +199,7 @@ def test_weighted_shares_hold_under_saturation(
         assert abs(got - want) <= 0.05 * want, f"{cls}: {got:.3f} vs {want} ({service})"
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -236,6 +238,7 @@ def test_vtc_service_gap_between_backlogged_tenants_is_bounded(
         assert abs(served["ka"] - served["kb"]) <= 2 * largest, (served, largest)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["priority", "qos"])
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), arrival=st.floats(0, 30))
@@ -405,6 +408,7 @@ _FOUND = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(POLICY_NAMES), ops=long_run)
@@ -454,6 +458,7 @@ affinity_op = st.one_of(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("router", ["cache-aware", "session-affinity"])
 @pytest.mark.parametrize("policy", ["qos", "fifo"])
 @pytest.mark.parametrize("rules", [True, False])

@@ -24,6 +24,7 @@ def test_only_loopback_unless_allowed() -> None:
     assert check_host("http://10.0.0.5:8000", ["10.0.0.5"]) == "http://10.0.0.5:8000"
 
 
+@pytest.mark.slow
 def test_the_plan_is_the_simulators_workload_bounded() -> None:
     prep = prepare(override(load_scenario("seed-classes"), duration_s=20.0))
     wl = workload_for(prep)

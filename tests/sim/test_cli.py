@@ -21,6 +21,7 @@ def _scenario(tmp_path: Path, text: str = SCENARIO) -> Path:
     return p
 
 
+@pytest.mark.slow
 def test_table_files_and_plots(tmp_path: Path) -> None:
     p = _scenario(tmp_path)
     out = tmp_path / "out"
@@ -41,6 +42,7 @@ def test_table_files_and_plots(tmp_path: Path) -> None:
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+@pytest.mark.slow
 def test_overrides_and_sweep_plot(tmp_path: Path) -> None:
     text = SCENARIO.replace("arrivals: {process: gamma, rate: 14, burstiness: 0.5}", "")
     text += "capacity_rps: 10\nsweep: {loads: [0.5, 1.5]}\narrivals: {process: poisson}\n"
@@ -153,6 +155,7 @@ def test_the_description_follows_load_and_duration(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_failing_heterogeneous_fleet_prints_replicas_faults_and_phases(
     tmp_path: Path,
 ) -> None:
@@ -176,6 +179,7 @@ def test_a_failing_heterogeneous_fleet_prints_replicas_faults_and_phases(
     assert {r["group"] for r in rows if r["group_kind"] == "replica"} == {"r0", "r1", "r2"}
 
 
+@pytest.mark.slow
 def test_queue_depth_plot_shares_one_y_scale_and_shows_realtime_ttft(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,6 +217,7 @@ def test_ttft_over_time_counts_the_unserved_as_infinitely_late() -> None:
     assert ys[0] > 10 or math.isinf(ys[0])
 
 
+@pytest.mark.slow
 def test_router_and_tpot_guard_options_reach_the_config(tmp_path: Path) -> None:
     """The values go into the scenario's qosgate config: good ones run, bad ones are the
     config's own errors (exit 2, no traceback)."""
@@ -230,6 +235,7 @@ def test_router_and_tpot_guard_options_reach_the_config(tmp_path: Path) -> None:
         assert field in res.output and "Traceback" not in res.output, res.output
 
 
+@pytest.mark.slow
 def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
     """``--prefill-budget`` reaches the config: a budget of one token holds the other classes'
     prompts while realtime streams, so realtime's streams are steadier than without a budget
@@ -258,6 +264,7 @@ def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
         assert "fleet.prefill_budget_tokens" in res.output and "Traceback" not in res.output
 
 
+@pytest.mark.slow
 def test_a_fault_scenario_cut_short_before_its_faults_prints_its_phases() -> None:
     # the arrival window ends before the scenario's first fault: some runs have a phase row,
     # some none, and the table lists what each has instead of failing on the missing one

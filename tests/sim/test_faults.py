@@ -173,6 +173,7 @@ def test_paused_requests_lost_with_their_replica_are_told_when_resumed() -> None
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["fifo", "priority", "wfq", "qos", "engine-priority"])
 def test_every_request_has_one_outcome_through_deaths_and_slowdowns(policy: str) -> None:
     reqs = [

@@ -92,6 +92,7 @@ def _rows(r: RunResult, digits: int | None = None) -> list[tuple[Any, ...]]:
     ]
 
 
+@pytest.mark.slow
 def test_one_gateway_is_the_single_gateway_simulator(tmp_path: Path) -> None:
     """Gateway options with one gateway change nothing: no shared state, same bytes."""
     prep = _prep(tmp_path)
@@ -104,6 +105,7 @@ def test_one_gateway_is_the_single_gateway_simulator(tmp_path: Path) -> None:
     assert all("gateways" not in r for r in doc["runs"])  # a single gateway's document as before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shared", [True, False])
 def test_gateways_that_receive_nothing_change_nothing(tmp_path: Path, shared: bool) -> None:
     """Every tenant reaches gateway 0 only: the other instances (probing the same engines,
@@ -122,6 +124,7 @@ def test_gateways_that_receive_nothing_change_nothing(tmp_path: Path, shared: bo
         assert isinstance(syncs, list) and min(syncs) >= 500  # 30 s / 50 ms each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "plan",
     [
@@ -158,6 +161,7 @@ def test_one_outcome_per_request_across_gateways(tmp_path: Path, plan: GatewayPl
     assert _rows(r) == _rows(_run(prep, plan))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.0, 0.02])
 def test_a_rate_limit_over_4_gateways_admits_r_not_4r(tmp_path: Path, delay: float) -> None:
     """docs/guides/several-instances.md: over a span T, admitted <= R + R T / 60 + the stock the
@@ -184,6 +188,7 @@ def test_a_rate_limit_over_4_gateways_admits_r_not_4r(tmp_path: Path, delay: flo
     assert all(p >= allowed_own - 2 for p in per_own)
 
 
+@pytest.mark.slow
 def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) -> None:
     """Tenant a reaches gateway 0 only, b gateways 0-1, c and d all four: with the shared
     fair-share counters the four equal-weight api tenants get close to even service; each
@@ -224,6 +229,7 @@ def test_the_shared_state_runs_in_virtual_time() -> None:
     assert ledger.limiters["t"].req_stock == 10  # a second of the limit
 
 
+@pytest.mark.slow
 def test_cli_gateways(tmp_path: Path) -> None:
     p = tmp_path / "gw.yaml"
     p.write_text(SCENARIO.replace("duration_s: 30", "duration_s: 10"))
@@ -275,6 +281,7 @@ def _peak_concurrency(r: RunResult, tenant: str) -> int:
     return peak
 
 
+@pytest.mark.slow
 def test_a_concurrency_cap_holds_across_gateways(tmp_path: Path) -> None:
     """A tenant capped at 3 requests at once, sent round-robin to 4 gateways: the shared leases
     keep the fleet at 3; each instance on its own lets 3 through, 4 x 3 in all."""
@@ -288,6 +295,7 @@ def test_a_concurrency_cap_holds_across_gateways(tmp_path: Path) -> None:
     assert sum(x.tenant == "rated" and x.state == "completed" for x in shared.records) > 10
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(

@@ -226,6 +226,7 @@ NO_JOB_DIGESTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [SCENARIO, FLEET], ids=["det", "det-fleet"])
 def test_without_jobs_the_report_is_byte_identical_to_before(text: str) -> None:
     name = yaml.safe_load(text)["name"]

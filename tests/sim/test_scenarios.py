@@ -43,6 +43,7 @@ def test_builtins_are_listed_and_valid() -> None:
         assert s.description
 
 
+@pytest.mark.slow
 @needs_trace
 @pytest.mark.parametrize("name", BUILTIN)
 def test_builtins_run_briefly(name: str) -> None:
@@ -98,6 +99,7 @@ def test_window_auto_follows_kv_and_max_num_seqs(tmp_path: Path) -> None:
     assert prep.capacity_rps is None  # a rate needs no capacity measurement
 
 
+@pytest.mark.slow
 @needs_trace
 def test_seed_classes_short_run_keeps_realtime_within_slo() -> None:
     s = override(load_scenario("seed-classes"), duration_s=60.0, policies=["fifo", "qos"])
@@ -110,6 +112,7 @@ def test_seed_classes_short_run_keeps_realtime_within_slo() -> None:
     assert fifo_rt["timed_out"] > 0 or fifo_rt["ttft_p99_ms"] > slo_ms
 
 
+@pytest.mark.slow
 @needs_trace
 def test_tenants_short_run_is_fair_under_qos() -> None:
     s = override(load_scenario("tenants"), duration_s=90.0, policies=["fifo", "qos"])
@@ -260,6 +263,7 @@ def test_attribution_follows_the_trace_that_was_read(tmp_path: Path) -> None:
         prepare(plain, mine)
 
 
+@pytest.mark.slow
 @needs_trace
 def test_fleet_faults_short_run_accounts_every_request() -> None:
     # the shipped scenario with its faults compressed into a 30 s window

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from qosgate.cli import app
@@ -42,6 +43,7 @@ def _run(doc: dict[str, Any], policy: str) -> dict[str, Any]:
     return next(r for r in doc["runs"] if r["policy"] == policy)
 
 
+@pytest.mark.slow
 def test_adaptive_window_moves_and_stays_deterministic(tmp_path: Path) -> None:
     p = _write(tmp_path, ADAPTIVE)
     text = _doc(p)
@@ -60,6 +62,7 @@ def test_adaptive_window_moves_and_stays_deterministic(tmp_path: Path) -> None:
     assert _run(doc, "engine-priority")["fleet"]["replicas"][0]["window_mode"] is None
 
 
+@pytest.mark.slow
 def test_fixed_by_default_and_by_override(tmp_path: Path) -> None:
     p = _write(tmp_path, ADAPTIVE.replace("window_mode: adaptive\n", ""))
     for text in (_doc(p), _doc(p, window_mode="fixed")):
@@ -72,6 +75,7 @@ def test_fixed_by_default_and_by_override(tmp_path: Path) -> None:
     )["totals"]
 
 
+@pytest.mark.slow
 def test_cli_window_mode(tmp_path: Path) -> None:
     p = _write(tmp_path, ADAPTIVE.replace("window_mode: adaptive\n", ""), "unset.yaml")
     out = CliRunner().invoke(

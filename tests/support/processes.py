@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.httpclient import http
 from tests.support.ports import free_port
 
 PY = sys.executable
@@ -61,6 +62,12 @@ class Server:
                 self.stop()
                 raise RuntimeError(f"server not ready: {log.read_text()}")
             time.sleep(0.05)
+
+    def http(self, method: str, url: str, body: bytes | None = None,
+             headers: dict[str, str] | None = None, timeout: float = 10,
+             ) -> tuple[int, dict[str, str], bytes]:
+        """``httpclient.http``: a raw request to this server (or any URL)."""
+        return http(method, url, body, headers, timeout)
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

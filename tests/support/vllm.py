@@ -1,6 +1,6 @@
 """Real vLLM in the loop: the model it serves, its limits, and reads of its engine state.
 
-The vLLM servers themselves are session fixtures in ``tests/vllm/conftest.py``.
+The vLLM servers themselves are session fixtures in ``tests/e2e/vllm/conftest.py``.
 """
 
 from __future__ import annotations

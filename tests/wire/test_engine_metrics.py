@@ -159,6 +159,7 @@ def test_exact_names_only() -> None:
     assert samples_by_name(text) == {"vllm:num_requests_running": [1.0]}
 
 
+@pytest.mark.slow
 @given(
     st.lists(
         st.tuples(

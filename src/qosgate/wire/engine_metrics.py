@@ -1,7 +1,7 @@
 """An engine's ``/metrics`` (Prometheus text exposition) read into ``LoadSignals``.
 
 Pure: text in, ``LoadSignals`` out, nothing fetched and no clock read (the caller passes ``at``).
-The engines and their names (vLLM's as checked against a running vLLM 0.32 in ``tests/vllm``):
+The engines and their names (vLLM's as checked against a running vLLM 0.32 in ``tests/e2e/vllm``):
 
 - running: ``vllm:num_requests_running``, ``sglang:num_running_reqs``,
   ``llamacpp:requests_processing``;

@@ -9,10 +9,10 @@ Polarity, verified against the engines' sources:
   other than 0 will raise an error if the served model does not use priority scheduling."
   (vllm/entrypoints/openai protocol). That description is stale: vLLM 0.32 under the default
   ``fcfs`` policy accepts a non-zero priority and ignores it (HTTP 200; checked against a real
-  vLLM 0.32 by ``tests/vllm``), older vLLM refused it with 400. Either way a vLLM started with
+  vLLM 0.32 by ``tests/e2e/vllm``), older vLLM refused it with 400. Either way a vLLM started with
   ``fcfs`` does nothing with it, so it is given ``none``. NB: one of the seed articles claims a
   *larger* vLLM priority runs first; vLLM's docs and code say the opposite, and this mapping
-  follows the code (and a real vLLM 0.32 honours it, ``tests/vllm``): qosgate's order value
+  follows the code (and a real vLLM 0.32 honours it, ``tests/e2e/vllm``): qosgate's order value
   (``core/queueing/engine_order.py``: band * 2**40 + the rank inside the band) is sent as it is, so
   realtime's band 0 runs before band 3 (offline), and inside a band the request qosgate would
   pick first runs first. vLLM accepts any integer (a Python int; ties go by arrival).

@@ -1,25 +1,23 @@
-"""``qosgate serve`` with no configuration: open mode, the built-in simulated engine."""
+"""``qosgate serve`` with no configuration: open mode, the built-in simulated engine, as a process
+(its banner says so). Its routes and a cancelled stream, in this process:
+``tests/server/test_open_mode.py``."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import openai
 import pytest
 from openai import OpenAI
 
-from tests.support.httpclient import http
 from tests.support.processes import Server, start_gateway
-from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_session: Path) -> Iterator[Server]:
-    # the simulated engine by flag (llama.cpp is the default: tests/llama covers it); the rest
+    # the simulated engine by flag (llama.cpp is the default: tests/e2e/llama covers it); the rest
     # is the zero-config default
     gw = start_gateway(tmp_session, "--engine", "sim")
     yield gw
@@ -48,31 +46,3 @@ def test_works_at_once_in_open_mode(gateway: Server) -> None:
     parts = list(c.completions.create(model="qosgate-sim", prompt="abc", max_tokens=3,
                                       stream=True))
     assert len("".join(p.choices[0].text for p in parts).split()) == 3
-
-
-def test_health_ready_status_metrics(gateway: Server) -> None:
-    assert http("GET", gateway.url + "/healthz")[0] == 200
-    assert http("GET", gateway.url + "/readyz")[0] == 200
-    code, _, body = http("GET", gateway.url + "/v1/qos/status")
-    view = json.loads(body)
-    assert code == 200 and view["replicas"]["sim-0"]["capacity"] == 64
-    code, hdrs, body = http("GET", gateway.url + "/metrics")
-    assert code == 200 and hdrs["content-type"].startswith("text/plain")
-    assert b'qosgate_requests_total{class="api",outcome="completed"' in body
-    assert http("GET", gateway.url + "/nope")[0] == 404
-
-
-def test_cancel_running_in_process(gateway: Server) -> None:
-    c = OpenAI(base_url=gateway.url + "/v1", api_key="x", max_retries=0)
-    s = c.completions.create(model="qosgate-sim", prompt="abc", max_tokens=5000, stream=True)
-    next(iter(s))
-
-    def inflight() -> int:
-        return int(json.loads(http("GET", gateway.url + "/v1/qos/status")[2])
-                   ["replicas"]["sim-0"]["inflight"])
-
-    assert inflight() == 1
-    s.close()
-    assert wait_until(lambda: inflight() == 0, 2)
-    with pytest.raises(openai.NotFoundError):
-        c.completions.create(model="other", prompt="x")

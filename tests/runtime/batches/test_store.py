@@ -1,82 +1,17 @@
 """The batch store on its own: files, validation, fencing, answers written once, the end of a
-job and its files, a store opened again after close."""
+job and its files, a store opened again after close. (Through a ``kill -9`` of its writer:
+``tests/e2e/batches/test_store.py``.)"""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import sqlite3
-import subprocess
-import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
-from qosgate.runtime.batches.records import BatchRecord, Fenced, LineResult
+from qosgate.runtime.batches.records import Fenced, LineResult
 from qosgate.runtime.batches.store import BatchStore
-
-T = TypeVar("T")
-MODEL = "m"
-CHAT = "/v1/chat/completions"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def line(cid: str, content: str = "hi", model: str = MODEL, url: str = CHAT,
-         method: str = "POST") -> str:
-    return json.dumps({"custom_id": cid, "method": method, "url": url,
-                       "body": {"model": model, "messages": [{"role": "user",
-                                                              "content": content}]}})
-
-
-def run(fn: Callable[[BatchStore], Awaitable[T]], directory: Path, clock: Clock | None = None,
-        max_lines: int | None = None) -> T:
-    """``fn`` on a store opened in ``directory`` (and closed after)."""
-    async def go() -> T:
-        store = BatchStore(directory, clock or Clock(), max_lines)
-        await store.open()
-        try:
-            return await fn(store)
-        finally:
-            await store.close()
-    return asyncio.run(go())
-
-
-async def upload(store: BatchStore, text: str, tenant: str = "t") -> str:
-    staged = store.staging_path()
-    staged.write_text(text)
-    rec = await store.add_file(tenant, "batch", "in.jsonl", staged, len(text.encode()),
-                               text.count("\n"))
-    return rec.id
-
-
-async def job(store: BatchStore, lines: list[str], tenant: str = "t",
-              serves: Callable[[str], bool] = lambda m: m == MODEL) -> BatchRecord:
-    """A job of ``lines``, created, claimed with fence 1 and validated."""
-    fid = await upload(store, "".join(x + "\n" for x in lines), tenant)
-    b = await store.create_batch(tenant, fid, CHAT, "24h", 86_400, "batch", {"k": "v"})
-    assert b.status == "validating"
-    assert await store.claim(b.id, 1)
-    return await store.validate(b.id, serves, 1)
-
-
-def ok(batch_id: str, n: int, text: str = "x") -> LineResult:
-    body = json.dumps({"choices": [{"message": {"content": text}}]}).encode()
-    return LineResult(batch_id, n, f"req-{n}", 200, body)
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
+from tests.support.batch_store import CHAT, MODEL, Clock, job, line, ok, read_jsonl, run, upload
 
 
 def test_validate_reads_every_line_in_progress(tmp_path: Path) -> None:
@@ -344,58 +279,5 @@ def test_two_stores_on_one_database_fence_each_other(tmp_path: Path) -> None:
     run(go, tmp_path)
 
 
-_WRITER = """
-import asyncio, sys
-from pathlib import Path
-from qosgate.runtime.batches.records import LineResult
-from qosgate.runtime.batches.store import BatchStore
-
-async def main() -> None:
-    s = BatchStore(Path(sys.argv[1]), lambda: 1_700_000_000.0)
-    await s.open()
-    batch_id = sys.argv[2]
-    while True:
-        tasks = await s.next_lines(batch_id, 7, ())
-        if not tasks:
-            break
-        await s.record(1, [LineResult(batch_id, t.line, "r", 200, b"{}") for t in tasks])
-        print(tasks[-1].line, flush=True)
-    print("done", flush=True)
-
-asyncio.run(main())
-"""
 
 
-@pytest.mark.e2e
-def test_a_killed_writer_leaves_a_whole_database(tmp_path: Path) -> None:
-    """kill -9 of a process in the middle of recording: reopened, every committed answer is
-    there, the counts agree with the lines, and the rest can be answered."""
-    async def make(s: BatchStore) -> str:
-        return (await job(s, [line(f"c{i}") for i in range(3000)])).id
-
-    batch_id = run(make, tmp_path)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), batch_id],
-                            stdout=subprocess.PIPE, env=env, text=True)
-    assert proc.stdout is not None
-    for _ in range(50):  # some transactions committed, the writer still going
-        assert proc.stdout.readline().strip() not in ("", "done")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-    with sqlite3.connect(tmp_path / "batches.sqlite3") as db:
-        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-
-    async def check(s: BatchStore) -> None:
-        b = await s.batch(batch_id, None)
-        assert b is not None
-        left = await s.next_lines(batch_id, 5000, ())
-        assert b.completed >= 50 * 7
-        assert b.completed + len(left) == 3000  # every line answered once or still to run
-        assert await s.record(1, [ok(batch_id, t.line) for t in left]) == len(left)
-        done = await s.finish(batch_id, 1, "completed")
-        assert (done.completed, done.failed, done.error_file_id) == (3000, 0, None)
-        assert done.output_file_id is not None
-        outs = read_jsonl(s.file_path(done.output_file_id))
-        assert sorted(o["custom_id"] for o in outs) == sorted(f"c{i}" for i in range(3000))
-    run(check, tmp_path)

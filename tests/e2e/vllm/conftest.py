@@ -54,7 +54,7 @@ def _announce(config: pytest.Config, line: str) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if TIMINGS:
-        terminalreporter.section("real vLLM (tests/vllm)")
+        terminalreporter.section("real vLLM (tests/e2e/vllm)")
         for line in TIMINGS:
             terminalreporter.write_line(line)
 

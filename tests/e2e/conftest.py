@@ -1,4 +1,10 @@
-"""The folder's shared servers: one stand-in for the whole session (``standin``)."""
+"""Tests that start real processes (gateways, the stand-in, Redis, Prometheus, vLLM, llama.cpp's
+server, Python children), and the servers several of them share: one stand-in for the whole
+session (``standin``).
+
+Everything collected under this folder carries the ``e2e`` marker, so the folder and the marker
+agree: ``-m "not e2e"`` leaves out exactly this folder.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import Server, start_standin
+
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")
@@ -21,5 +35,3 @@ def standin(tmp_session: Path) -> Iterator[Server]:
     s = start_standin(tmp_session, "--scheduling-policy", "priority")
     yield s
     s.stop()
-
-

@@ -1,6 +1,6 @@
 """The vLLM stand-in on its own: vLLM 0.32's priority rule under fcfs, its metric names.
 
-(``tests/vllm/test_contract.py`` checks the same answers against the real vLLM 0.32.)"""
+(``tests/e2e/vllm/test_contract.py`` checks the same answers against the real vLLM 0.32.)"""
 
 from __future__ import annotations
 

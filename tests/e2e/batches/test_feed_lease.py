@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qosgate.runtime.batches.lease import LocalLease, RedisLease
+from qosgate.runtime.batches.lease import RedisLease
 from qosgate.runtime.batches.records import Fenced, LineResult
 from qosgate.runtime.batches.store import BatchStore
 from tests.support.batches import (
@@ -38,13 +38,6 @@ def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     r.stop()
 
 
-def test_local_lease_takes_a_fence_above_the_stored_one() -> None:
-    async def run() -> None:
-        lease = LocalLease()
-        assert await lease.acquire("batch_1", 6) == 7
-        assert await lease.renew("batch_1")
-
-    asyncio.run(run())
 
 
 @pytest.mark.e2e

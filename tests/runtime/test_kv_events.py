@@ -1,7 +1,7 @@
 """Precise mode's parts without vLLM: its KV-event batches re-keyed into ``wire.prefix.chain``'s
 space, the ``/tokenize`` body made from a request, and the subscriber over a real ZMQ socket
 (vLLM's wire format: topic, 8-byte sequence, msgpack batch). The same against real vLLM is in
-``tests/vllm/test_cache_routing.py``."""
+``tests/e2e/vllm/test_cache_routing.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Nothing gets past the gateway, nothing crashes it: the output cap as asked, duplicate keys,
-/metrics access, malformed and deeply nested bodies, slow or oversized connections, honest 400s,
-streams while queued and at shutdown, start-up, config validation, and what users reach for; each
-against a real gateway process (the simulated engine, or the vLLM stand-in for upstream mode).
+/metrics access, slow or oversized connections, malformed HTTP, honest 400s in upstream mode,
+streams while queued and at shutdown, start-up, config validation, the API key flag; each against
+a real gateway process (the simulated engine, or the vLLM stand-in for upstream mode). What the
+app alone answers (malformed and deeply nested bodies, type errors and limits, what users reach
+for) is tested in this process: ``tests/server/test_abuse.py``.
 
 An unreachable upstream at start-up and upstream errors passed through belong to the upstream
 client and are tested with it.
@@ -21,11 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from openai import OpenAI
 
 from qosgate.core.queueing.engine_order import band_of
+from tests.support.answers import CHAT, HI, MALFORMED, TENANTS, is_openai_error, post
 from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.ports import free_port
@@ -35,30 +37,13 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.e2e
 
 SIM = "qosgate-sim"
-CHAT = "/v1/chat/completions"
-HI = [{"role": "user", "content": "hi"}]
 
-TENANTS = """
-tenants:
-  - {name: acme, api_keys: [sk-acme], tier: pro}
-  - {name: beta, api_keys: [sk-beta], tier: pro}
-  - {name: gamma, api_keys: [sk-gamma], tier: pro}
-  - {name: clamped, api_keys: [sk-clamped], tier: pro, allowed_classes: [batch, offline]}
-admission: {max_prompt_tokens: 1000, max_output_tokens: 500}
-"""
 
 
 def write(tmp: Path, name: str, text: str) -> Path:
     p = tmp / name
     p.write_text(text)
     return p
-
-
-def total(gw: Server, key: str | None = None) -> float:
-    headers = {"Authorization": f"Bearer {key}"} if key else None
-    code, _, body = http("GET", gw.url + "/metrics", headers=headers)
-    assert code == 200, body
-    return sum(metric_values(body.decode(), "qosgate_requests_total").values())
 
 
 def outcomes(gw: Server, key: str | None = None) -> dict[tuple[tuple[str, str], ...], float]:
@@ -80,20 +65,6 @@ def refused_conns(gw: Server, reason: str) -> float:
     _, _, body = http("GET", gw.url + "/metrics", headers={"Authorization": "Bearer sk-admin"})
     vals = metric_values(body.decode(), "qosgate_connections_refused_total")
     return vals.get((("reason", reason),), 0.0)
-
-
-def is_openai_error(body: bytes) -> dict[str, Any]:
-    err = json.loads(body)["error"]
-    assert set(err) == {"message", "type", "param", "code"}, err
-    assert isinstance(err["message"], str) and isinstance(err["type"], str)
-    return dict(err)
-
-
-def post(gw: Server, body: bytes, key: str = "sk-acme", path: str = CHAT,
-         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    h = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    h.update(headers or {})
-    return http("POST", gw.url + path, body, h)
 
 
 def recorded(standin: Server) -> list[dict[str, Any]]:
@@ -118,19 +89,6 @@ def raw_request(port: int, data: bytes, timeout: float = 5.0) -> bytes:
 
 
 # ---------------------------------------------------------------------- gateways
-@pytest.fixture(scope="module")
-def sim_gw(tmp_session: Path) -> Iterator[Server]:
-    """Only basic options (tenants, admin keys, the simulated engine): what these tests pin needs
-    no option switched on."""
-    cfg = write(tmp_session, "abuse-sim.yaml", TENANTS + """
-server: {admin_keys: [sk-admin]}
-engine: {kind: sim, time_scale: 0.02, eos_after: 8}
-""")
-    gw = start_gateway(tmp_session, "--config", str(cfg))
-    yield gw
-    gw.stop()
-
-
 @pytest.fixture(scope="module")
 def guarded_gw(tmp_session: Path) -> Iterator[Server]:
     cfg = write(tmp_session, "abuse-metrics.yaml", TENANTS + """
@@ -281,26 +239,6 @@ def test_metrics_on_a_port_of_their_own(tmp_session: Path) -> None:
         gw.stop()
 
 
-# ---------------------------------------------------------------------- crashes
-@pytest.mark.parametrize(
-    ("body", "code"),
-    [
-        (b'{"messages":' + b"[" * 1000 + b"]" * 1000 + b"}", "json_too_deep"),
-        (b'{"messages":[{"role":"user","content":' + b"[" * 300 + b"]" * 300 + b"}]}",
-         "json_too_deep"),
-        (b'{"model":"\xff\xfe","messages":[{"role":"user","content":"x"}]}', "invalid_utf8"),
-        (b'{"messages":[{"role":"user","content":"caf\xe9"}]}', "invalid_utf8"),
-        (b'{"messages":[{"role":"user","content":"\\ud800"}]}', "invalid_json"),
-    ],
-)
-def test_deep_nesting_and_invalid_utf8_are_counted_400s(sim_gw: Server, body: bytes,
-                                                          code: str) -> None:
-    before = total(sim_gw)
-    status, _, out = post(sim_gw, body)
-    assert status == 400 and is_openai_error(out)["code"] == code
-    assert total(sim_gw) == before + 1
-
-
 # ---------------------------------------------------------------------- slowloris
 def test_a_silent_connection_is_closed_at_the_header_timeout(guard_gw: Server) -> None:
     n = refused_conns(guard_gw, "header_timeout")
@@ -393,19 +331,6 @@ def test_malformed_http_is_an_openai_400(guard_gw: Server) -> None:
 
 
 # ---------------------------------------------------------------------- honest 400s
-MALFORMED = [b"5", b'"hi"', b"{}", b"[]", b"null", b"[1]", b'[{"content":"x"}]',
-             b'[{"role":"user","content":5}]']
-
-
-@pytest.mark.parametrize("messages", MALFORMED)
-def test_malformed_messages_are_400_in_process(sim_gw: Server, messages: bytes) -> None:
-    before = total(sim_gw)
-    code, _, out = post(sim_gw, b'{"max_tokens":1,"messages":' + messages + b"}")
-    err = is_openai_error(out)
-    assert code == 400 and err["code"] == "invalid_body" and err["param"].startswith("messages")
-    assert total(sim_gw) == before + 1
-
-
 @pytest.mark.parametrize("messages", MALFORMED)
 def test_malformed_messages_are_400_upstream(up_gw: Server, standin: Server,
                                               messages: bytes) -> None:
@@ -413,29 +338,6 @@ def test_malformed_messages_are_400_upstream(up_gw: Server, standin: Server,
     code, _, out = post(up_gw, b'{"max_tokens":1,"messages":' + messages + b"}")
     assert code == 400 and is_openai_error(out)["param"].startswith("messages")
     assert len(recorded(standin)) == before
-
-
-@pytest.mark.parametrize("prompt", [b"5", b"{}", b"[]", b"null", b"[{}]", b'["a", 1]', b"[[]]"])
-def test_malformed_prompt_is_400(sim_gw: Server, prompt: bytes) -> None:
-    code, _, out = post(sim_gw, b'{"max_tokens":1,"prompt":' + prompt + b"}",
-                        path="/v1/completions")
-    assert code == 400 and is_openai_error(out)["param"] == "prompt"
-
-
-def test_type_errors_name_the_param_and_limits_say_the_limit(sim_gw: Server) -> None:
-    code, _, out = post(sim_gw, b'{"messages":[{"role":"user","content":"x"}],"max_tokens":"ten"}')
-    assert code == 400 and is_openai_error(out)["param"] == "max_tokens"
-    code, _, out = post(sim_gw, b'{"messages":[{"role":"user","content":"x"}],"stream":"yes"}')
-    assert code == 400 and is_openai_error(out)["param"] == "stream"
-    code, _, out = post(sim_gw, json.dumps({"messages": HI, "max_tokens": 10**6}).encode())
-    err = is_openai_error(out)
-    assert code == 400 and err["param"] == "max_tokens" and "500" in err["message"]
-    code, _, out = post(sim_gw, json.dumps({"prompt": "x" * 8000, "max_tokens": 1}).encode(),
-                        path="/v1/completions")
-    err = is_openai_error(out)
-    assert code == 413 and err["param"] == "prompt" and "1000" in err["message"]
-    code, _, out = post(sim_gw, json.dumps({"messages": HI}).encode(), key="sk-nobody")
-    assert code == 401
 
 
 # ---------------------------------------------------------------------- streams and start-up
@@ -459,30 +361,6 @@ def test_a_queued_stream_gets_its_head_and_keep_alives(guarded_gw: Server) -> No
             assert b"data:" not in got  # still queued: no token yet
     finally:
         hold.close()
-
-
-def test_a_queue_timeout_after_the_early_head_is_an_error_event(tmp_session: Path) -> None:
-    cfg = write(tmp_session, "abuse-ka.yaml", """
-classes:
-  - {name: realtime, level: 0, strict: true, ttft_budget_ms: 1000, queue_timeout_s: 10,
-     max_queue: 100}
-  - {name: api, level: 1, weight: 5, ttft_budget_ms: 5000, queue_timeout_s: 1.0, max_queue: 100}
-task_types: {chat: realtime}
-server: {sse_keepalive_s: 0.2}
-engine: {kind: sim, time_scale: 0.5, capacity: 1}   # the 2000-token stream holds it seconds
-""")
-    gw = start_gateway(tmp_session, "--config", str(cfg))
-    try:
-        c = OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
-        hold = c.chat.completions.create(model=SIM, messages=HI, max_tokens=2000, stream=True)
-        next(iter(hold))
-        queued = c.chat.completions.create(model=SIM, messages=HI, max_tokens=2, stream=True)
-        with pytest.raises(openai.APIError) as exc:
-            list(queued)
-        assert "waited too long" in str(exc.value.message)
-        hold.close()
-    finally:
-        gw.stop()
 
 
 def test_streams_cut_at_the_shutdown_timeout_end_with_an_error_and_done(
@@ -562,24 +440,6 @@ def test_qosgate_config_validates_every_section(tmp_session: Path, section: str)
     r = subprocess.run([*QOSGATE, "config", "--config", str(p)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2, r.stdout
-
-
-# ---------------------------------------------------------------------- what users reach for
-def test_health_x_api_key_content_length_and_class_case(sim_gw: Server) -> None:
-    code, hdrs, body = http("GET", sim_gw.url + "/health")
-    assert code == 200 and hdrs["content-length"] == str(len(body))
-    body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
-    code, hdrs, out = http("POST", sim_gw.url + CHAT, body,
-                           {"x-api-key": "sk-acme", "x-qos-class": "REALTIME"})
-    assert code == 200, out
-    assert hdrs["content-length"] == str(len(out)) and "transfer-encoding" not in hdrs
-    assert hdrs["x-qosgate-class"] == "realtime"
-    code, _, out = http("POST", sim_gw.url + CHAT, json.dumps(
-        {"messages": HI, "max_tokens": 2, "qos_class": "Batch"}).encode(),
-        {"x-api-key": "sk-acme"})
-    assert code == 200, out
-    code, hdrs, out = http("POST", sim_gw.url + CHAT, b"{", {"x-api-key": "sk-acme"})
-    assert code == 400 and hdrs["content-length"] == str(len(out))
 
 
 def test_the_api_key_flag_admits_that_key_alone_by_either_header(tmp_session: Path) -> None:

@@ -1,7 +1,8 @@
 """Honest answers about upstreams, end to end through the ``openai``
 client: an engine still loading is a 503 with Retry-After, not a permanent 404; an engine's
 429/503 keeps its Retry-After; an engine's 4xx reaches the client in OpenAI's format and counts
-as ``rejected``, not ``failed``; a 5xx the retries cannot get past is a 502 in OpenAI's format.
+as ``rejected``, not ``failed``. (A 5xx the retries cannot get past is a 502 in OpenAI's format:
+``tests/runtime/upstream/test_errors.py``.)
 """
 
 from __future__ import annotations
@@ -91,22 +92,3 @@ def test_an_engine_429_keeps_its_retry_after_when_no_retry_gets_past(tmp_path: P
             assert code == 503, body
             assert int(headers["retry-after"]) == 7
             assert json.loads(body)["error"]["code"] == "upstream_429"
-
-
-def test_a_5xx_no_retry_got_past_is_a_502_in_openai_format_even_from_html() -> None:
-    from qosgate.core import Request, State
-    from qosgate.runtime.upstream.errors import error_body
-    from qosgate.server.errors import outcome_error
-
-    req = Request("r", "t", "api", 1, 0.0, 5.0, 10, 10)
-    req.move(State.QUEUED)
-    req.move(State.DISPATCHED)
-    req.move(State.FAILED, "upstream_500")
-    status, body, headers = outcome_error(req)
-    err = json.loads(body)["error"]
-    assert status == 502 and err["code"] == "upstream_500" and headers == []
-    # an engine's HTML error page, passed on to a client, is wrapped in OpenAI's format
-    wrapped = json.loads(error_body(400, b"<html><h1>Bad</h1></html>", b"text/html"))
-    assert wrapped["error"]["code"] == 400 and "<h1>Bad</h1>" in wrapped["error"]["message"]
-    same = b'{"error":{"message":"m","type":"BadRequestError","param":null,"code":400}}'
-    assert error_body(400, same, b"application/json") == same

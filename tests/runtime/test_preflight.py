@@ -2,7 +2,7 @@
 that abort, segfault, hang, fail or work, and what the gateway then says about each.
 
 The real check (llama.cpp in the child) and ``qosgate serve`` around it are in
-``tests/llama/test_preflight.py``.
+``tests/e2e/llama/test_preflight.py``.
 """
 
 from __future__ import annotations

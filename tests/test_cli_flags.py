@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from qosgate.settings import GatewaySettings, load_gateway
 from qosgate.sim.cli import simulate_command
 from qosgate.sim.flags import REPLAY_FLAGS, SIMULATE_FLAGS, with_keys
 from qosgate.sim.scenario_file import Scenario, load_scenario
-from tests.support.processes import QOSGATE
 
 # serve's parameters that set no gateway setting: the file itself, the QoS side, the processes
 NOT_SETTINGS = {"ctx", "config", "policy", "api_key", "workers"}
@@ -172,15 +170,3 @@ def test_an_old_key_beside_its_new_one_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(
             "engine.capacity is the old name of engine.max_window: give max_window alone")):
         load_gateway(p)
-
-
-@pytest.mark.e2e
-def test_a_renamed_flag_warns_and_a_bad_value_names_its_key(tmp_path: Path) -> None:
-    """``--upstream-capacity`` still works, saying to use ``--max-window``; a value the settings
-    refuse exits 2 naming the key (before any port is bound)."""
-    r = subprocess.run([*QOSGATE, "serve", "--upstream", "http://127.0.0.1:9",
-                        "--upstream-capacity", "0"], capture_output=True, text=True,
-                       timeout=60, check=False, cwd=tmp_path)
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "--upstream-capacity is deprecated: use --max-window" in r.stderr
-    assert "upstreams.0.max_window" in r.stdout

@@ -89,3 +89,14 @@ def test_sim_capacity_is_a_deprecated_alias_of_window(tmp_path: Path) -> None:
         assert "--sim-capacity is deprecated: use --window" in log, log
         line = next(ln for ln in log.splitlines() if "window" in ln and "replica" in ln)
         assert f"window {window}" in line, line
+
+
+def test_a_renamed_flag_warns_and_a_bad_value_names_its_key(tmp_path: Path) -> None:
+    """``--upstream-capacity`` still works, saying to use ``--max-window``; a value the settings
+    refuse exits 2 naming the key (before any port is bound)."""
+    r = subprocess.run([*QOSGATE, "serve", "--upstream", "http://127.0.0.1:9",
+                        "--upstream-capacity", "0"], capture_output=True, text=True,
+                       timeout=60, check=False, cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--upstream-capacity is deprecated: use --max-window" in r.stderr
+    assert "upstreams.0.max_window" in r.stdout

@@ -26,7 +26,7 @@ from openai import OpenAI
 
 from qosgate.config import IO_SECTIONS, config_from_mapping
 from qosgate.server.app import Gateway
-from qosgate.server.run import build_gateway
+from qosgate.server.compose import build_gateway
 from qosgate.settings import settings_from_mapping
 
 T = TypeVar("T")

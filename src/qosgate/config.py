@@ -381,7 +381,7 @@ class QosConfig(Strict):
 
 
 def _default_classes() -> tuple[ServiceClass, ...]:
-    # Budgets: seed 000 says a chat reply late by 2 s hurts and a summary 30 s late is fine; the
+    # Budgets: the brief says a chat reply late by 2 s hurts and a summary 30 s late is fine; the
     # mission asks a paying user's chat to answer within a second.
     return (
         ServiceClass(

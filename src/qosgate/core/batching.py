@@ -82,7 +82,7 @@ class FixedWindow:
 
 
 class AdaptiveWindow:
-    """Seed 003's rule: 10-100 ms, re-evaluated every 10 batches against a latency target,
+    """The design brief's rule: 10-100 ms, re-evaluated every 10 batches against a latency target,
     exponentially smoothed (both the latency it measures and the step it takes)."""
 
     def __init__(

@@ -3,7 +3,7 @@
 It reads only what an operator can read from outside (``GET /v1/qos/status`` and ``GET /metrics``
 with the admin key), so it works against any running gateway, local or remote, and shows exactly
 what Prometheus would scrape. The view is built by pure functions from the scraped data
-(:func:`frame`), so that the tests check the rendering from canned scrapes; ``top_fetch.run`` is
+(:func:`frame`), so that the tests check the rendering from canned scrapes; ``fetch.run`` is
 the fetch loop around them.
 
 Rates need two scrapes: TTFT quantiles and outcome counts are computed over the interval since the

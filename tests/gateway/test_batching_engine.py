@@ -12,13 +12,14 @@ from typing import Any
 from qosgate.core.batching import Batcher, BatchLimits, FixedWindow
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.ports import Health
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 
 
 class _Call:
     def __init__(self, rid: str, route: Route = "embeddings", level: int = 1) -> None:
-        self.job = Job(rid=rid, route=route, body=b"{}", stream=False, model="m",
-                       max_tokens=1, prompt_tokens=4, inputs=["x"])
+        self.engine_request = EngineRequest(rid=rid, route=route, body=b"{}", stream=False,
+                                            model="m", max_tokens=1, prompt_tokens=4,
+                                            inputs=["x"])
         self._level = level
         self.sink: Any = None
 
@@ -75,14 +76,14 @@ class _Inner:
         return Health(up=True)
 
     async def run(self, call: Any) -> None:
-        self.runs.append(call.job.rid)
+        self.runs.append(call.engine_request.rid)
 
     def pause(self, rid: str) -> None: ...
 
     def resume(self, rid: str) -> None: ...
 
     async def run_batch(self, calls: list[Any]) -> None:
-        self.batches.append([c.job.rid for c in calls])
+        self.batches.append([c.engine_request.rid for c in calls])
         await asyncio.sleep(0)
 
 

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from qosgate.core.batching import Batch, Batcher, WindowDecision
 from qosgate.runtime.ports import Call, Engine, Health
 from qosgate.runtime.timer import DeadlineTimer
-from qosgate.wire.job import Route, Unservable
+from qosgate.wire.engine_request import Route, Unservable
 
 log = logging.getLogger("qosgate.runtime.batches")
 
@@ -154,7 +154,7 @@ class BatchingEngine:
 
     # ---------------------------------------------------------------- calls
     async def run(self, call: Call) -> None:
-        if call.job.route != "embeddings":
+        if call.engine_request.route != "embeddings":
             await self.inner.run(call)
             return
         await self._wait(self._collect(call))
@@ -162,7 +162,7 @@ class BatchingEngine:
     def start_call(self, call: Call) -> Coroutine[Any, Any, None]:
         """The call, for the driver to make a task of; an embeddings call is collected *now*
         (while the scheduler dispatches it: the room it sees is the scheduler's)."""
-        if call.job.route != "embeddings":
+        if call.engine_request.route != "embeddings":
             start = self._inner_start
             return start(call) if start is not None else self.inner.run(call)
         w = self._collect(call)
@@ -170,14 +170,14 @@ class BatchingEngine:
         return w.wait
 
     def _collect(self, call: Call) -> _Waiting:
-        rid = call.job.rid
+        rid = call.engine_request.rid
         old = self._waiting.pop(rid, None)
         if old is not None and not old.released:  # a pulled-back attempt not yet gone
             self.batcher.remove(rid)
         w = _Waiting(call, self._get_loop().create_future())
         self._waiting[rid] = w
         now = self.clock()
-        self.batcher.add(rid, call.job.prompt_tokens, now,
+        self.batcher.add(rid, call.engine_request.prompt_tokens, now,
                          urgent=call.level() < self.urgent_levels)
         self._release_at(now)
         return w
@@ -189,7 +189,7 @@ class BatchingEngine:
             self._forget(w)
 
     def _forget(self, w: _Waiting) -> None:
-        rid = w.call.job.rid
+        rid = w.call.engine_request.rid
         if self._waiting.get(rid) is w:
             del self._waiting[rid]
             if not w.released:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from qosgate.core.signals import LoadSignals
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 
 
 class Withdrawn(Exception):
@@ -57,7 +57,7 @@ class Sink(Protocol):
 
 
 class Call(Protocol):
-    job: Job
+    engine_request: EngineRequest
 
     @property
     def sink(self) -> Sink: ...

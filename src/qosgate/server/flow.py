@@ -51,7 +51,7 @@ from qosgate.server.errors import outcome_error, reason_error, retry_after_heade
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.settings import GatewaySettings
 from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
-from qosgate.wire.job import Job, Route
+from qosgate.wire.engine_request import EngineRequest, Route
 from qosgate.wire.parse import BadBody, estimate_how, estimate_prompt_tokens, parse_body, user_of
 from qosgate.wire.prefix import body_prefix
 from qosgate.wire.splice import set_member
@@ -245,7 +245,7 @@ class RequestFlow:
         qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
         if qos_headers is None:
             return
-        job = Job(
+        engine_request = EngineRequest(
             rid=rid,
             route=route,
             body=body,
@@ -258,10 +258,11 @@ class RequestFlow:
             first_byte_timeout_s=self._first_byte_s[req.class_level],
         )
         sink = AsgiSink(send, qos_headers + inserted if inserted else qos_headers)
-        t = self.driver.ticket(req, job, sink)
+        t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
         if not t.finished.done():
-            keepalive = self._keepalive(t, sink) if job.stream and self.sse_keepalive_s else None
+            keepalive = (self._keepalive(t, sink)
+                         if engine_request.stream and self.sse_keepalive_s else None)
             try:
                 await self._await_end(receive, t)
             finally:
@@ -393,14 +394,14 @@ class RequestFlow:
         qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
         if qos_headers is None:
             return
-        job = Job(
+        engine_request = EngineRequest(
             rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,
             prompt_tokens=b.tokens, has_priority=b.has_priority,
             first_byte_timeout_s=self._first_byte_s[req.class_level], inputs=b.inputs,
             encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
         )
         sink = AsgiSink(send, qos_headers)
-        t = self.driver.ticket(req, job, sink)
+        t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
         if not t.finished.done():
             await self._await_end(receive, t)
@@ -469,7 +470,7 @@ class RequestFlow:
         if req.state is State.CANCELLED and req.reason == "client_disconnected":
             return  # nobody to answer
         if sink.started:  # the response broke off after it began: end it visibly
-            if t.job.stream:
+            if t.engine_request.stream:
                 status, body, _ = outcome_error(req, self.cfg)
                 await sink.send(error_end(body), False)
             else:

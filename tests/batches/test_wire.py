@@ -9,7 +9,7 @@ import pytest
 from openai.types import Batch, FileObject
 
 from qosgate.runtime.batches.records import BatchError, BatchRecord, FileRecord
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     Line,
     LineProblem,
     batch_object,

@@ -50,8 +50,8 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, request_key
-from qosgate.server.batch_lines import FlowLines
 from qosgate.server.batches import BatchRoutes
+from qosgate.server.batches_lines import FlowLines
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import NO_CLASS, UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics

@@ -41,7 +41,7 @@ from qosgate.server.asgi import (
 from qosgate.server.auth import denied_message, input_param, request_key
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.settings import GatewaySettings
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     ENDPOINTS,
     batch_object,
     file_object,

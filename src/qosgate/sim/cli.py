@@ -20,7 +20,7 @@ from rich.progress import (
 from qosgate.config import Fleet
 from qosgate.core.routing import ROUTERS
 from qosgate.extras import PLOTS, missing
-from qosgate.sim.jobs import parse_job
+from qosgate.sim.batches import parse_batch
 from qosgate.sim.report import document, dumps, ledger_ok, write_files
 from qosgate.sim.report_tables import print_report
 from qosgate.sim.scenario_file import (
@@ -224,7 +224,7 @@ def simulate_command(
             config["fleet"] = {**dict(config.get("fleet", {})), **fleet}
             changes["config"] = config
         if job:
-            changes["jobs"] = [parse_job(text).model_dump(by_alias=True, exclude_none=True)
+            changes["jobs"] = [parse_batch(text).model_dump(by_alias=True, exclude_none=True)
                                for text in job]
         if changes:
             sc = override(sc, **changes)

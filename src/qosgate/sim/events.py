@@ -89,7 +89,7 @@ class SyncDue:
 
 @dataclass(frozen=True, slots=True)
 class JobDue:
-    """A batch job's instant (``job_feed.py``): ``open`` (submitted), ``expire`` (its window
+    """A batch job's instant (``batches_feed.py``): ``open`` (submitted), ``expire`` (its window
     closes), ``line`` (a line's back-off or Retry-After is over) or ``feed`` (lines ended: the
     feeder looks for room, as the gateway's feeder wakes on a line's end)."""
 

@@ -49,8 +49,8 @@ class Sample:
 
 
 @dataclass(slots=True)
-class JobRecord:
-    """One batch job's run (``job_feed.py``): its lines by outcome and when it started and
+class BatchResult:
+    """One batch job's run (``batches_feed.py``): its lines by outcome and when it started and
     ended (virtual seconds; ``finished_at`` None if the run ended first)."""
 
     name: str
@@ -106,10 +106,10 @@ class RunResult:
     # a workload with prefixes: per replica, the engines' prefix-cache queries and hits and the
     # prefill tokens they computed (tokens; empty without prefixes)
     prefix_cache: dict[str, dict[str, int]] = field(default_factory=dict)
-    # batch jobs beside the workload (``job_feed.py``; empty without): each job's run, and its
+    # batch jobs beside the workload (``batches_feed.py``; empty without): each job's run, and its
     # lines' attempts by outcome (kept out of ``records`` and ``outcomes``, which are the live
     # requests')
-    jobs: list[JobRecord] = field(default_factory=list)
+    jobs: list[BatchResult] = field(default_factory=list)
     job_outcomes: dict[str, int] = field(default_factory=dict)
     job_attempts: int = 0
 

@@ -299,7 +299,7 @@ def fleet_table(scrapes: list[Scrape]) -> FitTable | None:
     return t
 
 
-def jobs_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
+def batches_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
     """Batch jobs not ended (``/v1/qos/status``'s ``batches``): their progress and the lines
     each gateway has in flight for them; None when there are none."""
     jobs: dict[str, dict[str, Any]] = {}
@@ -481,7 +481,7 @@ def frame(scrapes: list[Scrape], previous: Mapping[str, Scrape] | None = None,
     if ok:
         parts += [classes_table(scrapes, w), tenants_table(scrapes, w),
                   replicas_table(scrapes, w)]
-        jobs = jobs_table(scrapes, now)
+        jobs = batches_table(scrapes, now)
         if jobs is not None:
             parts.append(jobs)
     return Group(*parts)

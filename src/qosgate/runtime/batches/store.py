@@ -41,7 +41,7 @@ from qosgate.runtime.batches.records import (
     LineTask,
     Page,
 )
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     Line,
     LineProblem,
     duplicate_problem,

@@ -23,7 +23,7 @@ from enum import Enum
 
 __all__ = [
     "SWEEP_S",
-    "FeedJob",
+    "FeedBatch",
     "Next",
     "RetryRule",
     "SpareCapacity",
@@ -39,7 +39,7 @@ SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class FeedJob:
+class FeedBatch:
     """One live job as the feed policy sees it."""
 
     id: str
@@ -49,7 +49,7 @@ class FeedJob:
     ready: int  # lines that could start now (no answer, not running, not backing off)
 
 
-def plan(jobs: list[FeedJob], queued_per_job: int, spare: int) -> list[tuple[str, int]]:
+def plan(jobs: list[FeedBatch], queued_per_job: int, spare: int) -> list[tuple[str, int]]:
     """``(job id, lines to start now)`` for the jobs that get any, earliest deadline first.
 
     ``spare`` is what live traffic leaves of the fleet (``SpareCapacity``). The tenants with jobs

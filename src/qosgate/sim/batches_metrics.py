@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from qosgate.sim.results import JobRecord
+from qosgate.sim.results import BatchResult
 
 FLUID_BIN_S = 60.0
 
@@ -50,8 +50,8 @@ def fluid_finish(
     return t - start + (lines - done) / rate
 
 
-def job_stats(
-    job: JobRecord, idle_rate: float | None, spare_s: float | None
+def batch_stats(
+    job: BatchResult, idle_rate: float | None, spare_s: float | None
 ) -> dict[str, Any]:
     """One job's row: lines by outcome, start and end, completion time against its window, its
     output tokens/s, and the estimates."""
@@ -87,7 +87,7 @@ def job_stats(
     }
 
 
-def jobs_ok(jobs: Sequence[JobRecord], outcomes: dict[str, int], attempts: int) -> bool:
+def batches_ok(jobs: Sequence[BatchResult], outcomes: dict[str, int], attempts: int) -> bool:
     """Every job ended, each of its lines once (done, failed or expired), none answered twice,
     and every attempt has exactly one outcome in the core's ledger."""
     return (

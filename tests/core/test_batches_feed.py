@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 
-from qosgate.core.jobfeed import FeedJob, Next, RetryRule, SpareCapacity, after_failure, plan
+from qosgate.core.batches_feed import FeedBatch, Next, RetryRule, SpareCapacity, after_failure, plan
 
 RULE = RetryRule(retries=3, backoff_s=1.0, backoff_max_s=5.0)
 
 
 def job(id: str, deadline: float, in_flight: int = 0, ready: int = 1000,
-        tenant: str = "t") -> FeedJob:
-    return FeedJob(id, tenant, deadline, in_flight, ready)
+        tenant: str = "t") -> FeedBatch:
+    return FeedBatch(id, tenant, deadline, in_flight, ready)
 
 
 def test_an_idle_fleet_gets_its_capacity_plus_a_short_queue() -> None:

@@ -25,7 +25,7 @@ def _s(x: float | None) -> str:
     return f"{x / 3600:.2f} h"
 
 
-def jobs_header(res: ScenarioResult) -> str:
+def batches_header(res: ScenarioResult) -> str:
     """``jobs: job1 20000 lines at 0 s, window 60.0 min, class batch (mean 1155 + 211 tokens)``"""
     parts = []
     for jp in res.prep.jobs:
@@ -41,7 +41,7 @@ def jobs_header(res: ScenarioResult) -> str:
             f"windows, {b.retries} retries")
 
 
-def jobs_table(runs: list[Run], label: Any) -> Table:
+def batches_table(runs: list[Run], label: Any) -> Table:
     t = Table(
         title="batch jobs (done by = last answer - submission; idle = the job alone on the "
         "fleet; spare = on what live arrivals leave, a fluid estimate)",

@@ -133,7 +133,7 @@ class Gateway:
                 e,  # type: ignore[arg-type]
                 Batcher(
                     BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
-                    make_controller(es.window, window_s=es.window_ms / 1000,
+                    make_controller(es.window, linger_s=es.window_ms / 1000,
                                     floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
                                     target_s=es.target_ms / 1000, every=es.every,
                                     alpha=es.alpha),

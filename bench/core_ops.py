@@ -49,7 +49,7 @@ def _scheduler(policy: str, depth: int) -> Scheduler:
     )
     fleet = cfg.fleet.model_copy(update={"prefill_budget_tokens": None})
     cfg = cfg.model_copy(update={"classes": classes, "fleet": fleet})
-    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY, window="fixed")])
+    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY, window_mode="fixed")])
 
 
 def _inputs(rng: random.Random, n: int) -> list[QosInputs]:

@@ -192,7 +192,7 @@ class Outlier(Strict):
 
 
 class Window(Strict):
-    """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
+    """How much each replica may hold in flight (``core.windows.AdaptiveWindow``). ``adaptive``
     starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
     and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
     the replica's configured capacity; ``fixed`` is the capacity, always."""

@@ -73,7 +73,7 @@ def simulate_embeddings(
     cfg: QosConfig | None = None,
 ) -> EmbedResult:
     cfg = cfg or default_config()
-    sched = Scheduler(cfg, None, [ReplicaSpec(REPLICA, 64, False, window="fixed")])
+    sched = Scheduler(cfg, None, [ReplicaSpec(REPLICA, 64, False, window_mode="fixed")])
     batcher = Batcher(limits, controller)
     rng = random.Random(wl.seed)
     res = EmbedResult(name, wl.rate)

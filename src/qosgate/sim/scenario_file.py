@@ -15,8 +15,8 @@ So the engine's own waiting queue stays short (it only holds what waits for pref
 the backlog is held, and ordered, in qosgate. With ``window = max_num_seqs`` on a KV-bound mix the
 surplus waits in the engine's queue, ordered there by class level alone (shares between classes,
 tenant fairness and deadlines no longer apply to it). ``window_mode: adaptive`` (or
-``--window-mode adaptive``) gives each replica the core's adaptive window (``EngineLimit``, fed by
-the engines' load signals at every health probe) with ``window`` as its ceiling; ``fixed`` keeps
+``--window-mode adaptive``) gives each replica the core's adaptive window (``AdaptiveWindow``, fed
+by the engines' load signals at every health probe) with ``window`` as its ceiling; ``fixed`` keeps
 ``window``. Unset, the core decides: fixed for a pausable replica (the gateway's in-process
 engine), ``fleet.window.mode`` for one not pausable. ``engine-priority`` passes everything through
 whatever the mode.

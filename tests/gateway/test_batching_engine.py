@@ -50,7 +50,7 @@ class _Call:
 
 class _Inner:
     name = "e0"
-    capacity = 8
+    max_window = 8
     pausable = False
     ordered = False
     ready = True

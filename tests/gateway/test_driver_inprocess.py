@@ -36,7 +36,7 @@ class Sink:
 
 def test_realtime_pauses_batch_and_batch_resumes_without_loss() -> None:
     async def run() -> tuple[Ticket, Ticket, int]:
-        eng = InProcessEngine(SimEngine(FAST, "priority"), name="sim", capacity=1, models=["m"])
+        eng = InProcessEngine(SimEngine(FAST, "priority"), name="sim", max_window=1, models=["m"])
         sched = Scheduler(default_config(), None, [ReplicaSpec("sim", 1, pausable=True)])
         drv = Driver(sched, {"sim": eng})
         await drv.start()

@@ -92,7 +92,7 @@ def run_case(when: Callable[[LlamaCppEngine], bool] | None) -> tuple[Ticket, Tic
     async def main() -> tuple[Ticket, Ticket | None, Gated]:
         llama = LlamaCppEngine(MODEL_PATH, max_num_seqs=2, n_ctx_per_seq=256, n_threads=2)
         gated = Gated(llama, asyncio.get_running_loop())
-        eng = InProcessEngine(gated, name="llama", capacity=1, models=[MODEL],
+        eng = InProcessEngine(gated, name="llama", max_window=1, models=[MODEL],
                               modelled_time=False, text=True)
         sched = Scheduler(default_config(), None, [ReplicaSpec("llama", 1, pausable=True)])
         drv = Driver(sched, {"llama": eng})

@@ -94,7 +94,7 @@ class BatchingEngine:
         self.clock = clock
         self.urgent_levels = urgent_levels
         self.name = inner.name
-        self.capacity = inner.capacity
+        self.max_window = inner.max_window
         self.pausable = inner.pausable
         self.ordered = inner.ordered
         # the inner engine's own ``start_call``, if it has one (the driver's convention)

@@ -70,7 +70,7 @@ class InProcessEngine:
         engine: StepEngine,
         *,
         name: str = "inprocess",
-        capacity: int | None = None,
+        max_window: int | None = None,
         models: list[str] | None = None,
         modelled_time: bool = True,
         time_scale: float = 1.0,
@@ -88,7 +88,7 @@ class InProcessEngine:
         self.max_model_len = max_model_len
         self.eos_after = eos_after  # a simulated model's answer length when nothing caps it
         self.name = name
-        self.capacity = capacity if capacity is not None else engine.max_num_seqs
+        self.max_window = max_window if max_window is not None else engine.max_num_seqs
         self._models = models or ["qosgate-sim"]
         self._created = int(time.time())
         self.modelled_time = modelled_time

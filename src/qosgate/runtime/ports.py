@@ -122,7 +122,7 @@ class Call(Protocol):
 
 class Engine(Protocol):
     name: str
-    capacity: int
+    max_window: int
     pausable: bool
     # whether it runs its waiting queue in the order sent (``Call.order``): an engine-side
     # priority it honours

@@ -104,7 +104,7 @@ class Gateway:
             [
                 # an in-process engine's window is its batch (it is scheduled here, token by
                 # token); an upstream's adapts to what the engine reports of its own load
-                ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
+                ReplicaSpec(name, e.max_window, e.pausable, models=tuple(e.models()),
                             ordered=e.ordered, cache_events=name in with_events)
                 for name, e in engines.items()
             ],

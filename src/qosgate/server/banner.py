@@ -26,7 +26,7 @@ def window_text(rule: Any, max_window: int) -> str:
 
 def windows(gw: Gateway) -> dict[str, str]:
     """Each replica's window as it starts; call before serving (an adaptive one then moves)."""
-    return {name: window_text(gw.scheduler.replicas[name].window_rule, e.capacity)
+    return {name: window_text(gw.scheduler.replicas[name].window_rule, e.max_window)
             for name, e in gw.engines.items()}
 
 

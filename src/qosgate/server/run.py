@@ -73,7 +73,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
     engines["sim-0"] = InProcessEngine(
         sim,
         name="sim-0",
-        capacity=es.capacity or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
+        max_window=es.capacity or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
         models=[es.served_model_name or "qosgate-sim"],
         modelled_time=True,
         time_scale=es.time_scale,

@@ -23,7 +23,7 @@ paused request resumes only where it was paused).
 
 Windows and preemption (the choices, and why):
 
-- Each replica's window (the core's ``ReplicaSpec.capacity``) is given by the scenario (``auto``:
+- Each replica's window (the core's ``ReplicaSpec.max_window``) is given by the scenario (``auto``:
   what the engine can run at once). qosgate holds the queue and orders it, while the engine's
   own waiting queue only holds what is dispatched but not yet admitted (prefill budget, KV).
 - Replicas are *pausable* by default, as the gateway's in-process engine declares: the simulated

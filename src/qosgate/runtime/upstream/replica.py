@@ -61,7 +61,7 @@ class OpenAIUpstream:
     def __init__(self, cfg: UpstreamSettings, index: int = 0) -> None:
         self.cfg = cfg
         self.name = cfg.name or f"upstream-{index}"
-        self.capacity = cfg.capacity
+        self.max_window = cfg.capacity
         self.polarity: Polarity = cfg.priority_polarity
         self.priority_order: PriorityOrder = cfg.priority_order
         # its queue runs in the order sent only where a polarity is sent, and only in full

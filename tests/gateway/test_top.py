@@ -158,7 +158,7 @@ def test_first_frame_is_cumulative_and_names_everything() -> None:
 
 
 def test_second_frame_counts_and_ttft_over_the_interval() -> None:
-    """Between the two scrapes 5 more completed, all slow: the window's p50 is slow although
+    """Between the two scrapes 5 more completed, all slow: the span's p50 is slow although
     most requests since start were fast."""
     first = scrape(at=100.0)
     second = scrape(at=101.5, done=15, refused=1, fast=10, slow=5)

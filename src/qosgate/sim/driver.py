@@ -623,7 +623,7 @@ class Simulation:
             else:
                 ev = events.pop()
                 self._handlers[type(ev)](ev, now)
-        if self.arrivals_end_due:  # everything ended before the end of the arrival window
+        if self.arrivals_end_due:  # everything ended before the end of the arrival span
             self._take_snapshot()
         if self.progress is not None:
             self.progress(now, len(records))

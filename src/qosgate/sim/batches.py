@@ -23,19 +23,19 @@ from qosgate.core.batches_feed import RetryRule
 from qosgate.core.classifier import QosInputs
 from qosgate.settings import BatchSettings
 from qosgate.sim.workload import LengthDist, Lengths, LengthSampler, Stream, TraceRow, _rng
-from qosgate.wire.batches import window_seconds
+from qosgate.wire.batches import completion_window_seconds
 
 
 def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``1h``, ``1.5d`` -> seconds: a completion window as the gateway
-    reads one (``wire.batches.window_seconds``), or a bare number of seconds."""
+    reads one (``wire.batches.completion_window_seconds``), or a bare number of seconds."""
     text = text.strip()
     spec = text if text[-1:].isalpha() else text + "s"
-    try:  # a start may be 0 (a window never is: window_seconds refuses it)
+    try:  # a start may be 0 (a window never is: completion_window_seconds refuses it)
         zero = spec[-1] in "smhd" and float(spec[:-1]) == 0
     except ValueError:
         zero = False
-    seconds = 0.0 if zero else window_seconds(spec)
+    seconds = 0.0 if zero else completion_window_seconds(spec)
     if seconds is None:
         raise ValueError(f"{text!r} is not a duration (a number and s, m, h or d, e.g. 1h)")
     return seconds
@@ -96,7 +96,7 @@ class BatchPlan:
 
     name: str
     at: float
-    window: float
+    completion_window_s: float  # the Batch API's completion_window
     qos_class: str  # the class its lines ask for (the tenant's allowed classes may clamp it)
     tenant: str | None
     inputs: QosInputs
@@ -105,7 +105,7 @@ class BatchPlan:
 
     @property
     def deadline(self) -> float:
-        return self.at + self.window
+        return self.at + self.completion_window_s
 
 
 def plan_batches(

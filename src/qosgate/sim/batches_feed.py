@@ -171,7 +171,8 @@ class SimBatches:
             p = j.plan
             out.append(BatchResult(
                 name=p.name, qos_class=p.qos_class, tenant=p.tenant or "", lines=len(p.lines),
-                at=p.at, window=p.window, done=j.done, failed=j.failed, expired=j.expired_lines,
+                at=p.at, completion_window_s=p.completion_window_s, done=j.done, failed=j.failed,
+                expired=j.expired_lines,
                 submitted=j.submitted, retried=j.retried, waited=j.waited,
                 output_tokens=j.output_tokens, started_at=j.started_at, finished_at=j.finished_at,
                 status=_status(j), answered_twice=sum(1 for c in j.completions.values() if c > 1),

@@ -33,8 +33,8 @@ def batches_header(res: ScenarioResult) -> str:
         prompt = sum(p for p, _ in jp.lines) / n
         output = sum(o for _, o in jp.lines) / n
         who = f", tenant {jp.tenant}" if jp.tenant else ""
-        parts.append(f"{jp.name} {n} lines at {_s(jp.at)}, window {_s(jp.window)}, class "
-                     f"{jp.qos_class}{who} (mean {prompt:.0f} prompt + {output:.0f} output "
+        parts.append(f"{jp.name} {n} lines at {_s(jp.at)}, window {_s(jp.completion_window_s)}, "
+                     f"class {jp.qos_class}{who} (mean {prompt:.0f} prompt + {output:.0f} output "
                      "tokens a line)")
     b = res.scenario.batches
     return (f"jobs: {'; '.join(parts)}; fed {b.queued_per_job} queued beyond the fleet's "

@@ -147,7 +147,7 @@ def _job_plan(jp: BatchPlan, idle_rate: float) -> dict[str, Any]:
     prompts = [p for p, _ in jp.lines]
     outputs = [o for _, o in jp.lines]
     return {
-        "name": jp.name, "lines": len(jp.lines), "at_s": jp.at, "window_s": jp.window,
+        "name": jp.name, "lines": len(jp.lines), "at_s": jp.at, "window_s": jp.completion_window_s,
         "class": jp.qos_class, "tenant": jp.tenant,
         "mean_prompt_tokens": math.fsum(prompts) / len(prompts),
         "mean_output_tokens": math.fsum(outputs) / len(outputs),

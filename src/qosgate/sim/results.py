@@ -58,7 +58,7 @@ class BatchResult:
     tenant: str
     lines: int
     at: float  # submitted
-    window: float  # its completion window (deadline = at + window)
+    completion_window_s: float  # deadline = at + completion_window_s
     done: int  # lines answered (completed)
     failed: int  # lines final with an error (client errors, engine failures past the retries)
     expired: int  # lines not answered when the window closed

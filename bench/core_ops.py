@@ -10,7 +10,7 @@ Times are the process's own CPU time (``time.process_time``), not wall time: the
 threaded, and on a shared machine wall time also counts the moments another process had the core.
 Each cell is the best of ``--repeat`` runs (as ``timeit`` does); the heapq baseline likewise.
 
-Targets (issue 2): >= 50,000 cycles/s at 100k queued; cancel at 100k within 3x its cost at 1k.
+Targets: >= 50,000 cycles/s at 100k queued; cancel at 100k within 3x its cost at 1k.
 
     python bench/core_ops.py [--policies qos,fifo,...] [--sizes 1000,10000,100000] [--cycles N]
                              [--repeat R]
@@ -49,7 +49,7 @@ def _scheduler(policy: str, depth: int) -> Scheduler:
     )
     fleet = cfg.fleet.model_copy(update={"prefill_budget_tokens": None})
     cfg = cfg.model_copy(update={"classes": classes, "fleet": fleet})
-    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY, window="fixed")])
+    return Scheduler(cfg, policy, [ReplicaSpec("r0", CAPACITY, window_mode="fixed")])
 
 
 def _inputs(rng: random.Random, n: int) -> list[QosInputs]:

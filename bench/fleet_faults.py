@@ -30,7 +30,7 @@ Every request carries a marker in its message; each stand-in records the bodies 
   streaming cannot be retried and should end with an OpenAI-format error event;
 - **hang**: the requests r2 received while it hung (those sent after the hang began that reached
   it); they should complete elsewhere after their class's first-byte bound;
-- **realtime TTFT p99** (arrival to the first SSE event) by arrival window: before, during (the
+- **realtime TTFT p99** (arrival to the first SSE event) by arrival span: before, during (the
   first 15 s) and after each fault;
 - **time to eject**: from the fault to the gateway's metrics showing the replica out of use
   (``qosgate_replica_eligible`` 0; for the hung one ``qosgate_replica_breaker_open`` 1), polled

@@ -11,7 +11,7 @@ A benchmark, not a test: it prints what happened. Three steps, each on fresh pro
    the tokens each generates per second after a warm-up, divided by the mix's mean output
    length and summed, are the fleet's capacity in requests/s for this mix;
 2. **static**: ``fleet: {window: {mode: fixed}, router: most-free}``, every replica's window
-   the configured capacity (``CAPACITY``, the upstream default), as before issue 9;
+   the configured capacity (``CAPACITY``, the upstream default), as before adaptive windows;
 3. **adaptive**: ``fleet: {window: {mode: adaptive}, router: least-load}`` (the defaults);
    with ``--phases``, also **spread** (that, with the opt-in ``router: least-load-spread``),
    **guard** (the defaults with the opt-in ``tpot_guard: auto``) and **spread-guard** (both).

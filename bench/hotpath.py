@@ -78,7 +78,7 @@ def _fields_from_dict(d: dict[str, Any]) -> tuple[Any, ...]:
 
 
 class _Partial(msgspec.Struct):
-    """The gateway's first reader (before issue 10's checks): the scheduler's fields typed, the
+    """The gateway's first reader (before body checks): the scheduler's fields typed, the
     messages a raw span, nothing else checked."""
 
     model: str | None = None

@@ -1,6 +1,6 @@
 """What ``GatewayMetrics.observe`` (called once per request at its terminal state) costs, before
-the observability metrics of issue 14 and now: best of 15 runs of 100,000 calls each on a
-completed request, the two versions' runs interleaved so that a busy machine slows both alike.
+the observability metrics and now: best of 15 runs of 100,000 calls each on a completed
+request, the two versions' runs interleaved so that a busy machine slows both alike.
 
     .venv/bin/python bench/metrics_observe.py [--before REV]   # REV: git revision of before
 

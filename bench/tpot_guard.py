@@ -18,7 +18,7 @@ Every run is one ``qosgate simulate --policies qos`` of that scenario with
 deterministic: the same command prints the same table. Printed per run: realtime TTFT p99 /
 TPOT p99 / SLO attainment (TTFT and TPOT), api's SLO attainment, refusals at arrival and queue
 timeouts (all classes), goodput (requests that met both SLOs and finished inside the
-arrival window, per second of it), output tokens/s and their share of ``fifo``'s (one ``fifo``
+arrival span, per second of it), output tokens/s and their share of ``fifo``'s (one ``fifo``
 run per case, first, with the default prefill budget, which ``fifo`` ignores), and the engines'
 KV evictions.
 

@@ -13,8 +13,9 @@ import pytest
 from rich.console import Console, RenderableType
 
 from qosgate import metric_names
-from qosgate import top as top_module
-from qosgate.top import (
+from qosgate.top import view as top_view
+from qosgate.top.fetch import normalize_url
+from qosgate.top.view import (
     OUTCOME_HEADS,
     Scrape,
     frame,
@@ -22,7 +23,6 @@ from qosgate.top import (
     increase,
     parse_metrics,
 )
-from qosgate.top_fetch import normalize_url
 from tests.support.top_frame import row
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -232,7 +232,7 @@ def test_frame_at_80_columns_continues_below_instead_of_cutting() -> None:
 def test_every_metric_top_reads_is_registered() -> None:
     """The names top.py reads are in the registry the board, rules and docs are checked
     against (a renamed metric fails here, not silently as an empty column)."""
-    src = Path(top_module.__file__).read_text()
+    src = Path(top_view.__file__).read_text()
     names = set(re.findall(r'"(qosgate_[a-z_]+)"', src))
     assert {"qosgate_requests_total", "qosgate_ttft_seconds", "qosgate_retries_total"} <= names
     for name in names:

@@ -513,7 +513,7 @@ def top(
 ) -> None:
     """A live view of one gateway or several: classes, tenants and replicas, from
     /v1/qos/status and /metrics (see docs/guides/top.md)."""
-    from qosgate.top_fetch import run
+    from qosgate.top.fetch import run
 
     raise typer.Exit(run(urls, key.split(",")[0] if key else None, interval, timeout, once,
                          width, metrics_port))

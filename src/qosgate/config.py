@@ -193,7 +193,7 @@ class Outlier(Strict):
 
 
 class Window(Strict):
-    """How much each replica may hold in flight (``core.limits.EngineLimit``). ``adaptive``
+    """How much each replica may hold in flight (``core.windows.AdaptiveWindow``). ``adaptive``
     starts at ``initial`` and follows the engine's own signals (its queue, KV use, preemptions)
     and, if ``latency_target_s`` is set, its dispatch-to-first-token time, between ``min`` and
     the replica's ``max_window``; ``fixed`` is the ``max_window``, always."""
@@ -382,7 +382,7 @@ class QosConfig(Strict):
 
 
 def _default_classes() -> tuple[ServiceClass, ...]:
-    # Budgets: seed 000 says a chat reply late by 2 s hurts and a summary 30 s late is fine; the
+    # Budgets: the brief says a chat reply late by 2 s hurts and a summary 30 s late is fine; the
     # mission asks a paying user's chat to answer within a second.
     return (
         ServiceClass(

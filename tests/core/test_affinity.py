@@ -39,7 +39,7 @@ def _sched(router: str = "cache-aware", n: int = 2, window: int = 4, policy: str
     cfg = default_config(
         tenants=tuple(Tenant(name=f"t{i}", api_keys=(f"k{i}",)) for i in range(8)),
         fleet=Fleet(router=router, cache=CacheRouting(**cache)))  # type: ignore[arg-type]
-    return Scheduler(cfg, policy, [ReplicaSpec(f"r{i}", window, window="fixed")
+    return Scheduler(cfg, policy, [ReplicaSpec(f"r{i}", window, window_mode="fixed")
                                    for i in range(n)])
 
 
@@ -238,8 +238,8 @@ def test_a_replica_that_goes_down_or_restarts_loses_its_cache() -> None:
 def test_observe_cache_feeds_a_replica_that_publishes_kv_events() -> None:
     cfg = default_config(fleet=Fleet(router="cache-aware",
                                      cache=CacheRouting(decode_load_s=0.0)))
-    s = Scheduler(cfg, "qos", [ReplicaSpec("r0", 4, window="fixed", cache_events=True),
-                               ReplicaSpec("r1", 4, window="fixed")])
+    s = Scheduler(cfg, "qos", [ReplicaSpec("r0", 4, window_mode="fixed", cache_events=True),
+                               ReplicaSpec("r1", 4, window_mode="fixed")])
     s.observe_cache("r1", 0.0, stored=_keys(1, 2, 3))  # (r1 guesses: events change nothing)
     s.observe_cache("r0", 0.0, stored=_keys(1, 2, 3))
     _submit(s, "x", 0.0, prompt=10)  # r0 is now the more loaded

@@ -1,8 +1,8 @@
 """The embeddings batcher (core/batching.py): pure, time passed in.
 
-Properties: work-conserving unless a batch window is open, and then for at most the ceiling;
-every request released exactly once or removed exactly once; the window stays within its floor
-and ceiling. Examples: the adaptive window grows under a steady stream that meets its target and
+Properties: work-conserving unless a linger is open, and then for at most the ceiling;
+every request released exactly once or removed exactly once; the linger stays within its floor
+and ceiling. Examples: the adaptive linger grows under a steady stream that meets its target and
 shrinks when batches miss it."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qosgate.core.batching import (
-    AdaptiveWindow,
+    AdaptiveLinger,
     Batch,
     Batcher,
     BatchLimits,
-    FixedWindow,
+    FixedLinger,
     make_controller,
 )
 
@@ -53,11 +53,11 @@ def controllers() -> st.SearchStrategy[str]:
 @settings(max_examples=300, deadline=None)
 @given(events, controllers(), st.integers(1, 8), st.integers(1, 3000),
        st.floats(0.0, 0.2), st.integers(0, 2))
-def test_work_conserving_unless_a_window_is_open(
+def test_work_conserving_unless_a_linger_is_open(
     evs: list[Ev], mode: str, max_batch: int, max_tokens: int, fixed: float, max_inflight: int
 ) -> None:
     ceiling = 0.1
-    ctl = make_controller(mode, window_s=fixed, floor_s=0.01, ceiling_s=ceiling,
+    ctl = make_controller(mode, linger_s=fixed, floor_s=0.01, ceiling_s=ceiling,
                           target_s=0.05, every=2)
     bound = fixed if mode == "fixed" else ceiling if mode == "adaptive" else 0.0
     b = Batcher(BatchLimits(max_batch, max_tokens, max_inflight), ctl)
@@ -76,12 +76,12 @@ def test_work_conserving_unless_a_window_is_open(
                 assert rid not in ended, "released twice"
                 ended[rid] = "released"
                 waited = now - live.pop(rid)
-                if not max_inflight:  # never held beyond the window, nor it beyond its bound
+                if not max_inflight:  # never held beyond the linger, nor it beyond its bound
                     assert waited <= bound + 1e-9
             running.append(batch)
             if max_inflight and batch.why != "urgent":
                 assert len(running) <= max_inflight
-        # work-conserving unless a window is open: what stays pending is only what a window
+        # work-conserving unless a linger is open: what stays pending is only what a linger
         # (still open, within its bound) holds; nothing that must go is left behind
         if b.pending:
             assert not any(p.urgent for p in b.pending)  # realtime never waits
@@ -89,13 +89,13 @@ def test_work_conserving_unless_a_window_is_open(
                 assert room
                 assert len(b.pending) < max_batch
                 assert sum(p.tokens for p in b.pending) < max_tokens
-                assert now < b.pending[0].arrived + b.window_s
-        assert 0.0 <= b.window_s <= bound + 1e-12
+                assert now < b.pending[0].arrived + b.linger_s
+        assert 0.0 <= b.linger_s <= bound + 1e-12
         if mode == "adaptive":
-            assert 0.01 - 1e-12 <= b.window_s <= ceiling + 1e-12
+            assert 0.01 - 1e-12 <= b.linger_s <= ceiling + 1e-12
 
     def advance(dt: float, room: bool) -> None:
-        """Time passes; the runtime's one timer fires at each window's end on the way."""
+        """Time passes; the runtime's one timer fires at each linger's end on the way."""
         nonlocal now
         end = now + dt
         while (d := b.deadline()) is not None and d <= end:
@@ -134,7 +134,7 @@ def test_work_conserving_unless_a_window_is_open(
 
 def test_a_busy_engine_makes_the_next_batch() -> None:
     """max_inflight 1: while a batch runs, arrivals wait (no timer), then go as one batch."""
-    b = Batcher(BatchLimits(max_inflight=1), FixedWindow(0.0))
+    b = Batcher(BatchLimits(max_inflight=1), FixedLinger(0.0))
     b.add("a", 1, 0.0)
     (first,) = b.release(0.0)
     for i in range(5):
@@ -151,8 +151,8 @@ def test_a_busy_engine_makes_the_next_batch() -> None:
     assert b.inflight == 2
 
 
-def test_realtime_skips_the_window() -> None:
-    b = Batcher(BatchLimits(), FixedWindow(1.0))
+def test_realtime_skips_the_linger() -> None:
+    b = Batcher(BatchLimits(), FixedLinger(1.0))
     b.add("a", 5, 0.0)
     assert b.release(0.0) == []
     b.add("rt", 5, 0.01, urgent=True)
@@ -161,7 +161,7 @@ def test_realtime_skips_the_window() -> None:
 
 
 def test_release_on_size_tokens_and_no_room() -> None:
-    b = Batcher(BatchLimits(max_batch=3, max_tokens=100), FixedWindow(1.0))
+    b = Batcher(BatchLimits(max_batch=3, max_tokens=100), FixedLinger(1.0))
     for i in range(3):
         b.add(f"s{i}", 1, 0.0)
     assert [x.why for x in b.release(0.0)] == ["size"]
@@ -173,7 +173,7 @@ def test_release_on_size_tokens_and_no_room() -> None:
     assert [x.rids for x in b.release(0.0, room=False)] == [("t1",)]
 
 
-def steady(ctl: AdaptiveWindow, batches: int, size: int, latency: float) -> list[str]:
+def steady(ctl: AdaptiveLinger, batches: int, size: int, latency: float) -> list[str]:
     out = []
     for i in range(batches):
         d = ctl.on_batch(float(i), size, latency)
@@ -182,49 +182,49 @@ def steady(ctl: AdaptiveWindow, batches: int, size: int, latency: float) -> list
     return out
 
 
-def test_adaptive_window_grows_under_a_steady_stream() -> None:
-    ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.010, every=10, alpha=0.5)
+def test_adaptive_linger_grows_under_a_steady_stream() -> None:
+    ctl = AdaptiveLinger(0.010, 0.100, 0.150, initial_s=0.010, every=10, alpha=0.5)
     seen = []
-    for _ in range(10):  # batches of 8 meeting the target easily: the window opens up
-        seen += steady(ctl, 10, 8, 0.030 + ctl.window_s)
+    for _ in range(10):  # batches of 8 meeting the target easily: the linger opens up
+        seen += steady(ctl, 10, 8, 0.030 + ctl.linger_s)
     assert seen[0] == "grow"
-    assert ctl.window_s > 0.05
-    assert ctl.window_s <= 0.100
+    assert ctl.linger_s > 0.05
+    assert ctl.linger_s <= 0.100
 
 
-def test_adaptive_window_shrinks_when_batches_miss_the_target() -> None:
-    ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.100, every=10, alpha=0.5)
+def test_adaptive_linger_shrinks_when_batches_miss_the_target() -> None:
+    ctl = AdaptiveLinger(0.010, 0.100, 0.150, initial_s=0.100, every=10, alpha=0.5)
     seen = steady(ctl, 30, 16, 0.400)
     assert seen and all(d == "shrink" for d in seen)
-    assert ctl.window_s < 0.05
+    assert ctl.linger_s < 0.05
     seen = steady(ctl, 100, 16, 0.400)
-    assert ctl.window_s == pytest.approx(0.010)
+    assert ctl.linger_s == pytest.approx(0.010)
 
 
-def test_adaptive_window_opens_when_the_latency_is_the_engines_queue() -> None:
+def test_adaptive_linger_opens_when_the_latency_is_the_engines_queue() -> None:
     """Batches released while others still queue at the engine (no limit on batches in
-    flight): the latency is the engine's backlog; a smaller window would only make it worse."""
-    ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.010, every=10, alpha=0.5)
+    flight): the latency is the engine's backlog; a smaller linger would only make it worse."""
+    ctl = AdaptiveLinger(0.010, 0.100, 0.150, initial_s=0.010, every=10, alpha=0.5)
     seen = []
     for i in range(60):
         d = ctl.on_batch(float(i), 4, 0.800, ahead=5)
         if d is not None:
             seen.append(d.decision)
     assert seen and all(d == "grow" for d in seen)
-    assert ctl.window_s > 0.05
+    assert ctl.linger_s > 0.05
 
 
-def test_adaptive_window_does_not_wait_for_nobody() -> None:
-    """Batches of one (a sparse stream): a window only adds latency; it goes to the floor."""
-    ctl = AdaptiveWindow(0.010, 0.100, 0.150, initial_s=0.080, every=5, alpha=1.0)
+def test_adaptive_linger_does_not_wait_for_nobody() -> None:
+    """Batches of one (a sparse stream): a linger only adds latency; it goes to the floor."""
+    ctl = AdaptiveLinger(0.010, 0.100, 0.150, initial_s=0.080, every=5, alpha=1.0)
     steady(ctl, 5, 1, 0.090)
-    assert ctl.window_s == pytest.approx(0.010)
+    assert ctl.linger_s == pytest.approx(0.010)
 
 
 def test_controller_arguments_are_checked() -> None:
     with pytest.raises(ValueError):
         make_controller("sometimes")
     with pytest.raises(ValueError):
-        AdaptiveWindow(0.2, 0.1)
+        AdaptiveLinger(0.2, 0.1)
     with pytest.raises(ValueError):
-        FixedWindow(-1)
+        FixedLinger(-1)

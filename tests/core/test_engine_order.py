@@ -116,7 +116,7 @@ def _sched(ordered: bool = True, overtake: bool = True, window: int = 4) -> Harn
     cfg = default_config(policy="qos", tenants=TENANTS)
     cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={
         "window": cfg.fleet.window.model_copy(update={"overtake": overtake})})})
-    sched = Scheduler(cfg, "qos", [ReplicaSpec("r0", window, window="fixed", ordered=ordered)])
+    sched = Scheduler(cfg, "qos", [ReplicaSpec("r0", window, window_mode="fixed", ordered=ordered)])
     # an engine slow to start anything: what it was sent stays unstarted while we look
     return Harness(sched, prefill_s=10.0, decode_s=0.1)
 

@@ -22,7 +22,7 @@ from qosgate.core.signals import LoadSignals
 def _sched(*specs: ReplicaSpec, **cfg: object) -> Scheduler:
     """Fixed windows (the adaptive one has a test of its own)."""
     for spec in specs:
-        spec.window = spec.window or "fixed"
+        spec.window_mode = spec.window_mode or "fixed"
     return Scheduler(default_config(**cfg), "qos", list(specs))
 
 
@@ -372,7 +372,7 @@ def test_the_tpot_guard_is_off_by_default_and_for_a_class_blind_policy() -> None
     assert s.replicas["a"].itl_s == 0.5 and not s.replicas["a"].others_held
     assert _dispatched(_submit(s, "api", now=2.1)) == {"api": "a"}
     fifo = Scheduler(default_config(fleet=Fleet(tpot_guard=0.5)), "fifo",
-                     [ReplicaSpec("a", 8, window="fixed")])
+                     [ReplicaSpec("a", 8, window_mode="fixed")])
     fifo.observe("a", 1.0, signals=_itl(1.0, 0.0, 0))
     fifo.observe("a", 2.0, signals=_itl(2.0, 50.0, 100))
     assert not fifo.replicas["a"].others_held
@@ -464,70 +464,70 @@ def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
 
 
 def test_a_window_shrinks_to_its_share_of_an_engine_other_gateways_feed_too() -> None:
-    from qosgate.core.limits import EngineLimit
+    from qosgate.core.windows import AdaptiveWindow
 
-    alone = EngineLimit(64, max_limit=64, cooldown_s=0.0)
-    shared = EngineLimit(64, max_limit=64, cooldown_s=0.0)
+    alone = AdaptiveWindow(64, max_window=64, cooldown_s=0.0)
+    shared = AdaptiveWindow(64, max_window=64, cooldown_s=0.0)
     for t in (1.0, 2.0):  # a queue seen in two samples in a row
         alone.on_signals(t, LoadSignals(at=t, running=60, waiting=20), inflight=80)
         # 20 of the 80 requests the engine holds are this gateway's: a quarter of its batch
         shared.on_signals(t, LoadSignals(at=t, running=60, waiting=20), inflight=20)
-    assert alone.limit == 63  # all it runs plus the allowance (5% of 64)
-    assert shared.limit == 15
+    assert alone.window == 63  # all it runs plus the allowance (5% of 64)
+    assert shared.window == 15
 
 
 def test_a_queue_seen_in_one_sample_only_is_arrivals_between_engine_steps() -> None:
     # requests sent after the engine's last step count as waiting until its next one: on a
     # small window (allowance 1) that looked like a full batch at every other scrape and kept
     # the window at what it had sent, with the queue held in the gateway (a real-speed probe)
-    from qosgate.core.limits import EngineLimit
+    from qosgate.core.windows import AdaptiveWindow
 
-    lim = EngineLimit(20, max_limit=1024, settle_s=2.0, cooldown_s=0.0)
+    lim = AdaptiveWindow(20, max_window=1024, settle_s=2.0, cooldown_s=0.0)
     lim._slow_start = False
     for t in range(1, 13):
         waiting = 3 if t % 2 else 0  # a transient queue at every other scrape
         lim.on_signals(float(t), LoadSignals(at=float(t), running=20, waiting=waiting), 20)
-    assert lim.limit > 20  # grew: never shrunk, and the lone samples did not reset settling
-    before = lim.limit
+    assert lim.window > 20  # grew: never shrunk, and the lone samples did not reset settling
+    before = lim.window
     full = LoadSignals(at=20.0, running=before - 5, waiting=3)  # it runs fewer than it holds
     lim.on_signals(20.0, full, before - 2)
     lim.on_signals(20.5, full, before - 2)  # the same sample read again
-    assert lim.limit == before
+    assert lim.window == before
     lim.on_signals(21.0, LoadSignals(at=21.0, running=before - 5, waiting=3), before - 2)
-    assert lim.limit == before - 4  # a queue in two fresh samples: what it runs + 1
+    assert lim.window == before - 4  # a queue in two fresh samples: what it runs + 1
 
 
 def test_an_adaptive_window_follows_the_engine_signals() -> None:
-    from qosgate.core.limits import EngineLimit
+    from qosgate.core.windows import AdaptiveWindow
 
-    lim = EngineLimit(4, max_limit=64, settle_s=1.0, cooldown_s=1.0)
+    lim = AdaptiveWindow(4, max_window=64, settle_s=1.0, cooldown_s=1.0)
     t = 0.0
     for _ in range(3):  # slow start: doubles while full and settled
-        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.limit)
+        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.window)
         t += 1.0
-        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.limit)
-    assert lim.limit == 32
+        lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=lim.window)
+    assert lim.window == 32
     lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=3)  # not full
     t += 5.0
     lim.on_signals(t, LoadSignals(at=t, waiting=0, kv_usage=0.5), inflight=3)
-    assert lim.limit == 32  # no growth while the window is not full
+    assert lim.window == 32  # no growth while the window is not full
     t += 1.0
     lim.on_signals(t, LoadSignals(at=t, waiting=10, kv_usage=0.5), inflight=32)  # engine queue
-    assert lim.limit == 32  # once: maybe arrivals between two steps
+    assert lim.window == 32  # once: maybe arrivals between two steps
     t += 1.0
     lim.on_signals(t, LoadSignals(at=t, waiting=10, kv_usage=0.5), inflight=32)  # still there
-    assert lim.limit == 25
+    assert lim.window == 25
     lim.on_signals(t + 0.5, LoadSignals(at=t + 0.5, kv_usage=0.99), inflight=25)
-    assert lim.limit == 25  # within the cooldown: the last change has not shown yet
+    assert lim.window == 25  # within the cooldown: the last change has not shown yet
     lim.on_signals(t + 1.5, LoadSignals(at=t + 1.5, preemptions_total=3), inflight=25)
     lim.on_signals(t + 3.0, LoadSignals(at=t + 3.0, preemptions_total=4), inflight=25)
-    assert lim.limit == 20  # new engine preemptions: pressure
+    assert lim.window == 20  # new engine preemptions: pressure
     t += 10.0
     lim.on_signals(t, LoadSignals(at=t - 9, waiting=0), inflight=20)  # stale: ignored
-    assert lim.limit == 20
+    assert lim.window == 20
     lim.on_signals(t, LoadSignals(at=t, waiting=0, preemptions_total=4), inflight=20)
     lim.on_signals(t + 1, LoadSignals(at=t + 1, waiting=0, preemptions_total=4), inflight=20)
-    assert lim.limit == 22  # after pressure: additive growth (10%)
+    assert lim.window == 22  # after pressure: additive growth (10%)
 
 
 def test_an_adaptive_window_grows_when_the_queue_fills_all_but_the_reserved_share() -> None:
@@ -536,7 +536,7 @@ def test_an_adaptive_window_grows_when_the_queue_fills_all_but_the_reserved_shar
     # window counted it as not full (27 < 29) and never grew, however idle the engine
     s = Scheduler(default_config(fleet=Fleet(window=Window(initial=30, settle_s=1.0,
                                                               cooldown_s=1.0))),
-                  "qos", [ReplicaSpec("a", 256, window="adaptive")])
+                  "qos", [ReplicaSpec("a", 256, window_mode="adaptive")])
     for i in range(100):
         _submit(s, f"api{i}")
     rep = s.replicas["a"]
@@ -547,7 +547,7 @@ def test_an_adaptive_window_grows_when_the_queue_fills_all_but_the_reserved_shar
     assert rep.window > 30 and len(rep.inflight) > 27
     # and it still does not grow while the queue leaves room it could use
     s2 = Scheduler(default_config(fleet=Fleet(window=Window(initial=30, settle_s=1.0))),
-                   "qos", [ReplicaSpec("a", 256, window="adaptive")])
+                   "qos", [ReplicaSpec("a", 256, window_mode="adaptive")])
     for i in range(20):
         _submit(s2, f"api{i}")
     for t in range(1, 4):
@@ -676,7 +676,7 @@ def test_the_prompt_hold_keeps_the_others_queued_rather_than_sent_elsewhere() ->
 def test_the_prompt_hold_is_off_by_default_and_never_under_fifo() -> None:
     for s in (_sched(ReplicaSpec("a", 8)),
               Scheduler(default_config(fleet=Fleet(strict_prompt_hold=True)), "fifo",
-                        [ReplicaSpec("a", 8, window="fixed")])):
+                        [ReplicaSpec("a", 8, window_mode="fixed")])):
         _submit(s, "rt", cls="realtime", prompt=1000)
         assert _dispatched(_submit(s, "api", now=0.1)) == {"api": "a"}
 

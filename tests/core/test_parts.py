@@ -13,17 +13,17 @@ from qosgate.config import Aging, Fleet, Window, default_config
 from qosgate.core import QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.admission import Displace, Refusal
 from qosgate.core.breakers import AlwaysClosed, OutlierDetector, build_breaker
-from qosgate.core.limits import LIMITS, EngineLimit, FixedLimit, build_limit
 from qosgate.core.queueing import POLICIES, POLICY_NAMES, build_policy
 from qosgate.core.reasons import Reason, is_timeout, upstream, upstream_status
 from qosgate.core.routing import ROUTERS, build_router
 from qosgate.core.timers import Timers
 from qosgate.core.tpot_guard import FixedGuard, LearnedGuard, build_guard
+from qosgate.core.windows import WINDOW_RULES, AdaptiveWindow, FixedWindow, build_window
 
 
 def _sched(capacity: int = 1, policy: str = "qos", **cfg: object) -> Scheduler:
     return Scheduler(default_config(**cfg), policy,
-                     [ReplicaSpec("r0", capacity, window="fixed")])
+                     [ReplicaSpec("r0", capacity, window_mode="fixed")])
 
 
 def _req(s: Scheduler, rid: str, cls: str = "api", now: float = 0.0, prompt: int = 10,
@@ -119,8 +119,8 @@ def test_timers_age_only_below_the_ceiling_and_only_when_on() -> None:
 # ---------------------------------------------------------------- fleet
 def test_fleet_answers_placement_queries_without_placing() -> None:
     s = Scheduler(default_config(fleet=Fleet(router="most-free")), "qos",
-                  [ReplicaSpec("a", 1, window="fixed", models=("m",)),
-                   ReplicaSpec("b", 2, window="fixed")])
+                  [ReplicaSpec("a", 1, window_mode="fixed", models=("m",)),
+                   ReplicaSpec("b", 2, window_mode="fixed")])
     fleet = s.fleet
     req = _req(s, "x", model="m")
     assert fleet.choose(req, 0.0) is s.replicas["b"]  # the most free that serves m
@@ -158,15 +158,15 @@ def test_every_family_is_built_by_name_from_a_table() -> None:
     assert POLICY_NAMES == tuple(POLICIES) == ("fifo", "priority", "wfq", "qos")
     assert [build_policy(cfg, n).tenant_fair for n in POLICY_NAMES] == [False, False, False, True]
     assert {build_router(n).name for n in ROUTERS} == set(ROUTERS)
-    fixed, adaptive = build_limit("fixed", 8, Window()), build_limit("adaptive", 8, Window())
-    assert isinstance(fixed, FixedLimit) and not fixed.adaptive and fixed.limit == 8
-    assert isinstance(adaptive, EngineLimit) and adaptive.adaptive
-    assert set(LIMITS) == {"adaptive", "fixed"}
+    fixed, adaptive = build_window("fixed", 8, Window()), build_window("adaptive", 8, Window())
+    assert isinstance(fixed, FixedWindow) and not fixed.adaptive and fixed.window == 8
+    assert isinstance(adaptive, AdaptiveWindow) and adaptive.adaptive
+    assert set(WINDOW_RULES) == {"adaptive", "fixed"}
     assert isinstance(build_guard("auto"), LearnedGuard)
     assert isinstance(build_guard(0.6), FixedGuard)
     assert isinstance(build_breaker(cfg.fleet.outlier, 0), (AlwaysClosed, OutlierDetector))
     for build, bad in ((lambda: build_policy(cfg, "nope"), "policy"),
                        (lambda: build_router("nope"), "router"),
-                       (lambda: build_limit("nope", 1, Window()), "window mode")):
+                       (lambda: build_window("nope", 1, Window()), "window mode")):
         with pytest.raises(ValueError, match=bad):
             build()

@@ -32,7 +32,7 @@ from tests.support.scheduler import Harness
 
 def _fixed(name: str, capacity: int, **kw: object) -> ReplicaSpec:
     """A replica whose window is its capacity: these properties are about the queues."""
-    return ReplicaSpec(name, capacity, window="fixed", **kw)  # type: ignore[arg-type]
+    return ReplicaSpec(name, capacity, window_mode="fixed", **kw)  # type: ignore[arg-type]
 
 CLASSES = ["realtime", "api", "batch", "offline"]
 
@@ -90,8 +90,8 @@ def test_every_request_ends_exactly_once_and_books_balance(
         elif o[0] == "cancel" and h.ids:
             h.cancel(f"q{o[1] % h.ids + 1}")  # type: ignore[operator]
         elif o[0] == "capacity":
-            h.apply(sched.set_capacity("r0", o[1], h.now))  # type: ignore[arg-type]
-    h.apply(sched.set_capacity("r0", 2, h.now))
+            h.apply(sched.set_window("r0", o[1], h.now))  # type: ignore[arg-type]
+    h.apply(sched.set_window("r0", 2, h.now))
     h.run_until(h.now + 10_000)  # everything ends: completed or timed out at the latest
     assert not sched.requests and sched.queued_total == 0
     assert all(h.finished[f"q{i}"] == 1 for i in range(1, h.ids + 1))
@@ -505,8 +505,8 @@ def _run_fleet_ops(policy: str, router: str, ops: list[tuple[object, ...]], rule
         cfg,
         policy,
         [
-            ReplicaSpec("r0", 2, models=("m1",), window="fixed", ordered=True),
-            ReplicaSpec("r1", 1, models=("m1",), pausable=True, window="fixed"),
+            ReplicaSpec("r0", 2, models=("m1",), window_mode="fixed", ordered=True),
+            ReplicaSpec("r1", 1, models=("m1",), pausable=True, window_mode="fixed"),
             ReplicaSpec("r2", 4, models=("m2",)),  # adaptive: its window follows signals
             ReplicaSpec("r3", 3, models=("m1", "m2"), cache_events=True),
         ],
@@ -539,7 +539,7 @@ def _run_fleet_ops(policy: str, router: str, ops: list[tuple[object, ...]], rule
         elif kind == "cancel" and h.ids:
             h.cancel(f"q{o[1] % h.ids + 1}")  # type: ignore[operator]
         elif kind == "capacity":
-            h.apply(sched.set_capacity(names[o[1]], o[2], h.now))  # type: ignore[index,arg-type]
+            h.apply(sched.set_window(names[o[1]], o[2], h.now))  # type: ignore[index,arg-type]
         elif kind == "signals":
             _, i, waiting, kv, pre = o
             itl[0] += 100 * (0.15 if kv > 0.5 else 0.03)  # type: ignore[operator]
@@ -563,7 +563,7 @@ def _run_fleet_ops(policy: str, router: str, ops: list[tuple[object, ...]], rule
     for name in names:  # everything comes back
         h.apply(sched.observe(name, h.now, up=True))
     for name in names[:2]:
-        h.apply(sched.set_capacity(name, 2, h.now))
+        h.apply(sched.set_window(name, 2, h.now))
     h.run_until(h.now + 10_000)  # everything ends: completed, failed or timed out
     assert not sched.requests and sched.queued_total == 0
     assert sched._retrying == 0

@@ -167,7 +167,7 @@ def test_a_class_back_from_idle_beside_a_served_flood_is_not_taken_for_overloade
     the engine cannot serve it: admission predicts its wait from its weighted share of what the
     classes were served together, and admits it (before, half of these were refused as
     ``overloaded``; all of them are served in a few seconds)."""
-    h = Harness(Scheduler(default_config(), "qos", [ReplicaSpec("r0", 8, window="fixed")]),
+    h = Harness(Scheduler(default_config(), "qos", [ReplicaSpec("r0", 8, window_mode="fixed")]),
                 prefill_s=0.05, decode_s=0.01)
 
     def flood() -> None:

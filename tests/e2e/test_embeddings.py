@@ -4,8 +4,8 @@ a fixed overhead plus a per-token time per call).
 
 - single and list inputs, float and base64, token arrays;
 - a merged upstream call split back: each client its own vectors, in order, its own usage;
-- realtime never waits for a window;
-- the adaptive window grows under a steady stream and shrinks when batches miss the target;
+- realtime never waits for a linger;
+- the adaptive linger grows under a steady stream and shrinks when batches miss the target;
 - bad input is a 400 naming the field.
 """
 
@@ -64,7 +64,7 @@ def gateway(tmp: Path, stand: Server, text: str, name: str, **kw: str) -> Server
 
 @pytest.fixture(scope="module")
 def gw(stand: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A 1-second fixed window, at most 4 requests a batch."""
+    """A 1-second fixed linger, at most 4 requests a batch."""
     g = gateway(tmp_path_factory.mktemp("gw"), stand, FIXED, "fixed", WINDOW="1000")
     yield g
     g.stop()
@@ -139,7 +139,7 @@ def test_merged_upstream_call_is_split_back(gw: Server, stand: Server) -> None:
     assert released[(("reason", "size"), ("replica", "standin"))] >= 1
 
 
-def test_realtime_never_waits_for_the_window(gw: Server) -> None:
+def test_realtime_never_waits_for_the_linger(gw: Server) -> None:
     c = client(gw)
     t0 = time.monotonic()
     r = c.embeddings.create(input="now please", model=MODEL,
@@ -149,7 +149,7 @@ def test_realtime_never_waits_for_the_window(gw: Server) -> None:
     t0 = time.monotonic()
     c.embeddings.create(input="whenever", model=MODEL)
     other = time.monotonic() - t0
-    assert other >= 1.0  # alone, a batch-class request waits its whole window ...
+    assert other >= 1.0  # alone, a batch-class request waits its whole linger ...
     assert rt < 0.5  # ... realtime does not wait for it at all (the upstream call is 20 ms)
     _, _, m = http("GET", gw.url + "/metrics")
     released = metric_values(m.decode(), "qosgate_embeddings_batches_total")
@@ -184,7 +184,7 @@ def test_bad_input_is_a_400_naming_the_field(gw: Server, body: dict[str, Any],
     assert err["message"]
 
 
-def window_s(g: Server) -> float:
+def linger_s(g: Server) -> float:
     _, _, m = http("GET", g.url + "/metrics")
     v = metric_values(m.decode(), "qosgate_embeddings_batch_window_seconds")
     return v[(("replica", "standin"),)]
@@ -210,19 +210,19 @@ def stream(g: Server, seconds: float, clients: int = 8) -> None:
         list(ex.map(loop, range(clients)))
 
 
-def test_the_window_adapts(stand: Server, tmp_path: Path) -> None:
+def test_the_linger_adapts(stand: Server, tmp_path: Path) -> None:
     g = gateway(tmp_path, stand, ADAPTIVE, "adaptive")
     try:
-        start = window_s(g)
+        start = linger_s(g)
         assert start == pytest.approx(0.055)  # between the floor and the ceiling
         # a steady stream, 20 ms a batch upstream: batches meet the 100 ms target easily
         deadline = time.monotonic() + 20
         while decisions(g).get("grow", 0) < 1 and time.monotonic() < deadline:
             stream(g, 1.0)
-        grown = window_s(g)
+        grown = linger_s(g)
         assert decisions(g).get("grow", 0) >= 1
         assert grown > start
-        # the upstream slows down tenfold: batches miss the target, the window closes down
+        # the upstream slows down tenfold: batches miss the target, the linger closes down
         http("POST", stand.url + "/admin/fault",
              json.dumps({"fault": "slow", "factor": 10}).encode(),
              {"content-type": "application/json"})
@@ -231,7 +231,7 @@ def test_the_window_adapts(stand: Server, tmp_path: Path) -> None:
             while decisions(g).get("shrink", 0) < 1 and time.monotonic() < deadline:
                 stream(g, 1.0)
             assert decisions(g).get("shrink", 0) >= 1
-            assert window_s(g) < grown
+            assert linger_s(g) < grown
         finally:
             http("DELETE", stand.url + "/admin/fault")
     finally:

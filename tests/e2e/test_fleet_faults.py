@@ -448,8 +448,8 @@ def _charged(gw: Server, tpm: float, since: float) -> tuple[float, float]:
 
 
 def test_a_client_leaving_mid_stream_is_charged_the_tokens_streamed(tmp_path: Path) -> None:
-    """Before 59a0ea5 a cancel mid-stream charged 0 output tokens: the tenant's tokens/min bucket
-    got the whole estimate back (the refund bug of issue 8)."""
+    """A cancel mid-stream once charged 0 output tokens: the tenant's tokens/min bucket got the
+    whole estimate back (a refund bug)."""
     tpm, streamed = 1200.0, 600
     s = start_standin(tmp_path, "--time-scale", "0.3")
     cfg = write_config(tmp_path / "gw.yaml", [upstream(s, "s")], tenants=_tenant(tpm))

@@ -1,6 +1,6 @@
 """``BatchingEngine`` on its own (no gateway): embeddings calls collected at ``start_call`` and
 run as one ``run_batch`` when the batcher says; other calls straight through; a call withdrawn
-while it waits never reaches the engine; a batch's calls end with it; the window's timer fires."""
+while it waits never reaches the engine; a batch's calls end with it; the linger's timer fires."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from qosgate.core.batching import Batcher, BatchLimits, FixedWindow
+from qosgate.core.batching import Batcher, BatchLimits, FixedLinger
 from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.ports import Health
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 
 
 class _Call:
     def __init__(self, rid: str, route: Route = "embeddings", level: int = 1) -> None:
-        self.job = Job(rid=rid, route=route, body=b"{}", stream=False, model="m",
-                       max_tokens=1, prompt_tokens=4, inputs=["x"])
+        self.engine_request = EngineRequest(rid=rid, route=route, body=b"{}", stream=False,
+                                            model="m", max_tokens=1, prompt_tokens=4,
+                                            inputs=["x"])
         self._level = level
         self.sink: Any = None
 
@@ -50,7 +51,7 @@ class _Call:
 
 class _Inner:
     name = "e0"
-    capacity = 8
+    max_window = 8
     pausable = False
     ordered = False
     ready = True
@@ -76,20 +77,20 @@ class _Inner:
         return Health(up=True)
 
     async def run(self, call: Any) -> None:
-        self.runs.append(call.job.rid)
+        self.runs.append(call.engine_request.rid)
 
     def pause(self, rid: str) -> None: ...
 
     def resume(self, rid: str) -> None: ...
 
     async def run_batch(self, calls: list[Any]) -> None:
-        self.batches.append([c.job.rid for c in calls])
+        self.batches.append([c.engine_request.rid for c in calls])
         await asyncio.sleep(0)
 
 
-def _engine(window_s: float, max_batch: int = 3) -> tuple[BatchingEngine, _Inner]:
+def _engine(linger_s: float, max_batch: int = 3) -> tuple[BatchingEngine, _Inner]:
     inner = _Inner()
-    eng = BatchingEngine(inner, Batcher(BatchLimits(max_batch=max_batch), FixedWindow(window_s)),
+    eng = BatchingEngine(inner, Batcher(BatchLimits(max_batch=max_batch), FixedLinger(linger_s)),
                          lambda: True, time.monotonic)
     return eng, inner
 
@@ -112,14 +113,14 @@ def test_a_batch_on_size_other_routes_straight_through_and_calls_end_with_their_
     assert all(done)
 
 
-def test_a_withdrawn_call_leaves_the_batcher_and_the_window_timer_releases_the_rest() -> None:
+def test_a_withdrawn_call_leaves_the_batcher_and_the_linger_timer_releases_the_rest() -> None:
     async def run() -> tuple[BatchingEngine, _Inner]:
         eng, inner = _engine(0.05)
         kept = _task(eng.start_call(_Call("a")))
         gone = _task(eng.start_call(_Call("b")))
         await asyncio.sleep(0)  # both wait for their batch
         gone.cancel()  # pulled back: the driver cancels its task
-        await asyncio.wait_for(kept, 5)  # the window's timer released the batch
+        await asyncio.wait_for(kept, 5)  # the linger's timer released the batch
         await eng.close()
         return eng, inner
 
@@ -129,7 +130,7 @@ def test_a_withdrawn_call_leaves_the_batcher_and_the_window_timer_releases_the_r
     assert len(eng.batcher) == 0
 
 
-def test_an_urgent_call_skips_the_window() -> None:
+def test_an_urgent_call_skips_the_linger() -> None:
     async def run() -> _Inner:
         eng, inner = _engine(10.0)
         await asyncio.wait_for(_task(eng.start_call(_Call("rt", level=0))), 5)

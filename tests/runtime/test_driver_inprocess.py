@@ -9,7 +9,7 @@ from qosgate.core import QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.models.simmodel import EngineProfile, SimEngine
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.inprocess import InProcessEngine
-from qosgate.wire.job import Job
+from qosgate.wire.engine_request import EngineRequest
 
 FAST = EngineProfile(
     name="fast", model="m", gpu="none", step_fixed_s=0.002, prefill_s_per_token=0.0,
@@ -36,16 +36,16 @@ class Sink:
 
 def test_realtime_pauses_batch_and_batch_resumes_without_loss() -> None:
     async def run() -> tuple[Ticket, Ticket, int]:
-        eng = InProcessEngine(SimEngine(FAST, "priority"), name="sim", capacity=1, models=["m"])
+        eng = InProcessEngine(SimEngine(FAST, "priority"), name="sim", max_window=1, models=["m"])
         sched = Scheduler(default_config(), None, [ReplicaSpec("sim", 1, pausable=True)])
         drv = Driver(sched, {"sim": eng})
         await drv.start()
 
         def ticket(rid: str, cls: str, n: int) -> Ticket:
             req = sched.make_request(rid, QosInputs(qos_class=cls), drv.clock(), 10, n)
-            job = Job(rid=rid, route="completions", body=b"{}", stream=True, model="m",
-                      max_tokens=n, prompt_tokens=10)
-            return drv.ticket(req, job, Sink())
+            engine_request = EngineRequest(rid=rid, route="completions", body=b"{}", stream=True,
+                                           model="m", max_tokens=n, prompt_tokens=10)
+            return drv.ticket(req, engine_request, Sink())
 
         batch = ticket("b", "batch", 60)
         drv.submit(batch)

@@ -19,7 +19,7 @@ class Stub:
     """An engine whose probe answers ``up`` as the test sets it."""
 
     name = "a"
-    capacity = 1
+    max_window = 1
     pausable = False
     ordered = False
 

@@ -24,7 +24,7 @@ from qosgate.server.prepare import (
     prepare_embeddings,
 )
 from qosgate.settings import GatewaySettings
-from qosgate.wire.job import Route, Unservable
+from qosgate.wire.engine_request import Route, Unservable
 
 MODEL = "m"
 HI = [{"role": "user", "content": "hi"}]
@@ -85,8 +85,9 @@ def refused(got: Prepared | Refusal) -> Refusal:
 def test_a_plain_chat_is_prepared_as_asked() -> None:
     p = ready(prepare(heads(), chat(max_tokens=7, stream=True), "chat", "r1", 3.0, rules()))
     assert p.req.id == "r1" and p.req.tenant == "acme" and p.req.arrival == 3.0
-    assert p.job.model == MODEL and p.job.max_tokens == 7 and p.job.stream
-    assert p.job.body == chat(max_tokens=7, stream=True) and p.inserted is None
+    e = p.engine_request
+    assert e.model == MODEL and e.max_tokens == 7 and e.stream
+    assert p.engine_request.body == chat(max_tokens=7, stream=True) and p.inserted is None
 
 
 def test_the_model_is_checked() -> None:
@@ -95,7 +96,7 @@ def test_the_model_is_checked() -> None:
     assert MODEL in (r.message or "") and r.service_class == NO_CLASS
     # no model: the first served one
     assert ready(prepare(heads(), b'{"messages":[{"role":"user","content":"x"}]}', "chat", "r",
-                         0.0, rules())).job.model == MODEL
+                         0.0, rules())).engine_request.model == MODEL
 
 
 def test_a_model_an_engine_starting_may_serve_is_a_retry_not_a_404() -> None:
@@ -129,7 +130,7 @@ def test_the_class_header_wins_over_the_body_and_names_are_case_insensitive() ->
 
 def test_the_priority_header_wins_over_the_body() -> None:
     body = chat(priority=5)
-    assert ready(prepare(heads(), body, "chat", "r", 0.0, rules())).job.has_priority
+    assert ready(prepare(heads(), body, "chat", "r", 0.0, rules())).engine_request.has_priority
     assert refused(prepare(heads(priority=b"x"), body, "chat", "r", 0.0, rules())) == Refusal(
         "invalid_priority", "x-qos-priority must be an integer.", "x-qos-priority")
 
@@ -186,14 +187,14 @@ def test_a_ceiling_is_said_to_be_the_class_or_tenant_one() -> None:
 
 def test_a_ceiling_is_written_into_the_member_the_client_named() -> None:
     p = ready(prepare(heads("sk-tight"), chat(), "chat", "r", 0.0, rules()))
-    assert p.inserted == 20 and p.job.max_tokens == 20
-    assert json.loads(p.job.body)["max_tokens"] == 20
+    assert p.inserted == 20 and p.engine_request.max_tokens == 20
+    assert json.loads(p.engine_request.body)["max_tokens"] == 20
     p = ready(prepare(heads("sk-tight"), chat(max_completion_tokens=None), "chat", "r", 0.0,
                       rules()))
-    sent = json.loads(p.job.body)
+    sent = json.loads(p.engine_request.body)
     assert sent["max_completion_tokens"] == 20 and "max_tokens" not in sent
     p = ready(prepare(heads("sk-tight"), chat(max_tokens=5), "chat", "r", 0.0, rules()))
-    assert p.inserted is None and p.job.max_tokens == 5
+    assert p.inserted is None and p.engine_request.max_tokens == 5
 
 
 def test_a_prompt_past_the_limit_names_the_member_and_how_it_was_counted() -> None:
@@ -210,8 +211,8 @@ def test_embeddings_share_the_rules() -> None:
     rs = rules(None, FakeEngine([MODEL], embeds=True), FakeEngine(["chat-only"]))
     body = json.dumps({"model": MODEL, "input": ["a", "b"], "qos_class": "batch"}).encode()
     p = ready(prepare_embeddings(heads(cls=b"OFFLINE"), body, "r", 0.0, rs))
-    assert p.req.service_class == "offline" and p.job.route == "embeddings"
-    assert p.job.inputs == ["a", "b"] and p.job.max_tokens == 1
+    assert p.req.service_class == "offline" and p.engine_request.route == "embeddings"
+    assert p.engine_request.inputs == ["a", "b"] and p.engine_request.max_tokens == 1
     r = refused(prepare_embeddings(heads(), body.replace(b'"m"', b'"chat-only"'), "r", 0.0, rs))
     assert (r.reason, r.param) == ("model_not_found", "model")
     r = refused(prepare_embeddings(heads(priority=b"high"), body, "r", 0.0, rs))

@@ -266,7 +266,7 @@ def test_prefill_budget_option_sets_the_budget(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_fault_scenario_cut_short_before_its_faults_prints_its_phases() -> None:
-    # the arrival window ends before the scenario's first fault: some runs have a phase row,
+    # the arrival span ends before the scenario's first fault: some runs have a phase row,
     # some none, and the table lists what each has instead of failing on the missing one
     res = runner.invoke(app, ["simulate", "--scenario", "fleet-faults", "--duration", "30"])
     assert res.exit_code == 0, res.output

@@ -172,7 +172,7 @@ def test_unknown_policy_is_refused() -> None:
 
 
 def test_window_end_snapshot_counts_tokens_so_far() -> None:
-    # one request decoding across the end of the arrival window: its tokens by then are counted
+    # one request decoding across the end of the arrival span: its tokens by then are counted
     res = simulate([(0.0, "api", 8, 500)], duration=1.0)
     r = rec(res, "r000000")
     # prefill 0.018 s, then 0.012 s per token: ~81 tokens by t = 1.0 (to within one step)

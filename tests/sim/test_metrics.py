@@ -103,7 +103,7 @@ def test_group_stats_by_hand() -> None:
         rec("d", state="rejected", arrival=3.0, first=None, done=3.0, out=0),
         rec("e", state="timed_out", arrival=4.0, first=None, done=9.0, out=0),
     ]
-    g = group_stats(recs, lambda r: Slo(ttft_s=0.25, tpot_s=0.15), window=10.0)
+    g = group_stats(recs, lambda r: Slo(ttft_s=0.25, tpot_s=0.15), arrival_span=10.0)
     assert (g["count"], g["completed"], g["rejected"], g["timed_out"]) == (5, 3, 1, 1)
     assert g["ttft_p50_ms"] == pytest.approx(200.0)
     assert g["ttft_mean_ms"] == pytest.approx(200.0)
@@ -118,23 +118,23 @@ def test_group_stats_by_hand() -> None:
     assert g["output_tok_s"] == pytest.approx(2.3)  # 23 tokens over 10 s
 
 
-def test_goodput_counts_only_what_finishes_inside_the_arrival_window() -> None:
-    # window D = 10 s; the run ends at 40 s. Both requests meet the SLO, one finishes at 2 s,
-    # the other while the backlog drains, at 30 s: goodput over the window counts only the
+def test_goodput_counts_only_what_finishes_inside_the_arrival_span() -> None:
+    # arrival span D = 10 s; the run ends at 40 s. Both requests meet the SLO, one finishes at 2 s,
+    # the other while the backlog drains, at 30 s: goodput over the arrival span counts only the
     # first (1 / 10 s); the whole-run figure counts both over the whole run (2 / 40 s).
     slo = Slo(ttft_s=100.0, tpot_s=100.0)
     recs = [
         rec("in", arrival=0.0, first=1.0, done=2.0),
         rec("late", arrival=9.0, first=20.0, done=30.0),
     ]
-    g = group_stats(recs, lambda r: slo, window=10.0, span=40.0)
+    g = group_stats(recs, lambda r: slo, arrival_span=10.0, span=40.0)
     assert g["slo_met"] == 2 and g["completed"] == 2
     assert g["goodput_rps"] == pytest.approx(0.1)
     assert g["completed_rps"] == pytest.approx(0.1)
     assert g["goodput_rps_run"] == pytest.approx(2 / 40)
     assert g["completed_rps_run"] == pytest.approx(2 / 40)
     # without a span there is no whole-run figure
-    assert group_stats(recs, lambda r: slo, window=10.0)["goodput_rps_run"] is None
+    assert group_stats(recs, lambda r: slo, arrival_span=10.0)["goodput_rps_run"] is None
 
 
 def test_requests_hit_by_a_failed_attempt_are_counted() -> None:
@@ -142,12 +142,12 @@ def test_requests_hit_by_a_failed_attempt_are_counted() -> None:
     a.failed_attempts = 1
     b = rec("b", state="failed", first=None, done=3.0, out=0)
     b.failed_attempts = 3
-    g = group_stats([a, b, rec("c")], lambda r: Slo(9, 9), window=10.0)
+    g = group_stats([a, b, rec("c")], lambda r: Slo(9, 9), arrival_span=10.0)
     assert (g["failed_attempt"], g["failed_attempt_completed"], g["failed"]) == (2, 1, 1)
 
 
 def test_empty_group() -> None:
-    g = group_stats([], lambda r: Slo(1, 1), window=10.0)
+    g = group_stats([], lambda r: Slo(1, 1), arrival_span=10.0)
     assert g["count"] == 0 and g["ttft_p99_ms"] is None and g["slo_attainment"] is None
 
 
@@ -182,12 +182,12 @@ def test_fairness_proportional_service_is_unfair_to_the_small() -> None:
     assert f["service_gap"] == pytest.approx(1000 / 600 - 0.5)
 
 
-def test_fairness_window_and_warmup() -> None:
+def test_fairness_arrival_span_and_warmup() -> None:
     recs = [
         rec("a0", tenant="a", arrival=0.0, first=0.5, out=50),  # granted before warmup
         rec("a1", tenant="a", arrival=2.0, first=3.0, out=50),  # in [1, 10]
         rec("b0", tenant="b", arrival=0.5, first=4.0, out=50),  # waiting at warmup, granted
-        rec("b1", tenant="b", arrival=9.0, first=11.0, done=12.0, out=50),  # after the window
+        rec("b1", tenant="b", arrival=9.0, first=11.0, done=12.0, out=50),  # after the arrival span
     ]
     f = tenant_fairness(recs, 10.0, 1.0, 2.0, lambda t: 1.0, warmup=1.0)
     assert f is not None

@@ -34,7 +34,9 @@ from qosgate.core.prefix import Prefix
 
 
 @dataclass
-class Job:
+class EngineRun:
+    """One dispatch of a request on the harness's engine (a stale one is skipped)."""
+
     rid: str
     output_tokens: int
     dispatch_gen: int
@@ -46,7 +48,7 @@ class Harness:
     prefill_s: float = 0.05
     decode_s: float = 0.01
     now: float = 0.0
-    events: list[tuple[float, int, str, Job]] = field(default_factory=list)
+    events: list[tuple[float, int, str, EngineRun]] = field(default_factory=list)
     seq: int = 0
     finished: Counter[str] = field(default_factory=Counter)
     outcomes: dict[str, Request] = field(default_factory=dict)
@@ -175,9 +177,9 @@ class Harness:
                 if not self.sched.classes[d.req.level].strict:
                     lower_to.add(d.replica)
                 self.dispatch_no[d.req.id] += 1
-                job = Job(d.req.id, self.output_of[d.req.id], self.dispatch_no[d.req.id])
-                self._at(self.now + self.prefill_s, "first", job)
-                self._at(self.now + self.prefill_s + job.output_tokens * self.decode_s, "done", job)
+                run = EngineRun(d.req.id, self.output_of[d.req.id], self.dispatch_no[d.req.id])
+                self._at(self.now + self.prefill_s, "first", run)
+                self._at(self.now + self.prefill_s + run.output_tokens * self.decode_s, "done", run)
             elif isinstance(d, Preempt):
                 assert d.req.id in self.inflight
                 self.inflight.discard(d.req.id)
@@ -206,9 +208,9 @@ class Harness:
         return req.avoid == name and any(
             rep.name != name and rep.serves(req.model) for rep in self.sched.fleet.usable)
 
-    def _at(self, when: float, kind: str, job: Job) -> None:
+    def _at(self, when: float, kind: str, run: EngineRun) -> None:
         self.seq += 1
-        heapq.heappush(self.events, (when, self.seq, kind, job))
+        heapq.heappush(self.events, (when, self.seq, kind, run))
 
     def run_until(self, t: float) -> None:
         while True:
@@ -219,16 +221,16 @@ class Harness:
                 break
             self.now = max(self.now, min(candidates))
             if nxt_event is not None and nxt_event <= self.now:
-                _, _, kind, job = heapq.heappop(self.events)
-                req = self.sched.requests.get(job.rid)
-                if req is None or job.dispatch_gen != self.dispatch_no[job.rid]:
+                _, _, kind, run = heapq.heappop(self.events)
+                req = self.sched.requests.get(run.rid)
+                if req is None or run.dispatch_gen != self.dispatch_no[run.rid]:
                     continue  # preempted, cancelled or ended meanwhile: that engine call is gone
-                if job.rid not in self.inflight:
+                if run.rid not in self.inflight:
                     continue
                 if kind == "first":
-                    self.apply(self.sched.first_token(job.rid, self.now))
+                    self.apply(self.sched.first_token(run.rid, self.now))
                 else:
-                    self.apply(self.sched.complete(job.rid, self.now, job.output_tokens))
+                    self.apply(self.sched.complete(run.rid, self.now, run.output_tokens))
             else:
                 self.apply(self.sched.tick(self.now))
         self.now = max(self.now, t)

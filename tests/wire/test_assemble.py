@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from qosgate.wire.assemble import StreamAssembler, assemble
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from tests.support.json_match import same_json
 
 DATA = Path(__file__).parent / "data" / "vllm032"

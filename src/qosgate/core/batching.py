@@ -6,28 +6,32 @@ released as one engine call (one upstream ``/v1/embeddings`` with a list, one ll
 - on **size** (``max_batch`` requests) or on a **token budget** (``max_tokens``, TEI's way);
 - at once for a request that must not wait (realtime: ``urgent``), taking along what is pending;
 - at once when nothing more can come (the replica has no room left for another dispatch);
-- when the oldest pending request has waited the **window**.
+- when the oldest pending request has waited the **linger** (as Kafka's ``linger.ms``).
 
-The window is a ``WindowController``'s: ``FixedWindow`` (0: no batching window at all; every
-request runs when it arrives, as without a batcher) or ``AdaptiveWindow``, which follows seed
-003's feedback rule between a floor and a ceiling: every ``every`` batches it compares the
-measured per-batch latency (smoothed, exponentially) against a target; over 1.2x the target the
-window shrinks by the ratio, under 0.8x it grows (by at most 2x, and only while batches do fill
-up beyond one request: a window that collects nobody only adds latency); the step is smoothed
-too (``alpha``), so it does not oscillate. One exception to the seed's rule, after measuring it:
+Words: a *batch* here is what the engine runs as one call, as everywhere in qosgate (the engine's
+batch); the *linger* is how long a request may wait for others to join it (the configuration
+still calls it the embeddings ``window``); the *window* is only the replica's in-flight cap, and
+the Batch API is *batches* (``runtime.batches``).
+
+The linger is a ``LingerController``'s: ``FixedLinger`` (0: no linger at all; every request runs
+when it arrives, as without a batcher) or ``AdaptiveLinger``, which follows the design brief's
+feedback rule between a floor and a ceiling: every ``every`` batches it compares the measured
+per-batch latency (smoothed, exponentially) against a target; over 1.2x the target the linger
+shrinks by the ratio, under 0.8x it grows (by at most 2x, and only while batches do fill up
+beyond one request: a linger that collects nobody only adds latency); the step is smoothed too
+(``alpha``), so it does not oscillate. One exception to the brief's rule, after measuring it:
 when the latency is the engine's queue (batches are released while two or more others are still
 in flight there, smoothed), shrinking would make more and smaller calls and a longer queue, so
-the window grows instead.
+the linger grows instead.
 
 ``max_inflight`` (optional) bounds the batches running at the replica at once: while that many
 run, the next one fills up (TEI's continuous batching: a busy engine makes big batches by
 itself), and only a realtime request goes at once.
 
-Invariant (the property tests): a request stays pending only while a batch window is open (never
-longer than the window, which never exceeds the ceiling) or while the replica already runs
-``max_inflight`` batches -- work-conserving unless a batch window is open, bounded by its
-ceiling. Every request that enters is released exactly once or removed (pulled back, cancelled)
-exactly once.
+Invariant (the property tests): a request stays pending only while its linger runs (never longer
+than the linger, which never exceeds the ceiling) or while the replica already runs
+``max_inflight`` batches -- work-conserving unless a linger runs, bounded by its ceiling. Every
+request that enters is released exactly once or removed (pulled back, cancelled) exactly once.
 
 No clock reads: ``now`` is passed in by the driver (real time) or the simulator (virtual time).
 """
@@ -38,51 +42,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-# how a window evaluation moved the batch window (not a scheduler ``Decision``)
-WindowMove = Literal["grow", "shrink", "hold"]
+# how a linger evaluation moved the linger (not a scheduler ``Decision``)
+LingerMove = Literal["grow", "shrink", "hold"]
 
 
 @dataclass(frozen=True, slots=True)
-class WindowDecision:
+class LingerDecision:
     """What the controller decided at an evaluation (a metric)."""
 
     at: float
-    decision: WindowMove
+    decision: LingerMove
     latency_s: float  # the smoothed per-batch latency it judged
-    window_s: float  # the window from now on
+    linger_s: float  # the linger from now on
     mean_batch: float  # the mean batch size over the evaluated batches
 
 
-class WindowController(Protocol):
+class LingerController(Protocol):
     @property
-    def window_s(self) -> float: ...
+    def linger_s(self) -> float: ...
 
     def on_batch(self, now: float, size: int, latency_s: float,
-                 ahead: int = 0) -> WindowDecision | None:
+                 ahead: int = 0) -> LingerDecision | None:
         """A batch of ``size`` finished, its oldest request ``latency_s`` after it arrived;
         ``ahead`` batches were still in flight at the engine when it was released."""
         ...
 
 
-class FixedWindow:
-    """A window that never moves (0: none)."""
+class FixedLinger:
+    """A linger that never moves (0: none)."""
 
-    def __init__(self, window_s: float) -> None:
-        if window_s < 0:
-            raise ValueError("window_s must be >= 0")
-        self._w = window_s
+    def __init__(self, linger_s: float) -> None:
+        if linger_s < 0:
+            raise ValueError("linger_s must be >= 0")
+        self._w = linger_s
 
     @property
-    def window_s(self) -> float:
+    def linger_s(self) -> float:
         return self._w
 
     def on_batch(self, now: float, size: int, latency_s: float,
-                 ahead: int = 0) -> WindowDecision | None:
+                 ahead: int = 0) -> LingerDecision | None:
         return None
 
 
-class AdaptiveWindow:
-    """Seed 003's rule: 10-100 ms, re-evaluated every 10 batches against a latency target,
+class AdaptiveLinger:
+    """The design brief's rule: 10-100 ms, re-evaluated every 10 batches against a latency target,
     exponentially smoothed (both the latency it measures and the step it takes)."""
 
     def __init__(
@@ -110,14 +114,14 @@ class AdaptiveWindow:
         self._ahead = 0.0  # smoothed count of batches still in flight at a release
         self._n = 0
         self._sizes = 0
-        self.decisions: dict[WindowMove, int] = {"grow": 0, "shrink": 0, "hold": 0}
+        self.decisions: dict[LingerMove, int] = {"grow": 0, "shrink": 0, "hold": 0}
 
     @property
-    def window_s(self) -> float:
+    def linger_s(self) -> float:
         return self._w
 
     def on_batch(self, now: float, size: int, latency_s: float,
-                 ahead: int = 0) -> WindowDecision | None:
+                 ahead: int = 0) -> LingerDecision | None:
         lat = self._lat
         self._lat = latency_s if lat is None else lat + self.alpha * (latency_s - lat)
         self._ahead += self.alpha * (ahead - self._ahead)
@@ -130,9 +134,9 @@ class AdaptiveWindow:
         smoothed = self._lat
         ratio = smoothed / self.target_s
         w = self._w
-        decision: WindowMove = "hold"
+        decision: LingerMove = "hold"
         # the engine is backed up (batches are released while two or more are still in flight
-        # there, as when batches in flight are not limited): a smaller window would only make
+        # there, as when batches in flight are not limited): a smaller linger would only make
         # more, smaller calls and a longer queue -- the latency is the engine's, so open up
         congested = self._ahead >= 2.0
         if ratio > 1.2 and congested:
@@ -144,7 +148,7 @@ class AdaptiveWindow:
         elif ratio < 0.8 and mean > 1.0:
             proposed = w * min(2.0, 1.0 / max(ratio, 1e-9))
             decision = "grow"
-        elif ratio < 0.8:  # nobody to collect: the window only adds latency
+        elif ratio < 0.8:  # nobody to collect: the linger only adds latency
             proposed = self.floor_s
             decision = "shrink" if w > self.floor_s else "hold"
         else:
@@ -154,7 +158,7 @@ class AdaptiveWindow:
             decision = "hold"
         self._w = new
         self.decisions[decision] += 1
-        return WindowDecision(now, decision, smoothed, new, mean)
+        return LingerDecision(now, decision, smoothed, new, mean)
 
 
 @dataclass(slots=True)
@@ -194,14 +198,14 @@ class Batcher:
     dispatch order: class, fairness); a batch takes the oldest first."""
 
     limits: BatchLimits
-    controller: WindowController
+    controller: LingerController
     pending: list[Pending] = field(default_factory=list)
     inflight: int = 0  # batches released and not finished
     _tokens: int = 0
 
     @property
-    def window_s(self) -> float:
-        return self.controller.window_s
+    def linger_s(self) -> float:
+        return self.controller.linger_s
 
     def add(self, rid: str, tokens: int, now: float, urgent: bool = False) -> None:
         self.pending.append(Pending(rid, max(0, tokens), urgent, now))
@@ -222,11 +226,11 @@ class Batcher:
         return len(self.pending)
 
     def deadline(self) -> float | None:
-        """When the window of the oldest pending request closes (None: nothing pending, or
+        """When the linger of the oldest pending request closes (None: nothing pending, or
         nothing can go before a batch in flight finishes)."""
         if not self.pending or 0 < self.limits.max_inflight <= self.inflight:
             return None
-        return self.pending[0].arrived + self.controller.window_s
+        return self.pending[0].arrived + self.controller.linger_s
 
     def release(self, now: float, room: bool = True) -> list[Batch]:
         """The batches due now. ``room``: may the replica still take another dispatch (if not,
@@ -247,7 +251,7 @@ class Batcher:
                 why = "urgent"
             elif not room:
                 why = "full"
-            elif now >= self.pending[0].arrived + self.controller.window_s:
+            elif now >= self.pending[0].arrived + self.controller.linger_s:
                 why = "window"
             if why is None:
                 break
@@ -271,8 +275,8 @@ class Batcher:
         self.inflight += 1
         return Batch(tuple(p.rid for p in taken), tokens, taken[0].arrived, now, why, ahead)
 
-    def finished(self, now: float, batch: Batch) -> WindowDecision | None:
-        """A released batch finished: its latency (from its oldest arrival) feeds the window."""
+    def finished(self, now: float, batch: Batch) -> LingerDecision | None:
+        """A released batch finished: its latency (from its oldest arrival) feeds the linger."""
         self.inflight = max(0, self.inflight - 1)
         return self.controller.on_batch(now, len(batch.rids), now - batch.opened, batch.ahead)
 
@@ -280,18 +284,18 @@ class Batcher:
 def make_controller(
     mode: str,
     *,
-    window_s: float = 0.0,
+    linger_s: float = 0.0,
     floor_s: float = 0.010,
     ceiling_s: float = 0.100,
     target_s: float = 0.150,
     every: int = 10,
     alpha: float = 0.5,
-) -> WindowController:
-    """``off`` (no window), ``fixed`` (``window_s``) or ``adaptive``."""
-    factories: dict[str, Callable[[], WindowController]] = {
-        "off": lambda: FixedWindow(0.0),
-        "fixed": lambda: FixedWindow(window_s),
-        "adaptive": lambda: AdaptiveWindow(floor_s, ceiling_s, target_s, every=every,
+) -> LingerController:
+    """``off`` (no linger), ``fixed`` (``linger_s``) or ``adaptive``."""
+    factories: dict[str, Callable[[], LingerController]] = {
+        "off": lambda: FixedLinger(0.0),
+        "fixed": lambda: FixedLinger(linger_s),
+        "adaptive": lambda: AdaptiveLinger(floor_s, ceiling_s, target_s, every=every,
                                            alpha=alpha),
     }
     if mode not in factories:

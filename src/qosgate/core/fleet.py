@@ -26,13 +26,13 @@ from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
 from qosgate.core.breakers import build_breaker
 from qosgate.core.facts import AttemptFailed
-from qosgate.core.limits import FixedLimit, Limit, build_limit
 from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
 from qosgate.core.routing import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard
+from qosgate.core.windows import FixedWindow, WindowRule, build_window
 
 
 class Fleet:
@@ -110,19 +110,19 @@ class Fleet:
         self.preemptible: dict[str, Request] = {}
 
     # ---------------------------------------------------------------- replicas
-    def add(self, spec: ReplicaSpec, limit: Limit | None = None) -> None:
+    def add(self, spec: ReplicaSpec, window_rule: WindowRule | None = None) -> None:
         if spec.name in self.replicas:
             raise ValueError(f"replica {spec.name!r} exists")
         fleet = self.cfg.fleet
         breaker = build_breaker(fleet.outlier, fleet.seed + len(self.replicas))
-        if limit is None:
+        if window_rule is None:
             # a pausable (in-process) engine is scheduled here token by token: its window is
             # its batch unless asked otherwise
-            mode = spec.window or ("fixed" if spec.pausable else fleet.window.mode)
-            limit = build_limit(mode, spec.capacity, fleet.window)
+            mode = spec.window_mode or ("fixed" if spec.pausable else fleet.window.mode)
+            window_rule = build_window(mode, spec.max_window, fleet.window)
         guard_mode = self.guard_mode
         self.replicas[spec.name] = Replica(
-            spec.name, limit, models=spec.models, pausable=spec.pausable, breaker=breaker,
+            spec.name, window_rule, models=spec.models, pausable=spec.pausable, breaker=breaker,
             up=spec.up, guard=None if guard_mode is None else build_guard(guard_mode),
             ordered=spec.ordered,
         )
@@ -130,11 +130,11 @@ class Fleet:
             self.router.follow_events(spec.name)
         self.refresh(-math.inf)
 
-    def set_capacity(self, name: str, capacity: int) -> None:
+    def set_window(self, name: str, window: int) -> None:
         rep = self.replicas[name]
-        if not isinstance(rep.limit, FixedLimit):
+        if not isinstance(rep.window_rule, FixedWindow):
             raise TypeError(f"replica {name!r} has an adaptive window")
-        rep.limit.set(capacity)
+        rep.window_rule.set(window)
 
     def observe(self, rep: Replica, now: float, up: bool | None,
                 models: Sequence[str] | None, signals: LoadSignals | None) -> None:
@@ -149,7 +149,7 @@ class Fleet:
             rep.models = frozenset(models)
         if signals is not None:
             rep.signals = signals
-            rep.limit.on_signals(now, signals, self._busy(rep))
+            rep.window_rule.on_signals(now, signals, self._busy(rep))
             self._watch_itl(rep, signals)
             rep.engine_share = signals.share(len(rep.inflight))
         self.refresh(now)
@@ -189,7 +189,7 @@ class Fleet:
         """What a window counts as in use: the requests in flight and the free room kept for
         the classes above (the reserved share), which the queue may not fill. Without the
         latter a window of 20 or more never counted as full under api traffic and never grew."""
-        reserved = int(self._reserve_max * rep.limit.limit)
+        reserved = int(self._reserve_max * rep.window_rule.window)
         return len(rep.inflight) + (min(reserved, rep.free) if reserved else 0)
 
     def refresh(self, now: float) -> None:
@@ -218,7 +218,7 @@ class Fleet:
     def sampled(self, rep: Replica, now: float, latency: float, dropped: bool) -> None:
         """Tell a replica's window how an attempt went; its room changes with it."""
         before = rep.free
-        rep.limit.on_sample(now, latency, len(rep.inflight), dropped)
+        rep.window_rule.on_sample(now, latency, len(rep.inflight), dropped)
         if rep.name in self.usable_names:
             self.free_slots += rep.free - before
 
@@ -229,7 +229,7 @@ class Fleet:
         if fact.backpressure:
             wait = fact.retry_after if fact.retry_after is not None else self.cfg.fleet.cooldown_s
             rep.cooled_until = max(rep.cooled_until, now + wait)
-            rep.limit.on_sample(now, latency, len(rep.inflight), True)
+            rep.window_rule.on_sample(now, latency, len(rep.inflight), True)
         else:
             rep.failing = True
             rep.breaker.on_result(now, False)
@@ -324,7 +324,7 @@ class Fleet:
             rep.failing = False
             rep.breaker.on_result(now, True)
             self.next_change = now  # recount the room at the next tick (now)
-        if rep.limit.adaptive:
+        if rep.window_rule.adaptive:
             self.sampled(rep, now, first - (req.dispatched_at or first), False)
         return streams_on_loan
 
@@ -528,7 +528,7 @@ class Fleet:
         its borrower ends: the borrower's debt, not the other classes'). On an engine that
         pauses, every request of a class that may be pulled back counts as free room too: the
         classes above can have its slot back at any time."""
-        reserved = int(frac * rep.limit.limit)
+        reserved = int(frac * rep.window_rule.window)
         if not reserved:
             return None
         return rep.free + (rep.preemptible if rep.pausable else rep.loans) - reserved

@@ -3,7 +3,7 @@
 Each varying piece is a small policy object behind one interface (each in its own module, with
 the clock passed in, so the gateway and the simulator run the same ones):
 
-- ``Limit`` (``core.limits``): the replica's window (requests in flight at most), in the shape
+- ``WindowRule`` (``core.windows``): the replica's window (requests in flight at most), in the shape
   of Netflix's concurrency-limits (``on_sample``);
 - ``Breaker`` (``core.breakers``): whether the replica may take new work now;
 - ``TpotGuard`` (``core.tpot_guard``): where the TPOT guard holds the other classes off it.
@@ -23,9 +23,9 @@ from qosgate.core.breakers import AlwaysClosed, Breaker
 from qosgate.core.signals import LoadSignals
 
 if TYPE_CHECKING:
-    from qosgate.core.limits import Limit
     from qosgate.core.request import Request
     from qosgate.core.tpot_guard import TpotGuard
+    from qosgate.core.windows import WindowRule
 
 
 BUDGET_OPEN = 1 << 30  # a replica's prefill budget closed to no class
@@ -34,13 +34,13 @@ BUDGET_OPEN = 1 << 30  # a replica's prefill budget closed to no class
 @dataclass(slots=True)
 class ReplicaSpec:
     name: str
-    capacity: int
+    max_window: int  # the window's ceiling (adaptive) or the window (fixed)
     pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
     models: tuple[str, ...] = ()  # model ids it serves; empty = any
     up: bool = True  # until its first health probe says otherwise
-    # "adaptive" or "fixed" (capacity is then the window's ceiling or the window); None: the
-    # config's mode, but fixed for a pausable engine
-    window: str | None = None
+    # "adaptive" or "fixed" (``max_window`` is then the window's ceiling or the window); None:
+    # the config's mode, but fixed for a pausable engine
+    window_mode: str | None = None
     # the engine runs its waiting queue in the order it is sent (``Request.order``): a request
     # may then overtake this gateway's unstarted work there (``fleet.window.overtake``)
     ordered: bool = False
@@ -52,16 +52,38 @@ class ReplicaSpec:
 class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
-    __slots__ = ("breaker", "budget_closed_below", "cooled_until", "engine_share", "failing",
-                 "guard", "inflight", "itl_s", "itl_seen", "limit", "loan_streams", "loans",
-                 "models", "name", "ordered", "other_prefill_tokens", "others_held",
-                 "others_inflight", "pausable", "pending", "preemptible", "prefill_tokens",
-                 "signals", "strict_streams", "up")
+    __slots__ = (
+        "breaker",
+        "budget_closed_below",
+        "cooled_until",
+        "engine_share",
+        "failing",
+        "guard",
+        "inflight",
+        "itl_s",
+        "itl_seen",
+        "loan_streams",
+        "loans",
+        "models",
+        "name",
+        "ordered",
+        "other_prefill_tokens",
+        "others_held",
+        "others_inflight",
+        "pausable",
+        "pending",
+        "preemptible",
+        "prefill_tokens",
+        "signals",
+        "strict_streams",
+        "up",
+        "window_rule",
+    )
 
     def __init__(
         self,
         name: str,
-        limit: Limit,
+        window_rule: WindowRule,
         *,
         models: Sequence[str] = (),
         pausable: bool = False,
@@ -72,7 +94,7 @@ class Replica:
     ) -> None:
         self.name = name
         self.ordered = ordered  # its engine runs its waiting queue in ``Request.order``
-        self.limit = limit
+        self.window_rule = window_rule
         self.models: frozenset[str] = frozenset(models)  # empty: serves any model
         self.pausable = pausable
         self.breaker: Breaker = breaker if breaker is not None else AlwaysClosed()
@@ -109,18 +131,14 @@ class Replica:
         self.failing = False
 
     @property
-    def capacity(self) -> int:
-        return self.limit.limit
-
-    @property
     def window(self) -> int:
-        """The window in force: the limit's, or one request while on probation."""
-        return 1 if self.breaker.probation else self.limit.limit
+        """The window in force: the rule's, or one request while on probation."""
+        return 1 if self.breaker.probation else self.window_rule.window
 
     @property
     def free(self) -> int:
         # (``window`` inlined: this is read on every dispatch and release)
-        free = (1 if self.breaker.probation else self.limit.limit) - len(self.inflight)
+        free = (1 if self.breaker.probation else self.window_rule.window) - len(self.inflight)
         return free if free > 0 else 0
 
     def serves(self, model: str) -> bool:

@@ -31,7 +31,6 @@ from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.facts import AttemptFailed
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
-from qosgate.core.limits import Limit
 from qosgate.core.prefix import Prefix
 from qosgate.core.pricing import Pricing
 from qosgate.core.queueing import Policy, build_policy
@@ -57,6 +56,7 @@ from qosgate.core.routing import Router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers
+from qosgate.core.windows import WindowRule
 
 __all__ = ["ReplicaSpec", "Scheduler"]
 
@@ -173,12 +173,12 @@ class Scheduler:
         return req
 
     # ---------------------------------------------------------------- replicas
-    def add_replica(self, spec: ReplicaSpec, limit: Limit | None = None) -> None:
-        self.fleet.add(spec, limit)
+    def add_replica(self, spec: ReplicaSpec, window_rule: WindowRule | None = None) -> None:
+        self.fleet.add(spec, window_rule)
 
-    def set_capacity(self, name: str, capacity: int, now: float) -> list[Decision]:
+    def set_window(self, name: str, window: int, now: float) -> list[Decision]:
         """Set a fixed window (tests, operators); in-flight work is never cut."""
-        self.fleet.set_capacity(name, capacity)
+        self.fleet.set_window(name, window)
         out: list[Decision] = []
         self._advance(now, out)
         self.fleet.refresh(now)

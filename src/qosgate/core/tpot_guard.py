@@ -1,6 +1,6 @@
 """Where the TPOT guard holds: the fraction of the strict classes' TPOT budget past which an
 engine's mean inter-token latency holds the other classes off a replica (``Fleet._watch_itl``
-applies it). One small class per way of choosing it, as ``core.limits`` has one per window
+applies it). One small class per way of choosing it, as ``core.windows`` has one per window
 algorithm; each replica has its own, since engines of one fleet differ.
 
 Why a learned one: the guard reads the engine's *mean* time per token, while the SLO is judged

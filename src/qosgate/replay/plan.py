@@ -63,7 +63,7 @@ def read_requests(path: Path, prep: Prepared) -> Workload:
     """A JSONL of requests as a workload, one object a line: ``t`` (seconds), ``prompt_tokens``,
     ``output_tokens``, and optionally ``class`` and ``tenant`` (a tenant of the scenario's
     config: its first key is sent) or ``api_key``. Each distinct (key, class) is a stream; the
-    arrival window ends at the last ``t`` (or 1 s for a single request at 0)."""
+    arrival span ends at the last ``t`` (or 1 s for a single request at 0)."""
     streams: dict[tuple[str | None, str | None], int] = {}
     rows: list[tuple[float, int, int, int]] = []
     with path.open(encoding="utf-8") as f:

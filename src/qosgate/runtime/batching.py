@@ -1,7 +1,7 @@
 """Batching as a decorator over an engine: ``BatchingEngine`` is an ``Engine`` that collects the
 embeddings calls it is given and runs them as batches on the engine it wraps (``run_batch``),
 when its ``Batcher`` (``core.batching``, the policy) says a batch is due: size, token budget, a
-realtime request, no room left at the replica, or its window. Every other call goes straight
+realtime request, no room left at the replica, or its linger. Every other call goes straight
 through. The driver knows nothing of batches: it starts a call, cancels it, and an embeddings
 call simply takes longer to start.
 
@@ -10,7 +10,7 @@ driver cancels its task), it leaves the batcher; ended while its batch runs, it 
 engine (its sink raises ``Withdrawn``). When a batch's call ends, its calls' tasks end too: one
 the engine did not report on is failed by the driver (``engine_error``), as any engine call that
 ends without a word. The batch's latency (from its oldest request's arrival here) feeds the
-window controller. One ``DeadlineTimer`` wakes this at the batcher's window end.
+linger controller. One ``DeadlineTimer`` wakes this at the batcher's linger end.
 
 What the replica's room is (``room``) and when it may have changed (``room_changed``: a request
 ended anywhere) are the wiring's (``server/compose.py``): the scheduler knows its replicas, this
@@ -28,10 +28,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from qosgate.core.batching import Batch, Batcher, WindowDecision
+from qosgate.core.batching import Batch, Batcher, LingerDecision
 from qosgate.runtime.ports import Call, Engine, Health
 from qosgate.runtime.timer import DeadlineTimer
-from qosgate.wire.job import Route, Unservable
+from qosgate.wire.engine_request import Route, Unservable
 
 log = logging.getLogger("qosgate.runtime.batches")
 
@@ -53,7 +53,7 @@ class BatchStats:
     sizes: list[int] = field(default_factory=lambda: [0] * (len(SIZE_BUCKETS) + 1))
     size_sum: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
-    last: WindowDecision | None = None
+    last: LingerDecision | None = None
 
     @property
     def batches(self) -> int:
@@ -78,7 +78,7 @@ class _Waiting:
 
 class BatchingEngine:
     """``inner`` with its embeddings calls batched by ``batcher``. ``room``: may the replica
-    still take another dispatch; ``urgent_levels``: class levels below this skip the window."""
+    still take another dispatch; ``urgent_levels``: class levels below this skip the linger."""
 
     def __init__(
         self,
@@ -94,7 +94,7 @@ class BatchingEngine:
         self.clock = clock
         self.urgent_levels = urgent_levels
         self.name = inner.name
-        self.capacity = inner.capacity
+        self.max_window = inner.max_window
         self.pausable = inner.pausable
         self.ordered = inner.ordered
         # the inner engine's own ``start_call``, if it has one (the driver's convention)
@@ -154,7 +154,7 @@ class BatchingEngine:
 
     # ---------------------------------------------------------------- calls
     async def run(self, call: Call) -> None:
-        if call.job.route != "embeddings":
+        if call.engine_request.route != "embeddings":
             await self.inner.run(call)
             return
         await self._wait(self._collect(call))
@@ -162,7 +162,7 @@ class BatchingEngine:
     def start_call(self, call: Call) -> Coroutine[Any, Any, None]:
         """The call, for the driver to make a task of; an embeddings call is collected *now*
         (while the scheduler dispatches it: the room it sees is the scheduler's)."""
-        if call.job.route != "embeddings":
+        if call.engine_request.route != "embeddings":
             start = self._inner_start
             return start(call) if start is not None else self.inner.run(call)
         w = self._collect(call)
@@ -170,14 +170,14 @@ class BatchingEngine:
         return w.wait
 
     def _collect(self, call: Call) -> _Waiting:
-        rid = call.job.rid
+        rid = call.engine_request.rid
         old = self._waiting.pop(rid, None)
         if old is not None and not old.released:  # a pulled-back attempt not yet gone
             self.batcher.remove(rid)
         w = _Waiting(call, self._get_loop().create_future())
         self._waiting[rid] = w
         now = self.clock()
-        self.batcher.add(rid, call.job.prompt_tokens, now,
+        self.batcher.add(rid, call.engine_request.prompt_tokens, now,
                          urgent=call.level() < self.urgent_levels)
         self._release_at(now)
         return w
@@ -189,7 +189,7 @@ class BatchingEngine:
             self._forget(w)
 
     def _forget(self, w: _Waiting) -> None:
-        rid = w.call.job.rid
+        rid = w.call.engine_request.rid
         if self._waiting.get(rid) is w:
             del self._waiting[rid]
             if not w.released:
@@ -248,7 +248,7 @@ class BatchingEngine:
             st = self.stats
             st.decisions[dec.decision] = st.decisions.get(dec.decision, 0) + 1
             st.last = dec
-            log.debug("batch window of %s: %s to %.1f ms (latency %.1f ms, mean batch %.1f)",
-                      self.name, dec.decision, dec.window_s * 1e3, dec.latency_s * 1e3,
+            log.debug("linger of %s: %s to %.1f ms (latency %.1f ms, mean batch %.1f)",
+                      self.name, dec.decision, dec.linger_s * 1e3, dec.latency_s * 1e3,
                       dec.mean_batch)
         self._release_at(now)  # a batch in flight fewer: one waiting for it may be due

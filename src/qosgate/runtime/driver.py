@@ -32,7 +32,7 @@ from qosgate.core.reasons import upstream
 from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog
 from qosgate.runtime.timer import DeadlineTimer
-from qosgate.wire.job import Job
+from qosgate.wire.engine_request import EngineRequest
 
 log = logging.getLogger("qosgate.runtime")
 
@@ -73,13 +73,23 @@ class DeliverySink:
 class Ticket:
     """One client request as the driver tracks it; it is also the engine's ``Call``."""
 
-    __slots__ = ("_driver", "answer", "client", "finished", "first_token_at", "job", "req", "sink",
-                 "task")
+    __slots__ = (
+        "_driver",
+        "answer",
+        "client",
+        "engine_request",
+        "finished",
+        "first_token_at",
+        "req",
+        "sink",
+        "task",
+    )
 
-    def __init__(self, driver: Driver, req: Request, job: Job, sink: Sink) -> None:
+    def __init__(self, driver: Driver, req: Request, engine_request: EngineRequest,
+                 sink: Sink) -> None:
         self._driver = driver
         self.req = req
-        self.job = job
+        self.engine_request = engine_request
         self.client = sink
         self.sink = DeliverySink(self, sink)
         self.task: asyncio.Task[None] | None = None
@@ -232,8 +242,8 @@ class Driver:
         return len(queued)
 
     # ------------------------------------------------------------------ events
-    def ticket(self, req: Request, job: Job, sink: Sink) -> Ticket:
-        return Ticket(self, req, job, sink)
+    def ticket(self, req: Request, engine_request: EngineRequest, sink: Sink) -> Ticket:
+        return Ticket(self, req, engine_request, sink)
 
     def submit(self, t: Ticket) -> None:
         """Hand a new request to the scheduler; ``t.finished`` resolves at its terminal state

@@ -1,15 +1,15 @@
 """The embedded engine of ``qosgate serve``: llama.cpp in-process, as one pausable replica.
 
-Window and slots: the core dispatches at most ``capacity`` (the window) requests to the replica,
-and those decode together. A request the core pauses leaves the window (its slot in the core is
-given to the more urgent request) but keeps its llama.cpp *slot*: its KV cells stay where they are,
-so resuming costs nothing. The engine therefore needs more slots than the window -- by default
-twice as many (window 4, 8 slots): up to ``window`` paused sequences keep their KV while
-``window`` others run. When more are paused than that, the engine evicts the least important
-paused sequence's KV (``evict_paused``) and recomputes it by prefill when it resumes; with one KV
-stream per sequence that recomputation gives bit-identical logits (see ``models/llamacpp.py``),
-so the stream goes on exactly as it would have. Without eviction, a window full of requests that
-wait for slots held by paused ones could never make progress.
+Window and slots: the core dispatches at most ``max_window`` (the window; the config's
+``engine.capacity``) requests to the replica, and those decode together. A request the core pauses
+leaves the window (its slot in the core is given to the more urgent request) but keeps its llama.cpp
+*slot*: its KV cells stay where they are, so resuming costs nothing. The engine therefore needs more
+slots than the window -- by default twice as many (window 4, 8 slots): up to ``window`` paused
+sequences keep their KV while ``window`` others run. When more are paused than that, the engine
+evicts the least important paused sequence's KV (``evict_paused``) and recomputes it by prefill when
+it resumes; with one KV stream per sequence that recomputation gives bit-identical logits (see
+``models/llamacpp.py``), so the stream goes on exactly as it would have. Without eviction, a window
+full of requests that wait for slots held by paused ones could never make progress.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def default_threads() -> int:
 def llamacpp_replica(
     *,
     model: str | Path | None = None,
-    capacity: int | None = None,
+    max_window: int | None = None,
     max_num_seqs: int | None = None,
     n_ctx: int = 2048,
     n_threads: int | None = None,
@@ -53,7 +53,7 @@ def llamacpp_replica(
     path = Path(model) if model is not None else default_model_path()
     if not path.is_file():
         raise FileNotFoundError(f"model file not found: {path}")
-    window = capacity or DEFAULT_WINDOW
+    window = max_window or DEFAULT_WINDOW
     slots = max_num_seqs or 2 * window
     if slots < window:
         raise ValueError(f"max_num_seqs ({slots}) must be at least the window ({window})")
@@ -70,7 +70,7 @@ def llamacpp_replica(
     replica = InProcessEngine(
         engine,
         name=name,
-        capacity=window,
+        max_window=window,
         models=[served_model_name],
         modelled_time=False,
         text=True,
@@ -91,7 +91,7 @@ def llamacpp_from_settings(es: EngineSettings) -> InProcessEngine:
     """The replica ``qosgate serve`` builds from its ``engine`` section; the start-up check
     (``runtime/preflight.py``) builds the very same one in its child process."""
     return llamacpp_replica(
-        model=es.model, capacity=es.max_window, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
+        model=es.model, max_window=es.max_window, max_num_seqs=es.max_num_seqs, n_ctx=es.n_ctx,
         n_threads=es.n_threads, served_model_name=es.served_model_name,
         evict_paused=es.evict_paused, pausable=es.pausable,
         embeddings=es.embeddings, embed_batch_tokens=es.embed_batch_tokens,

@@ -13,8 +13,9 @@ async def deliver(call: Call, model: str, vectors: Sequence[Sequence[float]],
                   prompt_tokens: int) -> bool:
     """Answer one client of a batch with its own vectors and usage; False if it was withdrawn
     meanwhile (nothing sent)."""
-    job = call.job
-    body = response(model, vectors, job.encoding_format, prompt_tokens, job.dimensions)
+    engine_request = call.engine_request
+    body = response(model, vectors, engine_request.encoding_format, prompt_tokens,
+                    engine_request.dimensions)
     try:
         await call.sink.start(200, list(JSON_HEADERS))
     except Withdrawn:

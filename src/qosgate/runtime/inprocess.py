@@ -34,8 +34,8 @@ from typing import Any
 from qosgate.models.step import BadTextRequest, FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call, Health
+from qosgate.wire.engine_request import Route, Unservable
 from qosgate.wire.errors import error_json, invalid_request
-from qosgate.wire.job import Route, Unservable
 from qosgate.wire.responses import Formatter, model_card
 from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
 from qosgate.wire.textreq import TextRequest, parse_text_request
@@ -70,7 +70,7 @@ class InProcessEngine:
         engine: StepEngine,
         *,
         name: str = "inprocess",
-        capacity: int | None = None,
+        max_window: int | None = None,
         models: list[str] | None = None,
         modelled_time: bool = True,
         time_scale: float = 1.0,
@@ -88,7 +88,7 @@ class InProcessEngine:
         self.max_model_len = max_model_len
         self.eos_after = eos_after  # a simulated model's answer length when nothing caps it
         self.name = name
-        self.capacity = capacity if capacity is not None else engine.max_num_seqs
+        self.max_window = max_window if max_window is not None else engine.max_num_seqs
         self._models = models or ["qosgate-sim"]
         self._created = int(time.time())
         self.modelled_time = modelled_time
@@ -191,7 +191,7 @@ class InProcessEngine:
             return
         items: list[str | list[int]] = []
         for c in calls:
-            items.extend(c.job.inputs or [])
+            items.extend(c.engine_request.inputs or [])
         try:
             vectors, counts = await asyncio.to_thread(emb.embed, items)
         except ValueError as exc:  # a token id out of the vocabulary
@@ -203,8 +203,8 @@ class InProcessEngine:
             return
         at = 0
         for c in calls:
-            n = len(c.job.inputs or [])
-            await deliver(c, c.job.model, vectors[at:at + n], sum(counts[at:at + n]))
+            n = len(c.engine_request.inputs or [])
+            await deliver(c, c.engine_request.model, vectors[at:at + n], sum(counts[at:at + n]))
             at += n
 
     def pause(self, rid: str) -> None:
@@ -225,30 +225,32 @@ class InProcessEngine:
         self._kick()
 
     async def run(self, call: Call) -> None:
-        job = call.job
+        engine_request = call.engine_request
         # a request that sets no cap runs to where its context ends (vLLM's default cap); a
         # simulated model ends its answer by itself after ``eos_after`` tokens
-        room = self.max_model_len - job.prompt_tokens if self.max_model_len is not None else None
-        cap = job.max_tokens if job.max_tokens is not None else room
+        room = (self.max_model_len - engine_request.prompt_tokens
+                if self.max_model_len is not None else None)
+        cap = engine_request.max_tokens if engine_request.max_tokens is not None else room
         max_tokens = max(1, cap if cap is not None else self.eos_after)
         if not self.text:
             spec = SeqSpec(
-                seq_id=job.rid,
-                prompt_tokens=max(1, job.prompt_tokens),
+                seq_id=engine_request.rid,
+                prompt_tokens=max(1, engine_request.prompt_tokens),
                 max_tokens=max_tokens,
-                target_output_tokens=self.eos_after if job.max_tokens is None else None,
+                target_output_tokens=self.eos_after if engine_request.max_tokens is None else None,
                 engine_priority=call.order(),
             )
             await self.generate(call, spec)
             return
         try:
-            req = parse_text_request(job.body, job.route)
+            req = parse_text_request(engine_request.body, engine_request.route)
         except BadTextRequest as exc:
-            await self._unpaused(job.rid)  # a queued request's client must not see anything
+            # a queued request's client must not see anything
+            await self._unpaused(engine_request.rid)
             await self._refuse(call, str(exc), exc.param)
             return
-        spec = self._text_spec(job.rid, req, call.order())
-        spec.prompt_tokens = max(1, job.prompt_tokens)
+        spec = self._text_spec(engine_request.rid, req, call.order())
+        spec.prompt_tokens = max(1, engine_request.prompt_tokens)
         await self.generate(call, spec)
 
     # ------------------------------------------------------------------ serving one sequence
@@ -258,7 +260,7 @@ class InProcessEngine:
         if not sink.started:
             await sink.start(400, JSON_HEADERS)
             await sink.send(invalid_request(message, param, "engine_rejected"), False)
-        await self._unpaused(call.job.rid)  # paused while the answer was being written
+        await self._unpaused(call.engine_request.rid)  # paused while the answer was being written
         call.failed("engine_rejected")
 
     async def _unpaused(self, rid: str) -> None:
@@ -282,7 +284,7 @@ class InProcessEngine:
 
     async def generate(self, call: Call, spec: SeqSpec) -> None:
         """Add ``spec`` to the engine and serve its tokens to ``call`` until it finishes."""
-        job = call.job
+        engine_request = call.engine_request
         sink = call.sink
         rid = spec.seq_id
         paused = self._paused
@@ -293,7 +295,8 @@ class InProcessEngine:
             ch = self._chans[rid] = _Channel()
             self._op(self._add, spec)
             self._kick()
-            fmt = Formatter(job.route, rid, job.model, job.include_usage)
+            fmt = Formatter(engine_request.route, rid, engine_request.model,
+                            engine_request.include_usage)
             texts: list[str] = []
             sent = 0
             loop = asyncio.get_running_loop()
@@ -311,7 +314,7 @@ class InProcessEngine:
                 toks = ch.tokens
                 if toks:
                     ch.tokens = []
-                    if job.stream:
+                    if engine_request.stream:
                         # a token with no text of its own (the start of a character or of a
                         # possible stop string, held back) sends no chunk, as llama.cpp's server
                         out = b"".join([fmt.token(t) for t in toks if t])
@@ -331,7 +334,7 @@ class InProcessEngine:
                     self._chans.pop(rid, None)
                     reason = "length" if fin.reason == "length" else "stop"
                     cached = fin.cached_tokens if self.prompt_tokens_details else None
-                    if job.stream:
+                    if engine_request.stream:
                         if not sink.started:
                             await sink.start(200, SSE_HEADERS)
                             await sink.send(fmt.opening())

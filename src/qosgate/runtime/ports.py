@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from qosgate.core.facts import AttemptFailed
 from qosgate.core.signals import LoadSignals
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 
 
 class Withdrawn(Exception):
@@ -58,7 +58,7 @@ class Sink(Protocol):
 
 
 class Call(Protocol):
-    job: Job
+    engine_request: EngineRequest
 
     @property
     def sink(self) -> Sink: ...
@@ -114,7 +114,7 @@ class Call(Protocol):
 
 class Engine(Protocol):
     name: str
-    capacity: int
+    max_window: int
     pausable: bool
     # whether it runs its waiting queue in the order sent (``Call.order``): an engine-side
     # priority it honours

@@ -23,7 +23,7 @@ from qosgate.core.scheduler import Scheduler
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.kv_events import KVEventFeed
 from qosgate.settings import UpstreamSettings
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from qosgate.wire.kv_events import CacheChange, token_prefix
 from qosgate.wire.tokenize import tokenize_request
 

@@ -1,5 +1,5 @@
 """One loop timer that fires at the earliest deadline it was armed for: the scheduler's timers
-(``driver.py``) and a batching window (``batching.py``) both wake this way -- nothing sleeps in
+(``driver.py``) and an embeddings linger (``batching.py``) both wake this way -- nothing sleeps in
 a loop, and re-arming for a later deadline costs nothing."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 its window, and whether it runs open.
 
 The windows are read from the scheduler as built, before anything is served: an adaptive window
-(``core/limits.py``) starts small and moves with the engine's load between its floor and the
+(``core/windows.py``) starts small and moves with the engine's load between its floor and the
 replica's capacity, so the banner gives both the start and the cap; a fixed one is the capacity.
 """
 
@@ -12,21 +12,21 @@ from typing import Any
 
 from qosgate import __version__
 from qosgate.config import QosConfig
-from qosgate.core.limits import EngineLimit
+from qosgate.core.windows import AdaptiveWindow
 from qosgate.server.app import Gateway
 from qosgate.settings import GatewaySettings
 
 
-def window_text(limit: Any, capacity: int) -> str:
-    """``limit`` as built (its starting value): adaptive, or the fixed capacity."""
-    if isinstance(limit, EngineLimit):
-        return f"window adaptive: starts at {limit.limit}, at most {limit.max_limit}"
-    return f"window {capacity}"
+def window_text(rule: Any, max_window: int) -> str:
+    """``rule`` as built (its starting value): adaptive, or the fixed window."""
+    if isinstance(rule, AdaptiveWindow):
+        return f"window adaptive: starts at {rule.window}, at most {rule.max_window}"
+    return f"window {max_window}"
 
 
 def windows(gw: Gateway) -> dict[str, str]:
     """Each replica's window as it starts; call before serving (an adaptive one then moves)."""
-    return {name: window_text(gw.scheduler.replicas[name].limit, e.capacity)
+    return {name: window_text(gw.scheduler.replicas[name].window_rule, e.max_window)
             for name, e in gw.engines.items()}
 
 

@@ -41,12 +41,12 @@ from qosgate.server.asgi import (
 from qosgate.server.auth import denied_message, input_param, request_key
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.settings import GatewaySettings
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     ENDPOINTS,
     batch_object,
+    completion_window_seconds,
     file_object,
     list_object,
-    window_seconds,
 )
 from qosgate.wire.errors import error_json
 
@@ -346,11 +346,12 @@ class BatchRoutes:
         if endpoint not in ENDPOINTS:
             raise _Refusal(400, f"endpoint must be one of {list(ENDPOINTS)}, not "
                            f"{endpoint!r}.", "endpoint", "invalid_value")
-        window = body["completion_window"]
-        window_s = window_seconds(window) if window in self.batches.windows else None
-        if window_s is None:
+        completion_window = body["completion_window"]
+        completion_window_s = (completion_window_seconds(completion_window)
+                               if completion_window in self.batches.windows else None)
+        if completion_window_s is None:
             raise _Refusal(400, f"completion_window must be one of "
-                           f"{list(self.batches.windows)}, not {window!r}.",
+                           f"{list(self.batches.windows)}, not {completion_window!r}.",
                            "completion_window", "invalid_value")
         metadata = _metadata(body.get("metadata"))
         qos_class = self._job_class(scope, tenant, metadata)
@@ -362,8 +363,8 @@ class BatchRoutes:
             raise _Refusal(400, f"The file {file_id!r} has purpose {rec.purpose!r}; a batch's "
                            "input file must have purpose 'batch'.", "input_file_id",
                            "invalid_value")
-        job = await self.store.create_batch(tenant, file_id, endpoint, window, window_s,
-                                            qos_class, metadata)
+        job = await self.store.create_batch(tenant, file_id, endpoint, completion_window,
+                                            completion_window_s, qos_class, metadata)
         if self.on_created is not None:
             self.on_created(job.id)
         await send_json(send, 200, batch_object(job))

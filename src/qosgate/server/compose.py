@@ -32,8 +32,8 @@ from qosgate.runtime.precise import PreciseCache
 from qosgate.runtime.shared_state import InstanceInfo, RedisStore, SharedState, new_instance_id
 from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.server.app import Gateway, GatewayParts
-from qosgate.server.batch_lines import FlowLines
 from qosgate.server.batches import BatchRoutes
+from qosgate.server.batches_lines import FlowLines
 from qosgate.server.catalog import Catalog
 from qosgate.server.flow import RequestFlow
 from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
@@ -82,7 +82,7 @@ def build_engines(settings: GatewaySettings) -> dict[str, Engine]:
     engines["sim-0"] = InProcessEngine(
         sim,
         name="sim-0",
-        capacity=es.max_window or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
+        max_window=es.max_window or min(prof.max_num_seqs, DEFAULT_SIM_WINDOW),
         models=[es.served_model_name or "qosgate-sim"],
         modelled_time=True,
         time_scale=es.time_scale,
@@ -111,7 +111,7 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
         [
             # an in-process engine's window is its batch (it is scheduled here, token by
             # token); an upstream's adapts to what the engine reports of its own load
-            ReplicaSpec(name, e.capacity, e.pausable, models=tuple(e.models()),
+            ReplicaSpec(name, e.max_window, e.pausable, models=tuple(e.models()),
                         ordered=e.ordered, cache_events=name in with_events)
             for name, e in engines.items()
         ],
@@ -191,7 +191,7 @@ def _batching(es: EmbeddingsSettings, engines: dict[str, Engine], scheduler: Sch
             e,  # type: ignore[arg-type]
             Batcher(
                 BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
-                make_controller(es.linger, window_s=es.linger_ms / 1000,
+                make_controller(es.linger, linger_s=es.linger_ms / 1000,
                                 floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
                                 target_s=es.target_ms / 1000, every=es.every, alpha=es.alpha),
             ),

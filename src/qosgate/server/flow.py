@@ -37,7 +37,7 @@ from qosgate.server.errors import outcome_error, reason_error, retry_after_heade
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.prepare import NO_CLASS, Prepared, Refusal, Rules, prepare, prepare_embeddings
 from qosgate.settings import GatewaySettings
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
 
 UNKNOWN_TENANT = "unknown"  # the tenant of a request whose key was refused
@@ -101,7 +101,7 @@ class RequestFlow:
         if precise is not None and isinstance(ready, Prepared) and self.scheduler.reads_prefix:
             # the prompt's keys from its token ids, as the engines' KV events name blocks (else
             # its text's stand)
-            keys = await precise.prefix_of(body, route, ready.job.model)
+            keys = await precise.prefix_of(body, route, ready.engine_request.model)
             if keys is not None:
                 ready.req.prefix = keys
         await self._serve(receive, send, tenant, ready)
@@ -133,17 +133,18 @@ class RequestFlow:
                 ready.param,
             )
             return
-        req, job = ready.req, ready.job
+        req, engine_request = ready.req, ready.engine_request
         qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
         if qos_headers is None:
             return
         if ready.inserted is not None:
             qos_headers.append((b"x-qosgate-inserted-max-tokens", str(ready.inserted).encode()))
         sink = AsgiSink(send, qos_headers)
-        t = self.driver.ticket(req, job, sink)
+        t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
         if not t.finished.done():
-            keepalive = self._keepalive(t, sink) if job.stream and self.sse_keepalive_s else None
+            keepalive = (self._keepalive(t, sink)
+                         if engine_request.stream and self.sse_keepalive_s else None)
             try:
                 await self._await_end(receive, t)
             finally:
@@ -264,7 +265,7 @@ class RequestFlow:
         if req.state is State.CANCELLED and req.reason == "client_disconnected":
             return  # nobody to answer
         if sink.started:  # the response broke off after it began: end it visibly
-            if t.job.stream:
+            if t.engine_request.stream:
                 status, body, _ = outcome_error(req, self.cfg)
                 await sink.send(error_end(body), False)
             else:

@@ -443,19 +443,19 @@ class GatewayMetrics:
 
 
 class BatchingCollector:
-    """The embeddings batchers (``runtime/batching.py``): each replica's window now, its
-    batches by release reason and by size, and the window controller's decisions."""
+    """The embeddings batchers (``runtime/batching.py``): each replica's linger now, its
+    batches by release reason and by size, and the linger controller's decisions."""
 
     def __init__(self, engines: list[BatchingEngine]) -> None:
         self.engines = engines
 
     def collect(self) -> Iterator[Metric]:
-        window = mn.EMB_WINDOW.gauge()
+        linger = mn.EMB_WINDOW.gauge()
         pending = mn.EMB_PENDING.gauge()
         for b in self.engines:
-            window.add_metric([b.name], b.batcher.window_s)
+            linger.add_metric([b.name], b.batcher.linger_s)
             pending.add_metric([b.name], len(b.batcher))
-        yield window
+        yield linger
         yield pending
         by_name = sorted(self.engines, key=lambda b: b.name)
         released = mn.EMB_BATCHES.counter()

@@ -32,7 +32,7 @@ from qosgate.server.auth import RequestHeaders, input_param, session_id, session
 from qosgate.server.errors import TEXT_ESTIMATE, over_limit_message
 from qosgate.settings import GatewaySettings
 from qosgate.wire.embeddings import BadEmbeddings, parse_embeddings
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 from qosgate.wire.parse import (
     BadBody,
     Body,
@@ -106,11 +106,11 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request ready for the driver: the core's request, the engine's job (its body with any
+    """A request ready for the driver: the core's request, the engine request (its body with any
     output ceiling the gateway wrote in), and that ceiling (None: the body is the client's)."""
 
     req: Request
-    job: Job
+    engine_request: EngineRequest
     inserted: int | None = None
 
 
@@ -157,14 +157,14 @@ def prepare(
     if asked is None and req.ceiling is not None:
         body, asked = _with_ceiling(body, b, req.ceiling), req.ceiling
         inserted = asked
-    job = Job(
+    engine_request = EngineRequest(
         rid=rid, route=route, body=body, stream=bool(b.stream), model=model, max_tokens=asked,
         prompt_tokens=prompt_tokens,
         include_usage=bool(b.stream_options and b.stream_options.include_usage),
         has_priority=b.priority is not msgspec.UNSET,
         first_byte_timeout_s=rules.cfg.classes[req.class_level].first_byte_timeout,
     )
-    return Prepared(req, job, inserted)
+    return Prepared(req, engine_request, inserted)
 
 
 def prepare_embeddings(
@@ -196,13 +196,13 @@ def prepare_embeddings(
     over = over_limit(req, rules.admission)
     if over is not None:
         return _over_limit(over, req, "input", "The input", "text " + TEXT_ESTIMATE)
-    job = Job(
+    engine_request = EngineRequest(
         rid=rid, route="embeddings", body=body, stream=False, model=model, max_tokens=1,
         prompt_tokens=b.tokens, has_priority=b.has_priority,
         first_byte_timeout_s=rules.cfg.classes[req.class_level].first_byte_timeout,
         inputs=b.inputs, encoding_format=b.encoding_format, dimensions=b.dimensions, user=b.user,
     )
-    return Prepared(req, job)
+    return Prepared(req, engine_request)
 
 
 def _served_model(name: str | None, body: bytes, route: Route, rules: Rules) -> str | Refusal:

@@ -23,7 +23,7 @@ paused request resumes only where it was paused).
 
 Windows and preemption (the choices, and why):
 
-- Each replica's window (the core's ``ReplicaSpec.capacity``) is given by the scenario (``auto``:
+- Each replica's window (the core's ``ReplicaSpec.max_window``) is given by the scenario (``auto``:
   what the engine can run at once). qosgate holds the queue and orders it, while the engine's
   own waiting queue only holds what is dispatched but not yet admitted (prefill budget, KV).
 - Replicas are *pausable* by default, as the gateway's in-process engine declares: the simulated
@@ -82,11 +82,13 @@ from qosgate.core import (
     Scheduler,
     State,
 )
-from qosgate.core.jobfeed import SWEEP_S
+from qosgate.core.batches_feed import SWEEP_S
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.models.simmodel import SimEngine
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
+from qosgate.sim.batches import retry_rule
+from qosgate.sim.batches_feed import SimBatches
 from qosgate.sim.events import (
     TIMER_RANK,
     ArrivalDue,
@@ -101,8 +103,6 @@ from qosgate.sim.events import (
     SyncDue,
 )
 from qosgate.sim.gateways import Gateways
-from qosgate.sim.job_feed import SimJobs
-from qosgate.sim.jobs import retry_rule
 from qosgate.sim.replica import SimReplica
 from qosgate.sim.results import RequestRecord, RunResult, Sample
 from qosgate.sim.setup import (
@@ -201,12 +201,12 @@ class Simulation:
             JobDue: self._on_job,  # type: ignore[dict-item]
         }
         # batch jobs beside the workload: fed into gateway 0's scheduler (the instance that
-        # owns them), as the gateway's feeder does (``job_feed.py``)
-        self.jobs: SimJobs | None = None
+        # owns them), as the gateway's feeder does (``batches_feed.py``)
+        self.jobs: SimBatches | None = None
         self.job_events = 0  # job instants on the heap
         self.feed_due = False  # a feed instant is on the heap
         if setup.jobs:
-            self.jobs = SimJobs(setup.jobs, setup.batches, retry_rule(setup.batches), setup.seed)
+            self.jobs = SimBatches(setup.jobs, setup.batches, retry_rule(setup.batches), setup.seed)
             for k, jp in enumerate(setup.jobs):
                 self._push_job(jp.at, JobDue(k, "open"))
                 self._push_job(jp.deadline, JobDue(k, "expire"))
@@ -635,7 +635,7 @@ class Simulation:
             else:
                 ev = events.pop()
                 self._handlers[type(ev)](ev, now)
-        if self.arrivals_end_due:  # everything ended before the end of the arrival window
+        if self.arrivals_end_due:  # everything ended before the end of the arrival span
             self._take_snapshot()
         if self.progress is not None:
             self.progress(now, len(records))

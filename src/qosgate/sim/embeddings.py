@@ -1,4 +1,4 @@
-"""An embeddings workload in virtual time: the batch window controllers compared with the same
+"""An embeddings workload in virtual time: the linger controllers compared with the same
 code that serves ``/v1/embeddings`` in the gateway.
 
 Poisson arrivals of single-input requests (seeded; a share of them realtime) go through the
@@ -8,7 +8,7 @@ modelled engine whose call costs a fixed overhead plus a per-token time, ``paral
 once (1: one accelerator that serves one batch at a time). A discrete-event loop stands in for
 the runtime: the batcher's deadline is its one timer, a batch's end is an event.
 
-``qosgate simulate-embeddings`` runs every window setting (off, fixed ones, adaptive) at every
+``qosgate simulate-embeddings`` runs every linger setting (off, fixed ones, adaptive) at every
 rate and prints one table; nothing here reads a clock.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from qosgate.config import QosConfig, default_config
 from qosgate.core import Dispatch, Finished, QosInputs, ReplicaSpec, Scheduler
-from qosgate.core.batching import Batch, Batcher, BatchLimits, WindowController, make_controller
+from qosgate.core.batching import Batch, Batcher, BatchLimits, LingerController, make_controller
 
 REPLICA = "embed-0"
 
@@ -49,7 +49,7 @@ class EmbedResult:
     rt_latencies: list[float] = field(default_factory=list)
     batches: int = 0
     batched: int = 0
-    window_s: float = 0.0
+    linger_s: float = 0.0
     decisions: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -67,13 +67,13 @@ class EmbedResult:
 
 def simulate_embeddings(
     wl: EmbedWorkload,
-    controller: WindowController,
+    controller: LingerController,
     limits: BatchLimits,
     name: str = "",
     cfg: QosConfig | None = None,
 ) -> EmbedResult:
     cfg = cfg or default_config()
-    sched = Scheduler(cfg, None, [ReplicaSpec(REPLICA, 64, False, window="fixed")])
+    sched = Scheduler(cfg, None, [ReplicaSpec(REPLICA, 64, False, window_mode="fixed")])
     batcher = Batcher(limits, controller)
     rng = random.Random(wl.seed)
     res = EmbedResult(name, wl.rate)
@@ -162,7 +162,7 @@ def simulate_embeddings(
         if nt is not None and nt <= now:
             apply(list(sched.tick(now)), now)
     res.span_s = last
-    res.window_s = batcher.window_s
+    res.linger_s = batcher.linger_s
     return res
 
 
@@ -182,7 +182,7 @@ def compare(rates: list[float], *, seconds: float = 30.0, seed: int = 1,
     for rate in rates:
         wl = EmbedWorkload(rate, seconds, seed, realtime_share, parallel=parallel)
         for name, mode, w in SETTINGS:
-            ctl = make_controller(mode, window_s=w, target_s=target_s)
+            ctl = make_controller(mode, linger_s=w, target_s=target_s)
             out.append(simulate_embeddings(wl, ctl, BatchLimits(max_inflight=max_inflight),
                                            name))
     return out
@@ -200,5 +200,5 @@ def table(results: list[EmbedResult]) -> str:
         lines.append(
             f"| {r.rate:>6g} | {r.name:<12} | {r.throughput:>6.1f} | {r.pct(0.5) * 1e3:>7.1f} | "
             f"{r.pct(0.99) * 1e3:>7.1f} | {r.pct(0.99, True) * 1e3:>7.1f} | "
-            f"{r.mean_batch:>5.1f} | {r.window_s * 1e3:>13.1f} | {dec:<24} |")
+            f"{r.mean_batch:>5.1f} | {r.linger_s * 1e3:>13.1f} | {dec:<24} |")
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 kind (``RANK``), then by a tie key within the kind.
 
 Why a rank and not only a sequence number: at one instant the driver has always handled the
-kinds in one order -- the end of the arrival window, a sample, a probe, a fault, a scheduler
+kinds in one order -- the end of the arrival span, a sample, a probe, a fault, a scheduler
 timer, an arrival, a client's retry, a shared-state sync, then a batch job's (last, so a run
 without jobs keeps its order) -- and every printed table depends on it. Within a kind the tie
 key keeps each source's own order: faults in their sorted order, retries in the order they were
@@ -28,7 +28,7 @@ TIMER_RANK = 4
 
 @dataclass(frozen=True, slots=True)
 class ArrivalsEnd:
-    """The end of the arrival window: the snapshot the window metrics are measured on."""
+    """The end of the arrival span: the snapshot the arrival-span metrics are measured on."""
 
     RANK: ClassVar[int] = 0
     GATED: ClassVar[bool] = False
@@ -89,7 +89,7 @@ class SyncDue:
 
 @dataclass(frozen=True, slots=True)
 class JobDue:
-    """A batch job's instant (``job_feed.py``): ``open`` (submitted), ``expire`` (its window
+    """A batch job's instant (``batches_feed.py``): ``open`` (submitted), ``expire`` (its window
     closes), ``line`` (a line's back-off or Retry-After is over) or ``feed`` (lines ended: the
     feeder looks for room, as the gateway's feeder wakes on a line's end)."""
 

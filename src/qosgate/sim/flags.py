@@ -9,7 +9,7 @@ from typing import Any
 
 from qosgate.core.routing import ROUTERS
 from qosgate.flags import UNSET, Flag, set_keys
-from qosgate.sim.jobs import parse_job
+from qosgate.sim.batches import parse_batch
 from qosgate.sim.scenario_file import Scenario, ScenarioError, override
 from qosgate.sim.setup import SIM_POLICIES
 
@@ -54,7 +54,7 @@ def _off_is_none(text: str) -> Any:
 
 
 def _jobs(texts: list[str]) -> Any:
-    return [parse_job(t).model_dump(by_alias=True, exclude_none=True) for t in texts] or UNSET
+    return [parse_batch(t).model_dump(by_alias=True, exclude_none=True) for t in texts] or UNSET
 
 
 SCENARIO_FLAGS: tuple[Flag, ...] = (

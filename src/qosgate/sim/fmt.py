@@ -1,5 +1,5 @@
 """How the simulator's terminal tables write numbers (shared by ``report_tables`` and
-``job_tables``, so a figure reads the same in every table)."""
+``batches_tables``, so a figure reads the same in every table)."""
 
 from __future__ import annotations
 

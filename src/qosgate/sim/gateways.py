@@ -10,8 +10,8 @@ import zlib
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Scheduler
 from qosgate.core.ledger import LeasedLedger
-from qosgate.core.limits import FixedLimit
 from qosgate.core.shared import MemoryStore, StoreDown, SyncProtocol, prime, run_to_end
+from qosgate.core.windows import FixedWindow
 from qosgate.sim.events import SyncDue
 from qosgate.sim.setup import PASSTHROUGH_WINDOW, GatewayPlan, PolicySetup, ReplicaPlan
 from qosgate.sim.workload import Workload
@@ -34,12 +34,12 @@ class Gateways:
             for rp in plans:
                 if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
                     spec = ReplicaSpec(rp.name, PASSTHROUGH_WINDOW, pausable=rp.pausable)
-                    sched.add_replica(spec, FixedLimit(PASSTHROUGH_WINDOW))
+                    sched.add_replica(spec, FixedWindow(PASSTHROUGH_WINDOW))
                 else:  # the window the config asks for, as the gateway's
                     sched.add_replica(
                         ReplicaSpec(
                             rp.name, rp.window, pausable=rp.pausable,
-                            window=rp.window_mode, ordered=ps.engine_queue == "priority",
+                            window_mode=rp.window_mode, ordered=ps.engine_queue == "priority",
                         )
                     )
             self.schedulers.append(sched)

@@ -1,6 +1,6 @@
 """Metrics of a simulated run: latency percentiles, SLO attainment, goodput, throughput, fairness.
 
-Definitions (times from the client's side, in virtual seconds; ``D`` = the arrival window):
+Definitions (times from the client's side, in virtual seconds; ``D`` = the arrival span):
 
 - TTFT = first token - arrival (queueing included); E2E = finish - arrival; TPOT = (finish - first
   token) / (output tokens - 1), over requests with at least 2 output tokens (vLLM's benchmark
@@ -12,15 +12,15 @@ Definitions (times from the client's side, in virtual seconds; ``D`` = the arriv
   requests meeting it / *all* requests of the group: rejected and timed-out requests count against
   it, as refusing work is not serving it.
 - Goodput = requests that met their SLO (both TTFT and TPOT: DistServe, OSDI'24) *and finished
-  inside the arrival window* [0, D], per second of it; completed/s likewise (requests completed by
-  D, / D). Only what finishes inside the window counts: a request completed while the backlog
-  drains after D is not credited to the window (dividing every completion by D would report more
+  inside the arrival span* [0, D], per second of it; completed/s likewise (requests completed by
+  D, / D). Only what finishes inside the arrival span counts: a request completed while the
+  backlog drains after D is not credited to it (dividing every completion by D would report more
   than the engine can do under overload). ``goodput_rps_run`` and ``completed_rps_run`` are the
   whole-run figures: every request that met its SLO (or completed), over the whole run [0, end of
-  the last request] -- the arrival window plus the drain.
-- Output tokens/s = output tokens generated during the arrival window [0, D] / D: tokens of
+  the last request] -- the arrival span plus the drain.
+- Output tokens/s = output tokens generated during the arrival span [0, D] / D: tokens of
   requests that finished by D plus, for those still running at D, the tokens generated so far
-  (to within the engine step running at D). Measuring over the window, not until the last
+  (to within the engine step running at D). Measuring over the arrival span, not until the last
   backlogged request drains, gives the sustained throughput under the offered load.
 - Fairness between the tenants of one class, over [W, D] where W is the scenario's ``warmup_s``
   (while the windows fill nobody waits, so there is nothing to be fair about yet). A tenant's
@@ -156,11 +156,11 @@ def _dist(prefix: str, xs: list[float]) -> dict[str, float | None]:
 def group_stats(
     records: Iterable[RequestRecord],
     slo_of: Callable[[RequestRecord], Slo],
-    window: float,
+    arrival_span: float,
     span: float | None = None,
 ) -> dict[str, Any]:
     """Counts, latency percentiles, SLO attainment, goodput and throughput of a set of requests.
-    ``window`` is the arrival window's length D, ``span`` the whole run's (see the module doc)."""
+    ``arrival_span`` is D, ``span`` the whole run's length (see the module doc)."""
     recs = list(records)
     counts = dict.fromkeys(OUTCOMES, 0)
     ttfts: list[float] = []
@@ -178,7 +178,7 @@ def group_stats(
             hit += 1
             hit_done += r.state == "completed"
         if r.state == "completed":
-            inside = r.finished_at <= window
+            inside = r.finished_at <= arrival_span
             done_in += inside
             t = ttft(r)
             if t is not None:
@@ -197,12 +197,12 @@ def group_stats(
     out.update(_dist("e2e", e2es))
     out["slo_met"] = met
     out["slo_attainment"] = met / n if n else None
-    out["goodput_rps"] = met_in / window if window > 0 else None
-    out["completed_rps"] = done_in / window if window > 0 else None
+    out["goodput_rps"] = met_in / arrival_span if arrival_span > 0 else None
+    out["completed_rps"] = done_in / arrival_span if arrival_span > 0 else None
     run = span if span is not None and span > 0 else None
     out["goodput_rps_run"] = met / run if run else None
     out["completed_rps_run"] = counts["completed"] / run if run else None
-    out["output_tok_s"] = win_tokens / window if window > 0 else None
+    out["output_tok_s"] = win_tokens / arrival_span if arrival_span > 0 else None
     out["preempted"] = preempted
     # requests with an attempt that failed before their first token (retried, or not if their
     # attempts or the retry budget ran out), and how many of them completed after all
@@ -213,28 +213,28 @@ def group_stats(
 
 def tenant_fairness(
     records: Iterable[RequestRecord],
-    window: float,
+    arrival_span: float,
     prompt_weight: float,
     output_weight: float,
     tenant_weight: Callable[[str], float],
     warmup: float = 0.0,
 ) -> dict[str, Any] | None:
-    """Jain's index and service gap between the tenants of one class over [warmup, window]
+    """Jain's index and service gap between the tenants of one class over [warmup, arrival_span]
     (see the module doc); None with fewer than two tenants."""
     service: dict[str, float] = {}
     demand: dict[str, float] = {}
     for r in records:
         ft = r.first_token_at
         cost = prompt_weight * r.prompt_tokens
-        # wanting service during [warmup, window]: arrived in it, or alive and not started at
+        # wanting service during [warmup, arrival_span]: arrived in it, or alive and not started at
         # its start
-        if r.arrival < window and (
+        if r.arrival < arrival_span and (
             r.arrival >= warmup or (r.finished_at >= warmup and (ft is None or ft >= warmup))
         ):
             asked = cost + output_weight * r.target_output
             demand[r.tenant] = demand.get(r.tenant, 0.0) + asked
             service.setdefault(r.tenant, 0.0)
-        if ft is not None and warmup <= ft <= window:
+        if ft is not None and warmup <= ft <= arrival_span:
             got = cost + output_weight * r.output_tokens
             service[r.tenant] = service.get(r.tenant, 0.0) + got
     tenants = sorted(service)
@@ -264,19 +264,20 @@ def tenant_fairness(
 
 
 def queue_depth_mean(result: RunResult) -> float | None:
-    """Time-average (over the samples in the arrival window) of the requests waiting for their
+    """Time-average (over the samples in the arrival span) of the requests waiting for their
     first step anywhere: in qosgate's queue or in the engines' waiting queues."""
     xs = [sum(s.queued) + s.engine_waiting for s in result.samples if s.t < result.arrivals_end]
     return mean([float(x) for x in xs])
 
 
 def phases(result: RunResult, slos: dict[str, Slo]) -> list[dict[str, Any]]:
-    """The arrival window cut at each fault's start and end: per phase (by arrival time), what
+    """The arrival span cut at each fault's start and end: per phase (by arrival time), what
     the fleet looked like and how its requests fared (all classes, and the most urgent one)."""
-    window = result.arrivals_end
+    arrival_span = result.arrivals_end
     faults = result.fleet.get("faults", [])
     assert isinstance(faults, list)
-    cuts = sorted({0.0, window, *(float(f["t"]) for f in faults if 0 < float(f["t"]) < window)})
+    cuts = sorted({0.0, arrival_span,
+                   *(float(f["t"]) for f in faults if 0 < float(f["t"]) < arrival_span)})
     top = result.classes[0] if result.classes else ""
     out: list[dict[str, Any]] = []
     for a, b in itertools.pairwise(cuts):
@@ -346,7 +347,7 @@ def replica_stats(
             for key in ("profile", "gpu", "window", "ejections", "kv_evictions", "busy_s")
         }
         k = names.index(name) if name in names else -1
-        # the core's window for it, time-averaged over the arrival window (it moves when
+        # the core's window for it, time-averaged over the arrival span (it moves when
         # adaptive), and the most it may be
         out[name]["window_mean"] = (
             mean([float(s.windows[k]) for s in inside]) if k >= 0 and inside else None
@@ -366,7 +367,7 @@ def analyze(
     warmup: float = 0.0,
 ) -> dict[str, Any]:
     """Everything the report shows for one run."""
-    window = result.arrivals_end
+    arrival_span = result.arrivals_end
     recs = result.records
 
     def slo_of(r: RequestRecord) -> Slo:
@@ -383,25 +384,25 @@ def analyze(
         by_stream.setdefault(r.stream, []).append(r)
     fairness: dict[str, Any] = {}
     for c, rs in by_class.items():
-        f = tenant_fairness(rs, window, prompt_weight, output_weight, tenant_weight, warmup)
+        f = tenant_fairness(rs, arrival_span, prompt_weight, output_weight, tenant_weight, warmup)
         if f is not None:
             fairness[c] = f
     span = result.makespan
-    totals = group_stats(recs, slo_of, window, span)
+    totals = group_stats(recs, slo_of, arrival_span, span)
     totals["makespan_s"] = span
     totals["queue_depth_mean"] = queue_depth_mean(result)
     return {
         "totals": totals,
         "classes": {
-            c: group_stats(rs, slo_of, window, span) for c, rs in by_class.items() if rs
+            c: group_stats(rs, slo_of, arrival_span, span) for c, rs in by_class.items() if rs
         },
         "tenants": {
-            t: group_stats(by_tenant[t], slo_of, window, span) for t in sorted(by_tenant)
+            t: group_stats(by_tenant[t], slo_of, arrival_span, span) for t in sorted(by_tenant)
         },
-        "tiers": {t: group_stats(by_tier[t], slo_of, window, span) for t in sorted(by_tier)},
+        "tiers": {t: group_stats(by_tier[t], slo_of, arrival_span, span) for t in sorted(by_tier)},
         "streams": {
             (stream_names[i] if i < len(stream_names) else str(i)): group_stats(
-                by_stream[i], slo_of, window, span
+                by_stream[i], slo_of, arrival_span, span
             )
             for i in sorted(by_stream)
         },
@@ -423,7 +424,7 @@ def gateway_stats(
     """Per gateway instance (of ``result.gateways``): its requests, the most urgent class's TTFT
     p99 and SLO attainment, Jain's index between the tenants of each class over the requests it
     took in, and the engines' evictions of its requests' sequences."""
-    window = result.arrivals_end
+    arrival_span = result.arrivals_end
     top = result.classes[0] if result.classes else ""
     by: list[list[RequestRecord]] = [[] for _ in range(result.gateways)]
     for r in result.records:
@@ -439,7 +440,8 @@ def gateway_stats(
             classes.setdefault(r.service_class, []).append(r)
         jains: dict[str, float | None] = {}
         for c, rs in classes.items():
-            f = tenant_fairness(rs, window, prompt_weight, output_weight, tenant_weight, warmup)
+            f = tenant_fairness(rs, arrival_span, prompt_weight, output_weight, tenant_weight,
+                                warmup)
             if f is not None:
                 jains[c] = f["jain"]
         out.append(

@@ -117,7 +117,7 @@ def _p99_inf(xs: list[float]) -> float:
 
 
 def ttft_over_time(run: Run, cls: str, bins: int = 40) -> tuple[list[float], list[float]]:
-    """(bin centre, p99 TTFT in s) of ``cls``'s requests by arrival time over the arrival window;
+    """(bin centre, p99 TTFT in s) of ``cls``'s requests by arrival time over the arrival span;
     a request that never got a first token counts as infinitely late."""
     r = run.result
     end = r.arrivals_end

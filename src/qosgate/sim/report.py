@@ -15,8 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from qosgate.sim.job_metrics import jobs_ok
-from qosgate.sim.jobs import JobPlan
+from qosgate.sim.batches import BatchPlan
+from qosgate.sim.batches_metrics import batches_ok
 from qosgate.sim.scenario_file import Gateways, describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
@@ -87,14 +87,14 @@ def _timeseries(run: Run) -> dict[str, Any]:
 def one_outcome_each(run: Run) -> bool:
     """Every request of the run has exactly one outcome: one record per arrival, none left
     live, and the core's outcome ledger sums to the arrivals; and with batch jobs, every line
-    of each ended once, none answered twice (``job_metrics.jobs_ok``)."""
+    of each ended once, none answered twice (``batches_metrics.batches_ok``)."""
     r = run.result
     return (
         not r.unfinished
         and len(r.records) == r.arrivals
         and len({x.rid for x in r.records}) == r.arrivals
         and sum(r.outcomes.values()) == r.arrivals
-        and (not r.jobs or jobs_ok(r.jobs, r.job_outcomes, r.job_attempts))
+        and (not r.jobs or batches_ok(r.jobs, r.job_outcomes, r.job_attempts))
     )
 
 
@@ -135,7 +135,7 @@ def run_document(run: Run) -> dict[str, Any]:
         **({"retries": m["retries"]} if m.get("retries") else {}),
         # only with a workload that carries prefixes (see ``prefix_stats``)
         **({"prefix_cache": m["prefix_cache"]} if m.get("prefix_cache") else {}),
-        # only with batch jobs beside the workload (``job_metrics``)
+        # only with batch jobs beside the workload (``batches_metrics``)
         **({"jobs": m["jobs"], "job_attempt_outcomes": r.job_outcomes} if m.get("jobs") else {}),
     }
 
@@ -143,11 +143,11 @@ def run_document(run: Run) -> dict[str, Any]:
 FEED_SETTINGS = ("default_class", "queued_per_job", "retries", "backoff_s", "backoff_max_s")
 
 
-def _job_plan(jp: JobPlan, idle_rate: float) -> dict[str, Any]:
+def _job_plan(jp: BatchPlan, idle_rate: float) -> dict[str, Any]:
     prompts = [p for p, _ in jp.lines]
     outputs = [o for _, o in jp.lines]
     return {
-        "name": jp.name, "lines": len(jp.lines), "at_s": jp.at, "window_s": jp.window,
+        "name": jp.name, "lines": len(jp.lines), "at_s": jp.at, "window_s": jp.completion_window_s,
         "class": jp.qos_class, "tenant": jp.tenant,
         "mean_prompt_tokens": math.fsum(prompts) / len(prompts),
         "mean_output_tokens": math.fsum(outputs) / len(outputs),

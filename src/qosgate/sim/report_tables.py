@@ -11,10 +11,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from qosgate.sim.batches_tables import (
+    batches_header,
+    batches_table,
+    live_compare_table,
+    predictions,
+)
 from qosgate.sim.fmt import ms as _ms
 from qosgate.sim.fmt import num as _num
 from qosgate.sim.fmt import pct as _pct
-from qosgate.sim.job_tables import jobs_header, jobs_table, live_compare_table, predictions
 from qosgate.sim.report import WINDOW_NOTE, ledger_text
 from qosgate.sim.scenario_file import describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
@@ -516,7 +521,7 @@ def print_tables(res: ScenarioResult, console: Console) -> None:
                 f"arrival window {head.result.arrivals_end:.0f} s"
             )
         if prep.jobs:
-            console.print(jobs_header(res), highlight=False)
+            console.print(batches_header(res), highlight=False)
         console.print(_group_table("per class", res.runs, "classes", "class"))
         if any(len(r.metrics["tenants"]) > 1 for r in res.runs):
             console.print(_group_table("per tenant", res.runs, "tenants", "tenant"))
@@ -544,7 +549,7 @@ def print_tables(res: ScenarioResult, console: Console) -> None:
         console.print(_retries_table(res))
     if prep.jobs:
         console.print(live_compare_table(res, run_label))
-        console.print(jobs_table([r for r in res.runs if r.jobs], run_label))
+        console.print(batches_table([r for r in res.runs if r.jobs], run_label))
         for line in predictions(res, run_label):
             console.print(line, highlight=False)
     console.print(f"[dim]{WINDOW_NOTE}[/dim]", highlight=False)

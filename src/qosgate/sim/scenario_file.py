@@ -15,8 +15,8 @@ So the engine's own waiting queue stays short (it only holds what waits for pref
 the backlog is held, and ordered, in qosgate. With ``window = max_num_seqs`` on a KV-bound mix the
 surplus waits in the engine's queue, ordered there by class level alone (shares between classes,
 tenant fairness and deadlines no longer apply to it). ``window_mode: adaptive`` (or
-``--window-mode adaptive``) gives each replica the core's adaptive window (``EngineLimit``, fed by
-the engines' load signals at every health probe) with ``window`` as its ceiling; ``fixed`` keeps
+``--window-mode adaptive``) gives each replica the core's adaptive window (``AdaptiveWindow``, fed
+by the engines' load signals at every health probe) with ``window`` as its ceiling; ``fixed`` keeps
 ``window``. Unset, the core decides: fixed for a pausable replica (the gateway's in-process
 engine), ``fleet.window.mode`` for one not pausable. ``engine-priority`` passes everything through
 whatever the mode.
@@ -48,7 +48,7 @@ own router alone.
 
 Jobs. ``jobs: [{lines: 20000, at_s: 0, window_s: 3600, class: offline, tenant: acme}]`` (or
 ``--job 20000@0s/1h,class=offline``) feeds batch jobs into the same scheduler beside the live
-workload, as the gateway's feeder does (``jobs.py``, ``job_feed.py``), with the ``batches``
+workload, as the gateway's feeder does (``jobs.py``, ``batches_feed.py``), with the ``batches``
 settings of the gateway's config (``queued_per_job``, ``retries``, ``backoff_s``, ...). Every
 policy then runs twice, without and with the jobs, so the live classes' figures compare.
 
@@ -69,7 +69,7 @@ from pydantic import Field, model_validator
 
 from qosgate.config import Strict, read_yaml_mapping, validated
 from qosgate.settings import BatchSettings
-from qosgate.sim.jobs import Job
+from qosgate.sim.batches import BatchSpec
 from qosgate.sim.setup import (
     SIM_POLICIES,
     EngineQueue,
@@ -210,7 +210,7 @@ class Scenario(Strict):
         "is final)")
     # batch jobs fed beside the live workload (``jobs.py``), and the gateway's feed settings
     # for them (config section ``batches``: queued_per_job, retries, backoff_s, ...)
-    jobs: tuple[Job, ...] = ()
+    jobs: tuple[BatchSpec, ...] = ()
     batches: BatchSettings = BatchSettings()
 
     @model_validator(mode="after")

@@ -17,10 +17,10 @@ from typing import Any
 from qosgate.config import QosConfig, config_from_mapping
 from qosgate.core import Classifier, QosInputError
 from qosgate.models.simmodel import EngineProfile, load_profile
+from qosgate.sim.batches import BatchPlan, plan_batches
+from qosgate.sim.batches_metrics import batch_stats, fluid_finish
 from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.driver import run_policy
-from qosgate.sim.job_metrics import fluid_finish, job_stats
-from qosgate.sim.jobs import JobPlan, plan_jobs
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.prefix_stats import prefix_metrics, workload_ideals
 from qosgate.sim.results import RunResult
@@ -67,7 +67,7 @@ class Prepared:
     router_cfgs: dict[str, QosConfig] = field(default_factory=dict)
     # batch jobs beside the workload (``jobs.py``), and each one's rate alone on the fleet
     # (lines/s: the replicas' saturated throughput for its line lengths)
-    jobs: tuple[JobPlan, ...] = ()
+    jobs: tuple[BatchPlan, ...] = ()
     job_idle_rates: tuple[float, ...] = ()
 
     def configs(self) -> dict[str, QosConfig]:
@@ -206,7 +206,7 @@ def prepare(
             )
         faults.append(FaultPlan(f.name(), f.kind, f.at_s, f.until_s, f.factor or 1.0))
     try:
-        jobs = plan_jobs(s.jobs, s.lengths, trace, api_keys, s.seed, s.max_tokens,
+        jobs = plan_batches(s.jobs, s.lengths, trace, api_keys, s.seed, s.max_tokens,
                          s.batches.default_class)
         classifier = Classifier(cfg)
         for jp in jobs:
@@ -242,7 +242,7 @@ def prepare(
     return prep
 
 
-def _idle_rate(plans: list[ReplicaPlan], job: JobPlan, max_tokens: int) -> float:
+def _idle_rate(plans: list[ReplicaPlan], job: BatchPlan, max_tokens: int) -> float:
     """Lines/s the fleet completes for ``job``'s lines with nothing else running: each replica's
     saturated throughput (its window always full of the job's lines), summed."""
     biggest = max(p.window for p in plans)
@@ -409,7 +409,7 @@ def run_scenario(
                     ideals = workload_ideals(wl.arrivals, kv)
                 metrics["prefix_cache"] = prefix_metrics(result.prefix_cache, ideals)
             if result.jobs:
-                metrics["jobs"] = _job_metrics(prep, wl, result)
+                metrics["jobs"] = _batch_metrics(prep, wl, result)
             run = Run(policy, the_load, offered, result, metrics, count, router, len(configs),
                       jobs if prep.jobs else None)
             out.runs.append(run)
@@ -418,13 +418,13 @@ def run_scenario(
     return out
 
 
-def _job_metrics(prep: Prepared, wl: Workload, result: RunResult) -> dict[str, Any]:
-    """Each job's figures (``job_metrics.job_stats``), by name."""
+def _batch_metrics(prep: Prepared, wl: Workload, result: RunResult) -> dict[str, Any]:
+    """Each job's figures (``batches_metrics.batch_stats``), by name."""
     times = [a.t for a in wl.arrivals]
     out: dict[str, Any] = {}
     for job, rate in zip(result.jobs, prep.job_idle_rates, strict=True):
         spare = fluid_finish(job.lines, rate, job.at, times, prep.capacity_rps)
-        out[job.name] = job_stats(job, rate, spare)
+        out[job.name] = batch_stats(job, rate, spare)
     return out
 
 

@@ -12,7 +12,7 @@ from qosgate.config import QosConfig
 from qosgate.core import POLICY_NAMES
 from qosgate.models.simmodel import EngineProfile
 from qosgate.settings import BatchSettings
-from qosgate.sim.jobs import JobPlan
+from qosgate.sim.batches import BatchPlan
 from qosgate.sim.workload import Workload
 
 PASSTHROUGH_WINDOW = 1 << 30
@@ -125,8 +125,8 @@ class SimSetup:
     # clients that honour a refusal's Retry-After: each refused request is sent again that many
     # seconds later, up to this many times (0: clients take the refusal as final)
     retries: int = 0
-    # batch jobs fed beside the workload (``job_feed.py``), with the gateway's feed settings
-    jobs: tuple[JobPlan, ...] = ()
+    # batch jobs fed beside the workload (``batches_feed.py``), with the gateway's feed settings
+    jobs: tuple[BatchPlan, ...] = ()
     batches: BatchSettings = field(default_factory=BatchSettings)
     seed: int = 0  # the jobs' retry jitter
 

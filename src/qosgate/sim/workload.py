@@ -274,7 +274,7 @@ class Workload:
     arrivals: tuple[Arrival, ...]
     streams: tuple[Stream, ...]
     inputs: tuple[QosInputs, ...]  # per stream
-    duration: float  # the arrival window [0, duration)
+    duration: float  # the arrival span [0, duration)
     rate: float  # offered requests per second (mean)
 
     @property
@@ -358,7 +358,7 @@ def build_workload(
     max_tokens: int = 2048,
     use_trace_lengths: bool = True,
 ) -> Workload:
-    """Draw the arrivals of one run. ``duration`` bounds the arrival window (None: the whole
+    """Draw the arrivals of one run. ``duration`` bounds the arrival span (None: the whole
     trace). For ``trace``, each row's own lengths are used (``use_trace_lengths``) unless its
     stream sets a length law of its own."""
     if not streams:

@@ -9,19 +9,20 @@ import asyncio
 from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.ports import Sink
 from qosgate.server.asgi import Send
-from qosgate.wire.job import Job
+from qosgate.wire.engine_request import EngineRequest
 from qosgate.wire.sse import EVENT_END
 
 
 class StandInCall:
     """The stand-in serves a request directly: no scheduler above the engine."""
 
-    __slots__ = ("finished", "job", "sink", "success")
+    __slots__ = ("engine_request", "finished", "sink", "success")
 
     def __init__(
-        self, job: Job, sink: Sink, finished: dict[str, int], success: dict[str, int]
+        self, engine_request: EngineRequest, sink: Sink, finished: dict[str, int],
+        success: dict[str, int],
     ) -> None:
-        self.job = job
+        self.engine_request = engine_request
         self.sink = sink
         self.finished = finished
         self.success = success
@@ -43,7 +44,7 @@ class StandInCall:
 
     def done(self, output_tokens: int, prompt_tokens: int | None = None,
              cached_tokens: int | None = None) -> None:
-        cap = self.job.max_tokens
+        cap = self.engine_request.max_tokens
         reason = "length" if cap is not None and output_tokens >= cap else "stop"
         self.finished[reason] += 1
         self.success[reason] += 1

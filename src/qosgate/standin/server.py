@@ -108,8 +108,8 @@ from qosgate.wire.embeddings import (
     text_vector,
 )
 from qosgate.wire.embeddings import response as embeddings_response
+from qosgate.wire.engine_request import EngineRequest, Route
 from qosgate.wire.errors import error_object
-from qosgate.wire.job import Job, Route
 from qosgate.wire.parse import CHARS_PER_TOKEN
 from qosgate.wire.prefix import body_context, request_prefix
 from qosgate.wire.responses import model_card, models_list
@@ -353,7 +353,7 @@ class StandIn:
             await send_json(send, 400, _error(msg, "BadRequestError", field))
             return
         rid = f"standin-{next(self._ids)}"
-        job = Job(
+        engine_request = EngineRequest(
             rid=rid,
             route=route,
             body=body,
@@ -378,7 +378,7 @@ class StandIn:
                 token_block=self.block_size,
             ) if self.prefix_caching else None,
         )
-        call = StandInCall(job, sink, self.finished, self.success)
+        call = StandInCall(engine_request, sink, self.finished, self.success)
         gen = asyncio.ensure_future(self.engine.generate(call, spec))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)

@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
+from qosgate.wire.engine_request import Route
 from qosgate.wire.errors import error_json
-from qosgate.wire.job import Route
 
 _decode = msgspec.json.Decoder().decode
 _top = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode

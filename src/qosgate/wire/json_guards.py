@@ -12,7 +12,7 @@ from itertools import accumulate
 
 import msgspec
 
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 
 MAX_JSON_DEPTH = 256
 

@@ -45,7 +45,7 @@ import msgspec
 from msgspec import UNSET, Raw, UnsetType
 
 from qosgate.config import Admission
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from qosgate.wire.json_guards import BadBody as BadBody  # the parser's refusal too
 from qosgate.wire.json_guards import check_depth, check_keys, dup_message, too_deep
 from qosgate.wire.media_cost import MediaCost, MediaPart, media_cost

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from qosgate.wire import sse
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 
 _enc = msgspec.json.Encoder().encode
 

@@ -26,7 +26,7 @@ from typing import Any, Literal, cast
 import msgspec
 
 from qosgate.models.step import BadTextRequest, Sampling
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from qosgate.wire.jsongrammar import ANY_OBJECT, BadSchema, schema_grammar, schema_text
 from qosgate.wire.textparams import NOTHING, REFUSED
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 from qosgate.wire.parse import RENDERED
 
 # the members of a chat request that change its rendered prompt (vLLM's TokenizeChatRequest)

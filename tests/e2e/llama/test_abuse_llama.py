@@ -1,4 +1,4 @@
-"""Issue 10 on the embedded llama.cpp engine: what the model cannot do is a 400 naming the
+"""Unservable bodies on the embedded llama.cpp engine: what the model cannot do is a 400 naming the
 member (tools, functions, logprobs, top_logprobs), and text that is not UTF-8 never reaches the
 tokenizer; both refused before admission and counted once."""
 

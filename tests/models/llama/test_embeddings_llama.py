@@ -10,7 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from qosgate.core.batching import FixedWindow
+from qosgate.core.batching import FixedLinger
 from qosgate.models.llama_embed import LlamaEmbedder
 from tests.support.llama import MODEL, InProcGateway
 
@@ -21,7 +21,7 @@ def test_embeddings_batched_in_one_decode(
     gw = gateway_factory()
     (batching,) = gw.gateway.batching
     batcher = batching.batcher
-    batcher.controller = FixedWindow(5.0)  # the batch goes when the window (4) is full
+    batcher.controller = FixedLinger(5.0)  # the batch goes when the linger (4) is full
     emb = gw.replica.embedder
     assert isinstance(emb, LlamaEmbedder)
     c = gw.client(timeout=120)
@@ -47,7 +47,7 @@ def test_embeddings_batched_in_one_decode(
     assert all(math.isclose(x, y, abs_tol=1e-4) for x, y in zip(same_a, same_b, strict=True))
     cat, dog = answers[0].data[0].embedding, answers[1].data[0].embedding
     assert sum(x * y for x, y in zip(cat, dog, strict=True)) < 0.9999
-    # base64 and token arrays, on their own (the window is long: realtime skips it)
+    # base64 and token arrays, on their own (the linger is long: realtime skips it)
     r = c.embeddings.create(input=[[1, 2, 3]], model=MODEL, encoding_format="base64",
                             extra_headers={"x-qos-class": "realtime"})
     assert isinstance(r.data[0].embedding, str) and r.usage.prompt_tokens == 3

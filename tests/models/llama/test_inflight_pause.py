@@ -21,7 +21,7 @@ from qosgate.models.llamacpp import LlamaCppEngine
 from qosgate.models.step import SeqSpec, StepResult
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.inprocess import InProcessEngine
-from qosgate.wire.job import Job
+from qosgate.wire.engine_request import EngineRequest
 from tests.support.llama import MODEL, MODEL_PATH
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
@@ -92,7 +92,7 @@ def run_case(when: Callable[[LlamaCppEngine], bool] | None) -> tuple[Ticket, Tic
     async def main() -> tuple[Ticket, Ticket | None, Gated]:
         llama = LlamaCppEngine(MODEL_PATH, max_num_seqs=2, n_ctx_per_seq=256, n_threads=2)
         gated = Gated(llama, asyncio.get_running_loop())
-        eng = InProcessEngine(gated, name="llama", capacity=1, models=[MODEL],
+        eng = InProcessEngine(gated, name="llama", max_window=1, models=[MODEL],
                               modelled_time=False, text=True)
         sched = Scheduler(default_config(), None, [ReplicaSpec("llama", 1, pausable=True)])
         drv = Driver(sched, {"llama": eng})
@@ -102,9 +102,9 @@ def run_case(when: Callable[[LlamaCppEngine], bool] | None) -> tuple[Ticket, Tic
             body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": content}],
                                "max_tokens": n, "stream": True, "temperature": 0}).encode()
             req = sched.make_request(rid, QosInputs(qos_class=cls), drv.clock(), 10, n)
-            job = Job(rid=rid, route="chat", body=body, stream=True, model=MODEL, max_tokens=n,
-                      prompt_tokens=10)
-            return drv.ticket(req, job, Sink())
+            engine_request = EngineRequest(rid=rid, route="chat", body=body, stream=True,
+                                           model=MODEL, max_tokens=n, prompt_tokens=10)
+            return drv.ticket(req, engine_request, Sink())
 
         victim = ticket("v", "offline", PROMPT, N)
         rt: list[Ticket] = []

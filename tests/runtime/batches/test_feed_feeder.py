@@ -27,9 +27,9 @@ from qosgate.settings import BatchSettings
 class MemoryStore:
     """The store's feeder-side contract, in memory (the real one is SQLite)."""
 
-    def __init__(self, lines: int, window_s: float = 3600.0) -> None:
+    def __init__(self, lines: int, completion_window_s: float = 3600.0) -> None:
         self.rec = BatchRecord("batch_1", "t", "/v1/chat/completions", "file-1", "24h",
-                               "validating", "batch", 0, int(window_s), total=0)
+                               "validating", "batch", 0, int(completion_window_s), total=0)
         self.n = lines
         self.answers: dict[int, LineResult] = {}
         self.writes: list[int] = []  # lines per record() call
@@ -126,7 +126,7 @@ class Runner:
             self.running -= 1
 
 
-# live traffic watched over 10 ms: a feeder that has just started has watched a whole window
+# live traffic watched over 10 ms: a feeder that has just started has watched a whole lookback
 # almost at once (the tests of the spare slots themselves shift the clock instead)
 SETTINGS = BatchSettings(queued_per_job=4, retries=2, backoff_s=0.001, backoff_max_s=0.004,
                          live_span_s=0.01)
@@ -177,11 +177,11 @@ def test_live_traffic_keeps_its_peak_and_a_headroom_of_the_fleet() -> None:
         f.start()
         await until(lambda: f.spare._since is not None)
         assert runner.running <= SETTINGS.queued_per_job  # nothing watched yet: no spare slot
-        shift[0] = 31.0  # a whole window watched
+        shift[0] = 31.0  # a whole lookback watched
         f.notify()
         # 8 slots, 5 live, 1 kept free (5% of 8, at least one): 2 spare, plus the queue
         await until(lambda: runner.running == 2 + SETTINGS.queued_per_job)
-        live[0] = 0  # the burst is over, but within the window it still counts
+        live[0] = 0  # the burst is over, but within the lookback it still counts
         f.notify()
         for _ in range(50):
             await asyncio.sleep(0)
@@ -233,10 +233,10 @@ def test_cancel_stops_running_lines_and_keeps_the_finished() -> None:
     asyncio.run(run())
 
 
-def test_a_job_past_its_window_ends_expired_keeping_what_finished() -> None:
+def test_a_job_past_its_completion_window_ends_expired_keeping_what_finished() -> None:
     async def run() -> None:
         now = [1.0]
-        store = MemoryStore(50, window_s=10)
+        store = MemoryStore(50, completion_window_s=10)
         runner = Runner({i: [LineAnswer(200, b"{}")] for i in range(50)})
         hold = asyncio.Event()
         runner.hold = hold

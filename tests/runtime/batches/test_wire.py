@@ -9,17 +9,17 @@ import pytest
 from openai.types import Batch, FileObject
 
 from qosgate.runtime.batches.records import BatchError, BatchRecord, FileRecord
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     Line,
     LineProblem,
     batch_object,
+    completion_window_seconds,
     file_object,
     group_key,
     list_object,
     output_line,
     parse_line,
     request_id_of,
-    window_seconds,
 )
 
 CHAT = "/v1/chat/completions"
@@ -77,12 +77,12 @@ def test_group_keys_follow_the_prompt_head() -> None:
 
 
 def test_windows() -> None:
-    assert window_seconds("24h") == 86_400
-    assert window_seconds("90m") == 5400
-    assert window_seconds("2d") == 172_800
-    assert window_seconds("1.5h") == 5400
+    assert completion_window_seconds("24h") == 86_400
+    assert completion_window_seconds("90m") == 5400
+    assert completion_window_seconds("2d") == 172_800
+    assert completion_window_seconds("1.5h") == 5400
     for bad in ("", "h", "24", "-1h", "0h", "24x", "infh", "nanh"):
-        assert window_seconds(bad) is None
+        assert completion_window_seconds(bad) is None
 
 
 def test_objects_are_the_openai_clients_types() -> None:

@@ -16,7 +16,7 @@ from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.runtime.upstream.transport import Pool, UpstreamError
 from qosgate.settings import UpstreamSettings
-from qosgate.wire.job import Job
+from qosgate.wire.engine_request import EngineRequest
 
 Script = Callable[["Scripted", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -228,7 +228,7 @@ class FakeSink:
 
 class FakeCall:
     def __init__(self, stream: bool, body: bytes = b'{"model":"m","stream":true}') -> None:
-        self.job = Job(rid="r1", route="chat", body=body, stream=stream,
+        self.engine_request = EngineRequest(rid="r1", route="chat", body=body, stream=stream,
                        model="m", max_tokens=5, prompt_tokens=3)
         self.first_tokens = 0
         self.sink = FakeSink()
@@ -586,7 +586,7 @@ def test_a_first_byte_timeout_of_an_eager_call_ends_that_call_not_its_dispatcher
             eng = _engine(s.url)
             await asyncio.create_task(eng.start_call(FakeCall(stream=True)))
             call = FakeCall(stream=True)
-            call.job.first_byte_timeout_s = 0.2
+            call.engine_request.first_byte_timeout_s = 0.2
             task = asyncio.create_task(eng.start_call(call))
             assert eng._pool.idle == []  # written eagerly on the kept-alive connection
             await asyncio.sleep(0.5)  # this (dispatching) task is not the one cancelled
@@ -615,7 +615,7 @@ def test_a_stream_that_stalls_after_its_first_byte_ends_at_the_idle_bound() -> N
         async with Scripted(script) as s:
             eng = OpenAIUpstream(UpstreamSettings(url=s.url, models=("m",), idle_timeout_s=0.3))
             call = FakeCall(stream=True)
-            call.job.first_byte_timeout_s = 30.0
+            call.engine_request.first_byte_timeout_s = 30.0
             t0 = time.monotonic()
             await asyncio.wait_for(asyncio.create_task(eng.run(call)), 5)
             assert call.outcome == ("timed_out", "idle_timeout")

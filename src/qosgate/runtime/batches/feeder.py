@@ -6,7 +6,7 @@ and at its timers (a retry due, a group of answers to write, the periodic sweep 
 jobs, renews leases and ends expired jobs) -- never by polling.
 
 Per owned job: ``validating`` -> ``store.validate``; ``in_progress`` -> lines offered per
-``core.jobfeed.plan`` (a bounded number; the scheduler decides who runs), their answers written
+``core.batches_feed.plan`` (a bounded number; the scheduler decides who runs), their answers written
 in group commits (``record``: one transaction per group, so the disk is not one write per line);
 all answered -> ``completed``; ``cancelling`` or past ``expires_at`` -> running lines are
 disconnected (the flow aborts them at the engine), what finished is kept, the job ends
@@ -32,9 +32,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from qosgate.core.jobfeed import (
+from qosgate.core.batches_feed import (
     SWEEP_S,
-    FeedJob,
+    FeedBatch,
     Next,
     RetryRule,
     SpareCapacity,
@@ -90,7 +90,7 @@ class FeederStats:
 
 
 @dataclass(slots=True)
-class _Job:
+class _Batch:
     rec: BatchRecord
     fence: int
     running: dict[int, tuple[asyncio.Task[None], asyncio.Event]] = field(default_factory=dict)
@@ -141,7 +141,7 @@ class Feeder:
         self.flush_lines = flush_lines
         self.flush_s = flush_s
         self.sweep_s = min(sweep_s, lease.renew_every_s)
-        self.jobs: dict[str, _Job] = {}
+        self.jobs: dict[str, _Batch] = {}
         self._lost: set[str] = set()  # live jobs lost to another owner (logged once each)
         self.counts = FeederStats().lines
         self._wake = asyncio.Event()
@@ -234,7 +234,7 @@ class Feeder:
         for job in feedable:
             await self._guard(job, self._feed(job, grants.get(job.rec.id, 0), now))
 
-    async def _guard(self, job: _Job, work: Coroutine[None, None, None]) -> None:
+    async def _guard(self, job: _Batch, work: Coroutine[None, None, None]) -> None:
         """Run ``work`` for ``job``; a job found lost to another owner stops here."""
         try:
             if not job.lost and job.rec.id in self.jobs:
@@ -274,9 +274,9 @@ class Feeder:
             if not await self.store.claim(rec.id, fence):
                 await self.lease.release(rec.id)
                 continue
-            self.jobs[rec.id] = _Job(dataclasses.replace(rec, fence=fence), fence)
+            self.jobs[rec.id] = _Batch(dataclasses.replace(rec, fence=fence), fence)
 
-    async def _drive(self, job: _Job) -> None:
+    async def _drive(self, job: _Batch) -> None:
         if job.lost:
             return
         rec = job.rec
@@ -300,12 +300,12 @@ class Feeder:
             await self._end(job, "expired")
             return
 
-    def _feed_view(self, job: _Job, now: float) -> FeedJob:
+    def _feed_view(self, job: _Batch, now: float) -> FeedBatch:
         due = sum(1 for at, _ in job.waiting.values() if at <= now)
         ready = due + (0 if job.exhausted else self.settings.max_lines)
-        return FeedJob(job.rec.id, job.rec.tenant, job.rec.expires_at, len(job.running), ready)
+        return FeedBatch(job.rec.id, job.rec.tenant, job.rec.expires_at, len(job.running), ready)
 
-    async def _feed(self, job: _Job, granted: int, now: float) -> None:
+    async def _feed(self, job: _Batch, granted: int, now: float) -> None:
         """Write answers that are due, offer the job ``granted`` lines (retries due first), and
         end it once every line is answered."""
         if job.answered and (len(job.answered) >= self.flush_lines
@@ -334,12 +334,12 @@ class Feeder:
             job.rec = await self.store.finish(job.rec.id, job.fence, "completed")
             await self._drop(job)
 
-    def _launch(self, job: _Job, task: LineTask) -> None:
+    def _launch(self, job: _Batch, task: LineTask) -> None:
         stop = asyncio.Event()
         run = asyncio.get_running_loop().create_task(self._run(job, task, stop))
         job.running[task.line] = (run, stop)
 
-    async def _run(self, job: _Job, task: LineTask, stop: asyncio.Event) -> None:
+    async def _run(self, job: _Batch, task: LineTask, stop: asyncio.Event) -> None:
         try:
             ans = await self.run_line(job.rec, task, stop)
         except Exception as exc:  # a bug in running one line is that line's engine failure
@@ -353,7 +353,7 @@ class Feeder:
             job.running.pop(task.line, None)
             self._wake.set()
 
-    async def _settle(self, job: _Job, task: LineTask, ans: LineAnswer) -> None:
+    async def _settle(self, job: _Batch, task: LineTask, ans: LineAnswer) -> None:
         status = ans.status
         if status is not None and 200 <= status < 300:
             self._answer(job, LineResult(job.rec.id, task.line, ans.request_id, status, ans.body))
@@ -382,13 +382,13 @@ class Feeder:
             self.counts["waited"] += 1
         job.waiting[task.line] = (v.at, task)
 
-    def _answer(self, job: _Job, result: LineResult) -> None:
+    def _answer(self, job: _Batch, result: LineResult) -> None:
         if not job.answered:
             job.first_answer_at = self.clock()
         job.answered[result.line] = result
         self.counts["completed" if result.ok else "failed"] += 1
 
-    async def _flush(self, job: _Job) -> None:
+    async def _flush(self, job: _Batch) -> None:
         """Write the answers in, in one transaction (``Fenced`` if the job is no longer ours)."""
         if not job.answered:
             return
@@ -398,7 +398,7 @@ class Feeder:
             job.answered.pop(r.line, None)
         job.first_answer_at = math.inf if not job.answered else self.clock()
 
-    async def _stop_lines(self, job: _Job) -> None:
+    async def _stop_lines(self, job: _Batch) -> None:
         """Disconnect every running line and wait for each to end (answers that raced in are
         kept to be written)."""
         for _, stop in job.running.values():
@@ -408,7 +408,7 @@ class Feeder:
             await asyncio.gather(*tasks, return_exceptions=True)
         job.waiting.clear()
 
-    async def _end(self, job: _Job, status: BatchStatus) -> None:
+    async def _end(self, job: _Batch, status: BatchStatus) -> None:
         """Cancelled or expired: stop its lines, keep what finished, end it."""
         await self._stop_lines(job)
         await self._flush(job)
@@ -419,6 +419,6 @@ class Feeder:
             0, job.rec.total - before)
         await self._drop(job)
 
-    async def _drop(self, job: _Job) -> None:
+    async def _drop(self, job: _Batch) -> None:
         self.jobs.pop(job.rec.id, None)
         await self.lease.release(job.rec.id)

@@ -41,7 +41,7 @@ from qosgate.runtime.batches.records import (
     LineTask,
     Page,
 )
-from qosgate.wire.batch import (
+from qosgate.wire.batches import (
     Line,
     LineProblem,
     duplicate_problem,
@@ -358,20 +358,20 @@ class BatchStore:
 
     # ----------------------------------------------------------------- jobs (HTTP side)
     async def create_batch(self, tenant: str, input_file_id: str, endpoint: str,
-                           completion_window: str, window_s: float, qos_class: str,
+                           completion_window: str, completion_window_s: float, qos_class: str,
                            metadata: dict[str, str] | None) -> BatchRecord:
         """A new job in ``validating``; its lines are read by ``validate``."""
         return await self._run(self._create_batch, tenant, input_file_id, endpoint,
-                               completion_window, window_s, qos_class, metadata)
+                               completion_window, completion_window_s, qos_class, metadata)
 
     def _create_batch(self, tenant: str, input_file_id: str, endpoint: str,
-                      completion_window: str, window_s: float, qos_class: str,
+                      completion_window: str, completion_window_s: float, qos_class: str,
                       metadata: dict[str, str] | None) -> BatchRecord:
         now = self._now()
         rec = BatchRecord(id=new_id("batch_"), tenant=tenant, endpoint=endpoint,
                           input_file_id=input_file_id, completion_window=completion_window,
                           status="validating", qos_class=qos_class, created_at=now,
-                          expires_at=now + int(window_s), metadata=metadata)
+                          expires_at=now + int(completion_window_s), metadata=metadata)
         with self._tx() as db:
             db.execute(
                 "INSERT INTO batches (id, tenant, endpoint, input_file_id, completion_window, "

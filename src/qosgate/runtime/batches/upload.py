@@ -9,7 +9,7 @@ the staged file removed. Writes go to a worker thread, one at a time and in orde
 the next chunk is being received: the event loop never waits on the disk.
 
 What OpenAI checks at upload is checked here (a ``.jsonl`` file for purpose ``batch``, its
-size); the lines themselves are read when a job is validated (``wire/batch.py``).
+size); the lines themselves are read when a job is validated (``wire/batches.py``).
 """
 
 from __future__ import annotations

@@ -35,16 +35,16 @@ class UpstreamEmbeddings:
         client its own vectors in order and its share of the usage."""
         groups: dict[tuple[str, int | None, bool], list[Call]] = {}
         for c in calls:
-            j = c.job
+            j = c.engine_request
             kind = bool(j.inputs) and isinstance(j.inputs[0], list)  # type: ignore[index]
             groups.setdefault((j.model, j.dimensions, kind), []).append(c)
         await asyncio.gather(*(self._embed(g) for g in groups.values()))
 
     async def _embed(self, calls: list[Call]) -> None:
-        first = calls[0].job
+        first = calls[0].engine_request
         inputs: list[Any] = []
         for c in calls:
-            inputs.extend(c.job.inputs or [])
+            inputs.extend(c.engine_request.inputs or [])
         req: dict[str, Any] = {"model": first.model, "input": inputs, "encoding_format": "float"}
         if first.dimensions is not None:
             req["dimensions"] = first.dimensions
@@ -93,12 +93,12 @@ class UpstreamEmbeddings:
             for c in calls:
                 c.attempt_failed(BAD_RESPONSE)
             return
-        weights = [c.job.prompt_tokens for c in calls]
+        weights = [c.engine_request.prompt_tokens for c in calls]
         shares = apportion(int(total), weights) if isinstance(total, int) else weights
         model = doc.get("model") or first.model
         at = 0
         for c, share in zip(calls, shares, strict=True):
-            n = len(c.job.inputs or [])
+            n = len(c.engine_request.inputs or [])
             await deliver(c, model, vectors[at:at + n], share)
             at += n
 

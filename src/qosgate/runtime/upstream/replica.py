@@ -42,7 +42,7 @@ from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.settings import UpstreamSettings
 from qosgate.wire.assemble import StreamAssembler
 from qosgate.wire.engine_metrics import parse_engine_metrics
-from qosgate.wire.job import Job, Route, Unservable
+from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 from qosgate.wire.responses import model_card
 from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority, set_streamed
 from qosgate.wire.sse import JSON_HEADERS
@@ -62,7 +62,7 @@ class OpenAIUpstream:
     def __init__(self, cfg: UpstreamSettings, index: int = 0) -> None:
         self.cfg = cfg
         self.name = cfg.name or f"upstream-{index}"
-        self.capacity = cfg.max_window
+        self.max_window = cfg.max_window
         self.polarity: Polarity = cfg.priority_polarity
         self.priority_order: PriorityOrder = cfg.priority_order
         # its queue runs in the order sent only where a polarity is sent, and only in full
@@ -185,10 +185,10 @@ class OpenAIUpstream:
         by ``_whole``). A streamed client's body asks for what it asked for: a usage chunk it
         did not ask for would reach it, and vLLM then moves ``system_fingerprint`` from the
         finish chunk to the usage chunk."""
-        job: Job = call.job
+        engine_request: EngineRequest = call.engine_request
         value = engine_priority(self.polarity, call.order(), call.levels(), self.priority_order)
-        body = set_priority(job.body, value, job.has_priority)
-        return body if job.stream else set_streamed(body)
+        body = set_priority(engine_request.body, value, engine_request.has_priority)
+        return body if engine_request.stream else set_streamed(body)
 
     def pause(self, rid: str) -> None:  # pragma: no cover - not pausable: never asked
         raise NotImplementedError
@@ -212,7 +212,7 @@ class OpenAIUpstream:
         body: bytes | None = None
         try:
             body = self.body_for(call)
-            sent = self._pool.send_now(self._heads[call.job.route], body)
+            sent = self._pool.send_now(self._heads[call.engine_request.route], body)
         except Exception:  # raised again by the task, where it is reported as before
             body = None
         coro = self._run(call, body, sent)
@@ -237,7 +237,7 @@ class OpenAIUpstream:
         parts = await Gather(call, dog, conn).wait()
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         if conn.content_type is not None and b"event-stream" in conn.content_type:
-            status, answer = StreamAssembler(call.job.route, body).result_of(data)
+            status, answer = StreamAssembler(call.engine_request.route, body).result_of(data)
         else:
             status, answer = conn.status, data
         tokens = max(0, token_events(data))
@@ -254,7 +254,7 @@ class OpenAIUpstream:
         call.done(*(usage or (tokens, None, None)))
 
     async def _run(self, call: Call, body: bytes | None, sent: Connection | None) -> None:
-        job = call.job
+        engine_request = call.engine_request
         sink = call.sink
         conn: Connection | None = sent
         cfg = self.cfg
@@ -263,28 +263,29 @@ class OpenAIUpstream:
         loop = asyncio.get_running_loop()
         # the engine is always asked for a stream (body_for), so the first-byte bound holds for
         # a client that wants its answer whole too: it is measured to the engine's first byte
-        dog = Watchdog(loop, task, job.first_byte_timeout_s, cfg.idle_timeout_s,
+        dog = Watchdog(loop, task, engine_request.first_byte_timeout_s, cfg.idle_timeout_s,
                         cfg.total_timeout_s)
         relay: Relay | None = None
         try:
             if body is None:
                 body = self.body_for(call)
-            if job.stream:
+            if engine_request.stream:
                 relay = Relay(call, dog)
-                conn = await self._pool.request(self._heads[job.route], body, relay.run, sent)
+                conn = await self._pool.request(self._heads[engine_request.route], body, relay.run,
+                                                sent)
                 if relay.outcome == "complete":
                     conn = None  # back in the pool (or closed) already
                     call.done(*relay.counts())
                     return
                 # an error status: handled below
             else:
-                conn = await self._pool.request(self._heads[job.route], body, None, sent)
+                conn = await self._pool.request(self._heads[engine_request.route], body, None, sent)
             status = conn.status
             ctype = conn.content_type or b"application/json"
             if status >= 400:
                 error_status(call, status, await conn.read_all(), ctype, conn.retry_after)
                 return
-            if not job.stream:
+            if not engine_request.stream:
                 await self._whole(call, conn, dog, body)
                 return  # the connection goes back to the pool below
         except Withdrawn:
@@ -293,7 +294,7 @@ class OpenAIUpstream:
             reason = dog.fired
             if reason is None or task.uncancel() > 0:
                 raise  # pulled back, client gone, or shutdown
-            log.warning("upstream %s: %s for %s", self.base, reason, job.rid)
+            log.warning("upstream %s: %s for %s", self.base, reason, engine_request.rid)
             if conn is not None:
                 conn.close()
                 conn = None

@@ -3,7 +3,7 @@
 It reads only what an operator can read from outside (``GET /v1/qos/status`` and ``GET /metrics``
 with the admin key), so it works against any running gateway, local or remote, and shows exactly
 what Prometheus would scrape. The view is built by pure functions from the scraped data
-(:func:`frame`), so that the tests check the rendering from canned scrapes; ``top_fetch.run`` is
+(:func:`frame`), so that the tests check the rendering from canned scrapes; ``fetch.run`` is
 the fetch loop around them.
 
 Rates need two scrapes: TTFT quantiles and outcome counts are computed over the interval since the
@@ -139,11 +139,11 @@ def _n(v: float) -> str:
     return f"{v:.0f}"
 
 
-def _count(total: float, window: float | None) -> str:
-    """Cumulative, or ``+window/total`` once a previous scrape gives an interval."""
-    if window is None or total == 0:
+def _count(total: float, in_span: float | None) -> str:
+    """Cumulative, or ``+in_span/total`` once a previous scrape gives an interval."""
+    if in_span is None or total == 0:
         return _n(total)
-    return f"+{_n(window)}/{_n(total)}"
+    return f"+{_n(in_span)}/{_n(total)}"
 
 
 def get_in(d: Mapping[str, Any] | None, *path: str) -> Any:
@@ -158,7 +158,7 @@ def get_in(d: Mapping[str, Any] | None, *path: str) -> Any:
 
 # ---------------------------------------------------------------- the frame
 @dataclass
-class Window:
+class Span:
     """How the frame's rates were computed: over ``seconds`` (the interval between two scrapes
     of each instance), or cumulative since each instance started (``seconds`` None)."""
 
@@ -172,43 +172,43 @@ class Window:
         return f"over the last {self.seconds:.1f}s (between two scrapes)"
 
 
-def window_of(scrapes: list[Scrape], previous: Mapping[str, Scrape]) -> Window:
+def span_of(scrapes: list[Scrape], previous: Mapping[str, Scrape]) -> Span:
     """Rates over the last interval if every instance that answered /metrics was scraped
     before, else cumulative for all (mixing the two in one sum would mean nothing)."""
     live = [s for s in scrapes if s.metrics is not None]
     if not live or any(s.key not in previous for s in live):
-        return Window(None)
+        return Span(None)
     spans = [s.at - previous[s.key].at for s in live]
-    return Window(max(spans), {s.key: previous[s.key].metrics for s in live})
+    return Span(max(spans), {s.key: previous[s.key].metrics for s in live})
 
 
-def _outcomes(scrapes: list[Scrape], w: Window, by: str
+def _outcomes(scrapes: list[Scrape], span: Span, by: str
               ) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
-    """(total, in the window) per (``by`` label, outcome) from ``qosgate_requests_total``."""
+    """(total, in the span) per (``by`` label, outcome) from ``qosgate_requests_total``."""
     total: dict[tuple[str, str], float] = defaultdict(float)
-    win: dict[tuple[str, str], float] = defaultdict(float)
+    in_span: dict[tuple[str, str], float] = defaultdict(float)
     for s in scrapes:
         if s.metrics is None:
             continue
         for lab, v in s.metrics.get("qosgate_requests_total", []):
             total[(lab.get(by, "?"), lab.get("outcome", "?"))] += v
-        if w.seconds is not None:
-            for lab, v in increase(s.metrics, w.prev.get(s.key), "qosgate_requests_total"):
-                win[(lab.get(by, "?"), lab.get("outcome", "?"))] += v
-    return total, win
+        if span.seconds is not None:
+            for lab, v in increase(s.metrics, span.prev.get(s.key), "qosgate_requests_total"):
+                in_span[(lab.get(by, "?"), lab.get("outcome", "?"))] += v
+    return total, in_span
 
 
-def _quantiles(scrapes: list[Scrape], w: Window, name: str, by: str
+def _quantiles(scrapes: list[Scrape], span: Span, name: str, by: str
                ) -> dict[str, tuple[float | None, float | None, float]]:
     """(p50, p99, observations) per ``by`` label of histogram ``name``, summed over instances."""
     merged: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for s in scrapes:
         if s.metrics is None:
             continue
-        if w.seconds is None:
+        if span.seconds is None:
             rows = s.metrics.get(name + "_bucket", [])
         else:
-            rows = increase(s.metrics, w.prev.get(s.key), name + "_bucket")
+            rows = increase(s.metrics, span.prev.get(s.key), name + "_bucket")
         for k, bs in _buckets_by(rows, by).items():
             for le, v in bs.items():
                 merged[k][le] += v
@@ -299,7 +299,7 @@ def fleet_table(scrapes: list[Scrape]) -> FitTable | None:
     return t
 
 
-def jobs_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
+def batches_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
     """Batch jobs not ended (``/v1/qos/status``'s ``batches``): their progress and the lines
     each gateway has in flight for them; None when there are none."""
     jobs: dict[str, dict[str, Any]] = {}
@@ -323,7 +323,7 @@ def jobs_table(scrapes: list[Scrape], now: datetime) -> FitTable | None:
     return t
 
 
-def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
+def classes_table(scrapes: list[Scrape], span: Span) -> FitTable:
     """Per class, summed over the gateways: queue, wait, TTFT and outcomes."""
     queued: dict[str, int] = defaultdict(int)
     inflight: dict[str, int] = defaultdict(int)
@@ -336,12 +336,12 @@ def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
             queued[name] += int(c.get("queued", 0))
             inflight[name] += int(c.get("inflight", 0))
             oldest[name] = max(oldest[name], float(c.get("oldest_wait_s", 0.0)))
-    ttft = _quantiles(scrapes, w, "qosgate_ttft_seconds", "class")
-    total, win = _outcomes(scrapes, w, "class")
+    ttft = _quantiles(scrapes, span, "qosgate_ttft_seconds", "class")
+    total, in_span = _outcomes(scrapes, span, "class")
     for cls in [*ttft, *(k for k, _ in total)]:
         if cls not in order:
             order.append(cls)
-    t = _table("classes" + ("" if w.seconds is None else "  (outcomes: +in window/total)"),
+    t = _table("classes" + ("" if span.seconds is None else "  (outcomes: +in window/total)"),
                "class", "queued", "inflight", "oldest", "TTFT p50", "TTFT p99", "n",
                *OUTCOME_HEADS)
     for cls in order:
@@ -350,22 +350,22 @@ def classes_table(scrapes: list[Scrape], w: Window) -> FitTable:
         t.add_row(
             cls, str(queued[cls]) if known else "-", str(inflight[cls]) if known else "-",
             fmt_s(oldest[cls]) if known and queued[cls] else "-", fmt_s(p50), fmt_s(p99), _n(n),
-            *(_outcome_cell(total, win, w, cls, o) for o in OUTCOMES),
+            *(_outcome_cell(total, in_span, span, cls, o) for o in OUTCOMES),
         )
     return t
 
 
-def _outcome_cell(total: Mapping[tuple[str, str], float], win: Mapping[tuple[str, str], float],
-                  w: Window, who: str, outcome: str) -> Text:
+def _outcome_cell(total: Mapping[tuple[str, str], float], in_span: Mapping[tuple[str, str], float],
+                  span: Span, who: str, outcome: str) -> Text:
     tot = total.get((who, outcome), 0.0)
-    d = None if w.seconds is None else win.get((who, outcome), 0.0)
+    d = None if span.seconds is None else in_span.get((who, outcome), 0.0)
     style = ""
     if outcome in ("rejected", "timed_out", "failed") and (d if d is not None else tot) > 0:
         style = "red"
     return Text(_count(tot, d), style=style)
 
 
-def tenants_table(scrapes: list[Scrape], w: Window) -> FitTable:
+def tenants_table(scrapes: list[Scrape], span: Span) -> FitTable:
     """Per tenant: its queue (status; an admin key sees every tenant) and its outcomes (metrics:
     tenants past ``server.metrics_max_tenants`` count as ``other``)."""
     queued: dict[str, int] = defaultdict(int)
@@ -376,20 +376,20 @@ def tenants_table(scrapes: list[Scrape], w: Window) -> FitTable:
             queued[name] += int(tt.get("queued", 0))
             inflight[name] += int(tt.get("inflight", 0))
             classes[name].update(tt.get("classes", {}))
-    total, win = _outcomes(scrapes, w, "tenant")
+    total, in_span = _outcomes(scrapes, span, "tenant")
     names = sorted({*queued, *(k for k, _ in total)})
-    t = _table("tenants" + ("" if w.seconds is None else "  (outcomes: +in window/total)"),
+    t = _table("tenants" + ("" if span.seconds is None else "  (outcomes: +in window/total)"),
                "tenant", "queued", "inflight", "classes now", "done", "rejected", "timeout",
                "failed")
     for name in names:
         t.add_row(name, str(queued[name]), str(inflight[name]),
                   ",".join(sorted(classes[name])) or "-",
-                  *(_outcome_cell(total, win, w, name, o)
+                  *(_outcome_cell(total, in_span, span, name, o)
                     for o in ("completed", "rejected", "timed_out", "failed")))
     return t
 
 
-def replicas_table(scrapes: list[Scrape], w: Window) -> FitTable:
+def replicas_table(scrapes: list[Scrape], span: Span) -> FitTable:
     """Per replica as each gateway sees it (breakers and cooling are each gateway's own)."""
     several = len(scrapes) > 1
     cols = ["replica", *(["gateway"] if several else []), "up", "eligible", "breaker",
@@ -402,9 +402,9 @@ def replicas_table(scrapes: list[Scrape], w: Window) -> FitTable:
         for lab, _ in (s.metrics or {}).get("qosgate_replica_capacity", []):
             if lab.get("replica") and lab["replica"] not in names:
                 names.append(lab["replica"])
-        retries, fails = _per_replica(s, w, "qosgate_retries_total"), _per_replica(
-            s, w, "qosgate_attempt_failures_total")
-        ttft = _quantiles([s], w, "qosgate_replica_ttft_seconds", "replica")
+        retries, fails = _per_replica(s, span, "qosgate_retries_total"), _per_replica(
+            s, span, "qosgate_attempt_failures_total")
+        ttft = _quantiles([s], span, "qosgate_replica_ttft_seconds", "replica")
         gauges = {g: {lab.get("replica"): v for lab, v in (s.metrics or {}).get(g, [])}
                   for g in ("qosgate_replica_up", "qosgate_replica_eligible",
                             "qosgate_replica_breaker_open", "qosgate_replica_inflight",
@@ -449,39 +449,39 @@ def _yes(v: Any) -> Text:
     return Text("yes", style="green") if v else Text("NO", style="bold red")
 
 
-def _per_replica(s: Scrape, w: Window, name: str) -> dict[str, str]:
+def _per_replica(s: Scrape, span: Span, name: str) -> dict[str, str]:
     if s.metrics is None:
         return {}
     total: dict[str, float] = defaultdict(float)
     for lab, v in s.metrics.get(name, []):
         total[lab.get("replica", "?")] += v
-    win: dict[str, float] = defaultdict(float)
-    if w.seconds is not None:
-        for lab, v in increase(s.metrics, w.prev.get(s.key), name):
-            win[lab.get("replica", "?")] += v
-    return {k: _count(v, None if w.seconds is None else win[k]) for k, v in total.items()}
+    in_span: dict[str, float] = defaultdict(float)
+    if span.seconds is not None:
+        for lab, v in increase(s.metrics, span.prev.get(s.key), name):
+            in_span[lab.get("replica", "?")] += v
+    return {k: _count(v, None if span.seconds is None else in_span[k]) for k, v in total.items()}
 
 
 def frame(scrapes: list[Scrape], previous: Mapping[str, Scrape] | None = None,
           now: datetime | None = None) -> RenderableType:
     """The whole view from one round of scrapes (and the previous scrape of each instance, for
     rates over the last interval)."""
-    w = window_of(scrapes, previous or {})
+    span = span_of(scrapes, previous or {})
     now = now or datetime.now(UTC)
     ok = sum(1 for s in scrapes if s.answered)
     head = Text.assemble(
         ("qosgate top", "bold"),
         f"  {now:%Y-%m-%d %H:%M:%S} UTC  {ok}/{len(scrapes)} gateway(s) answered  "
-        f"TTFT, outcomes: {w.label}",
+        f"TTFT, outcomes: {span.label}",
     )
     parts: list[RenderableType] = [head, instances_table(scrapes)]
     fleet = fleet_table(scrapes)
     if fleet is not None:
         parts.append(fleet)
     if ok:
-        parts += [classes_table(scrapes, w), tenants_table(scrapes, w),
-                  replicas_table(scrapes, w)]
-        jobs = jobs_table(scrapes, now)
+        parts += [classes_table(scrapes, span), tenants_table(scrapes, span),
+                  replicas_table(scrapes, span)]
+        jobs = batches_table(scrapes, now)
         if jobs is not None:
             parts.append(jobs)
     return Group(*parts)

@@ -25,7 +25,7 @@ def _s(x: float | None) -> str:
     return f"{x / 3600:.2f} h"
 
 
-def jobs_header(res: ScenarioResult) -> str:
+def batches_header(res: ScenarioResult) -> str:
     """``jobs: job1 20000 lines at 0 s, window 60.0 min, class batch (mean 1155 + 211 tokens)``"""
     parts = []
     for jp in res.prep.jobs:
@@ -33,15 +33,15 @@ def jobs_header(res: ScenarioResult) -> str:
         prompt = sum(p for p, _ in jp.lines) / n
         output = sum(o for _, o in jp.lines) / n
         who = f", tenant {jp.tenant}" if jp.tenant else ""
-        parts.append(f"{jp.name} {n} lines at {_s(jp.at)}, window {_s(jp.window)}, class "
-                     f"{jp.qos_class}{who} (mean {prompt:.0f} prompt + {output:.0f} output "
+        parts.append(f"{jp.name} {n} lines at {_s(jp.at)}, window {_s(jp.completion_window_s)}, "
+                     f"class {jp.qos_class}{who} (mean {prompt:.0f} prompt + {output:.0f} output "
                      "tokens a line)")
     b = res.scenario.batches
     return (f"jobs: {'; '.join(parts)}; fed {b.queued_per_job} queued beyond the fleet's "
             f"windows, {b.retries} retries")
 
 
-def jobs_table(runs: list[Run], label: Any) -> Table:
+def batches_table(runs: list[Run], label: Any) -> Table:
     t = Table(
         title="batch jobs (done by = last answer - submission; idle = the job alone on the "
         "fleet; spare = on what live arrivals leave, a fluid estimate)",

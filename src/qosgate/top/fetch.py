@@ -1,5 +1,5 @@
 """``qosgate top``'s fetch loop: every gateway's ``/v1/qos/status`` and ``/metrics`` scraped in
-parallel (``Fetcher``), and the frames ``top.frame`` builds from them printed one after another or
+parallel (``Fetcher``), and the frames ``view.frame`` builds from them printed one after another or
 kept live on a terminal (``run``)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 
-from qosgate.top import Samples, Scrape, frame, get_in, parse_metrics
+from qosgate.top.view import Samples, Scrape, frame, get_in, parse_metrics
 
 
 def normalize_url(url: str) -> str:

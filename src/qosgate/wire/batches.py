@@ -124,12 +124,12 @@ def group_key(model: str, prompt: bytes) -> int:
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 
 
-def window_seconds(window: str) -> float | None:
+def completion_window_seconds(completion_window: str) -> float | None:
     """A ``completion_window`` (a number and s, m, h or d: ``24h``) in seconds; None if it is
     not one."""
-    unit = _UNITS.get(window[-1:])
+    unit = _UNITS.get(completion_window[-1:])
     try:
-        n = float(window[:-1])
+        n = float(completion_window[:-1])
     except ValueError:
         return None
     if unit is None or not n > 0 or n == float("inf"):

@@ -1,6 +1,6 @@
 """The simulator's feeder: what the gateway's feeder (runtime/batches/feeder.py) does with a job's
-lines, in virtual time, with the same pure policy (``core.jobfeed``): which jobs get lines now and
-how many (``plan``), and what becomes of a line that did not succeed (``after_failure``).
+lines, in virtual time, with the same pure policy (``core.batches_feed``): which jobs get lines now
+and how many (``plan``), and what becomes of a line that did not succeed (``after_failure``).
 
 The driver asks ``take`` for the lines to submit (each attempt is a new request to the one
 scheduler, at the job's class and tenant, as the gateway's feeder sends it through the request
@@ -16,18 +16,18 @@ import random
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from qosgate.core.jobfeed import FeedJob, Next, RetryRule, SpareCapacity, after_failure, plan
+from qosgate.core.batches_feed import FeedBatch, Next, RetryRule, SpareCapacity, after_failure, plan
 from qosgate.settings import BatchSettings
-from qosgate.sim.jobs import JobPlan
-from qosgate.sim.results import JobRecord
+from qosgate.sim.batches import BatchPlan
+from qosgate.sim.results import BatchResult
 
 # what the gateway would answer for a core outcome, as far as the feed policy tells them apart
 _STATUS = {"timed_out": 504, "failed": 502, "cancelled": 499}
 
 
 @dataclass(slots=True)
-class _Job:
-    plan: JobPlan
+class _Batch:
+    plan: BatchPlan
     ready: deque[int] = field(default_factory=deque)  # lines that may start now, in file order
     in_flight: dict[str, int] = field(default_factory=dict)  # request id -> line
     waiting: set[int] = field(default_factory=set)  # lines backing off or waiting Retry-After
@@ -48,12 +48,12 @@ class _Job:
     served_class: Counter[str] = field(default_factory=Counter)
 
 
-class SimJobs:
+class SimBatches:
     """Every job of a run and the state of each line (ready, in flight, waiting, answered)."""
 
-    def __init__(self, plans: tuple[JobPlan, ...], settings: BatchSettings, rule: RetryRule,
+    def __init__(self, plans: tuple[BatchPlan, ...], settings: BatchSettings, rule: RetryRule,
                  seed: int) -> None:
-        self.jobs = [_Job(p) for p in plans]
+        self.jobs = [_Batch(p) for p in plans]
         self.queued_per_job = settings.queued_per_job
         self.spare = SpareCapacity(settings.live_span_s, settings.headroom)
         self.rule = rule
@@ -62,7 +62,7 @@ class SimJobs:
         self.outcomes: Counter[str] = Counter()  # every attempt's outcome (the core's ledger)
 
     @property
-    def plans(self) -> tuple[JobPlan, ...]:
+    def plans(self) -> tuple[BatchPlan, ...]:
         return tuple(j.plan for j in self.jobs)
 
     def live(self) -> bool:
@@ -83,12 +83,12 @@ class SimJobs:
         self._maybe_end(job, now)
 
     def take(self, capacity: int, in_scheduler: int, now: float) -> list[tuple[int, int, str]]:
-        """``(job, line, request id)`` to submit now, per ``core.jobfeed.plan``, on what live
+        """``(job, line, request id)`` to submit now, per ``core.batches_feed.plan``, on what live
         traffic leaves of ``capacity`` (``in_scheduler``: every request queued or running,
         job lines too)."""
         self.spare.observe(now, max(in_scheduler - len(self.owner), 0))
         live = [
-            FeedJob(str(k), j.plan.tenant or "", j.plan.deadline, len(j.in_flight), len(j.ready))
+            FeedBatch(str(k), j.plan.tenant or "", j.plan.deadline, len(j.in_flight), len(j.ready))
             for k, j in enumerate(self.jobs) if j.open and not j.ended
         ]
         out: list[tuple[int, int, str]] = []
@@ -157,7 +157,7 @@ class SimJobs:
         self._maybe_end(job, now)
         return list(job.in_flight)
 
-    def _maybe_end(self, job: _Job, now: float) -> None:
+    def _maybe_end(self, job: _Batch, now: float) -> None:
         if job.ended or not job.open:
             return
         if job.ready or job.waiting or job.in_flight:
@@ -165,13 +165,14 @@ class SimJobs:
         job.ended = True
         job.finished_at = now
 
-    def records(self) -> list[JobRecord]:
+    def records(self) -> list[BatchResult]:
         out = []
         for j in self.jobs:
             p = j.plan
-            out.append(JobRecord(
+            out.append(BatchResult(
                 name=p.name, qos_class=p.qos_class, tenant=p.tenant or "", lines=len(p.lines),
-                at=p.at, window=p.window, done=j.done, failed=j.failed, expired=j.expired_lines,
+                at=p.at, completion_window_s=p.completion_window_s, done=j.done, failed=j.failed,
+                expired=j.expired_lines,
                 submitted=j.submitted, retried=j.retried, waited=j.waited,
                 output_tokens=j.output_tokens, started_at=j.started_at, finished_at=j.finished_at,
                 status=_status(j), answered_twice=sum(1 for c in j.completions.values() if c > 1),
@@ -180,7 +181,7 @@ class SimJobs:
         return out
 
 
-def _status(job: _Job) -> str:
+def _status(job: _Batch) -> str:
     """OpenAI's word for how the job ended (``in_progress`` if the run ended first)."""
     if not job.ended:
         return "in_progress"

@@ -1,6 +1,6 @@
 """Batch jobs in the simulator: fed into the one scheduler beside live traffic by the shared feed
-policy (core/jobfeed.py), every line answered exactly once, live classes first, jobs in deadline
-order, the same report for the same seed, and runs without jobs as they were."""
+policy (core/batches_feed.py), every line answered exactly once, live classes first, jobs in
+deadline order, the same report for the same seed, and runs without jobs as they were."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 from qosgate.cli import app
 from qosgate.config import default_config
 from qosgate.core import Dispatch, QosInputs
-from qosgate.core.jobfeed import RetryRule
+from qosgate.core.batches_feed import RetryRule
 from qosgate.settings import BatchSettings
+from qosgate.sim.batches import BatchPlan, parse_batch, parse_duration
+from qosgate.sim.batches_feed import SimBatches
+from qosgate.sim.batches_metrics import batches_ok, fluid_finish
 from qosgate.sim.driver import Simulation
-from qosgate.sim.job_feed import SimJobs
-from qosgate.sim.job_metrics import fluid_finish, jobs_ok
-from qosgate.sim.jobs import JobPlan, parse_duration, parse_job
 from qosgate.sim.report import document, dumps
 from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import scenario_from_mapping
@@ -32,8 +32,8 @@ runner = CliRunner()
 
 
 def job(name: str, lines: int, at: float, window: float, cls: str = "batch",
-        length: tuple[int, int] = (40, 12)) -> JobPlan:
-    return JobPlan(name, at, window, cls, None, QosInputs(qos_class=cls),
+        length: tuple[int, int] = (40, 12)) -> BatchPlan:
+    return BatchPlan(name, at, window, cls, None, QosInputs(qos_class=cls),
                    (length,) * lines, 64)
 
 
@@ -41,7 +41,7 @@ def live(n: int, every: float, cls: str = "realtime") -> list[tuple[float, str, 
     return [(0.05 + k * every, cls, 30, 10) for k in range(n)]
 
 
-def setup(reqs: list[tuple[float, str, int, int]], jobs: tuple[JobPlan, ...],
+def setup(reqs: list[tuple[float, str, int, int]], jobs: tuple[BatchPlan, ...],
           **batches: float) -> SimSetup:
     return SimSetup(
         cfg=default_config(), profile=TOY, replicas=1, window=TOY.max_num_seqs,
@@ -71,7 +71,7 @@ def test_a_job_beside_live_traffic_answers_every_line_exactly_once() -> None:
     assert (rec.done, rec.failed, rec.expired, rec.answered_twice) == (200, 0, 0, 0)
     assert rec.status == "completed" and rec.finished_at is not None
     assert res.job_outcomes == {"completed": 200} and res.job_attempts == 200
-    assert jobs_ok(res.jobs, res.job_outcomes, res.job_attempts)
+    assert batches_ok(res.jobs, res.job_outcomes, res.job_attempts)
     # the live requests keep their own ledger: job lines are neither records nor outcomes
     assert len(res.records) == res.arrivals == 60
     assert sum(res.outcomes.values()) == 60
@@ -126,16 +126,16 @@ def test_a_window_too_short_expires_the_rest_and_keeps_what_finished() -> None:
     # the lines in flight at the window's end were cancelled: one outcome per attempt
     assert res.job_outcomes["cancelled"] > 0
     assert sum(res.job_outcomes.values()) == res.job_attempts
-    assert jobs_ok(res.jobs, res.job_outcomes, res.job_attempts)
+    assert batches_ok(res.jobs, res.job_outcomes, res.job_attempts)
 
 
-def _engine_failure(sim: SimJobs, rid: str, now: float) -> float | None:
+def _engine_failure(sim: SimBatches, rid: str, now: float) -> float | None:
     return sim.ended(rid, "failed", "batch", None, 0, now)
 
 
 def test_engine_failures_back_off_then_go_to_the_error_count() -> None:
     rule = RetryRule(retries=2, backoff_s=1.0, backoff_max_s=60.0)
-    jobs = SimJobs((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
+    jobs = SimBatches((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
     jobs.open(0, 0.0)
     now = 0.0
     for attempt in range(3):
@@ -153,7 +153,7 @@ def test_engine_failures_back_off_then_go_to_the_error_count() -> None:
 
 def test_a_refusal_that_asks_to_wait_spends_no_attempt() -> None:
     rule = RetryRule(retries=0, backoff_s=1.0, backoff_max_s=60.0)
-    jobs = SimJobs((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
+    jobs = SimBatches((job("j", 1, 0.0, 100.0),), BatchSettings(queued_per_job=4), rule, 1)
     jobs.open(0, 0.0)
     ((_, line, rid),) = jobs.take(4, 0, 0.0)
     assert jobs.ended(rid, "rejected", "batch", 7.0, 0, 0.0) == 7.0
@@ -173,19 +173,19 @@ def test_fluid_estimate_walks_the_live_load() -> None:
 
 
 def test_parse_job_and_durations() -> None:
-    j = parse_job("20000@5m/1h,class=offline,tenant=acme,prompt=300,output=50")
+    j = parse_batch("20000@5m/1h,class=offline,tenant=acme,prompt=300,output=50")
     assert (j.lines, j.at_s, j.window_s, j.qos_class, j.tenant) == (
         20000, 300.0, 3600.0, "offline", "acme")
     assert j.prompt is not None and j.output is not None
-    d = parse_job("5")
+    d = parse_batch("5")
     assert (d.at_s, d.window_s, d.qos_class) == (0.0, 86400.0, None)
     assert parse_duration("1.5d") == 129600.0 and parse_duration("90") == 90.0
-    assert parse_duration("0s") == 0.0 == parse_duration("0") == parse_job("7@0s/1h").at_s
+    assert parse_duration("0s") == 0.0 == parse_duration("0") == parse_batch("7@0s/1h").at_s
     with pytest.raises(ValueError):
-        parse_job("7@0s/0s")  # a window is never 0
+        parse_batch("7@0s/0s")  # a window is never 0
     for bad in ("x@1h", "10/1y", "10,colour=red", "10,prompt=-3"):
         with pytest.raises(ValueError):
-            parse_job(bad)
+            parse_batch(bad)
 
 
 JOB_SCENARIO = SCENARIO.replace("policies: [fifo, qos, engine-priority]", "policies: [qos]") + """

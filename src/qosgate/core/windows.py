@@ -1,7 +1,7 @@
-"""A replica's window (requests in flight at most): the ``Limit`` seam and its algorithms.
+"""A replica's window (requests in flight at most): the ``WindowRule`` seam and its algorithms.
 
-``FixedLimit`` only changes when told to; ``EngineLimit`` adapts. Each declares whether it
-learns from samples (``adaptive``), so the scheduler need not ask for its type. ``LIMITS``
+``FixedWindow`` only changes when told to; ``AdaptiveWindow`` adapts. Each declares whether it
+learns from samples (``adaptive``), so the scheduler need not ask for its type. ``WINDOW_RULES``
 builds each by its config name (``fleet.window.mode``).
 
 Adaptive windows: dispatch only as much as keeps an engine busy, so the queue -- and every
@@ -9,7 +9,7 @@ decision -- stays in qosgate.
 
 An engine queues what it cannot run instead of refusing it, so a loss-only (429) controller never
 sees pressure: the window that matters is the one past which requests wait *inside* the engine,
-out of qosgate's reach. ``EngineLimit`` runs two loops on the facts the core is handed:
+out of qosgate's reach. ``AdaptiveWindow`` runs two loops on the facts the core is handed:
 
 - the **capacity loop**, on the engine's own signals (``on_signals``): memory pressure (KV use
   above its target, or new engine-side preemptions) shrinks the window multiplicatively (once
@@ -40,14 +40,14 @@ from qosgate.config import Window
 from qosgate.core.signals import LoadSignals
 
 
-class Limit(Protocol):
-    """A replica's window. ``limit`` is read on every dispatch; ``on_sample`` is told how one
+class WindowRule(Protocol):
+    """A replica's window. ``window`` is read on every dispatch; ``on_sample`` is told how one
     request went (``latency`` seconds to its first token, the in-flight count when it was sent,
     ``dropped`` if the engine refused it with back-pressure). ``adaptive``: whether samples can
     move it (the scheduler tells a fixed window none, and sets a fixed one only)."""
 
     @property
-    def limit(self) -> int: ...
+    def window(self) -> int: ...
 
     @property
     def adaptive(self) -> bool: ...
@@ -59,17 +59,17 @@ class Limit(Protocol):
         ...
 
 
-class FixedLimit:
+class FixedWindow:
     """A window that only changes when told to (``set``)."""
 
-    __slots__ = ("limit",)
+    __slots__ = ("window",)
     adaptive = False
 
-    def __init__(self, limit: int) -> None:
-        self.limit = max(0, limit)
+    def __init__(self, window: int) -> None:
+        self.window = max(0, window)
 
-    def set(self, limit: int) -> None:
-        self.limit = max(0, limit)
+    def set(self, window: int) -> None:
+        self.window = max(0, window)
 
     def on_sample(self, now: float, latency: float, inflight: int, dropped: bool) -> None:
         return None
@@ -78,7 +78,7 @@ class FixedLimit:
         return None
 
 
-class EngineLimit:
+class AdaptiveWindow:
     __slots__ = (
         "_last_change",
         "_last_preemptions",
@@ -89,13 +89,13 @@ class EngineLimit:
         "grow_frac",
         "kv_target",
         "latency_target_s",
-        "limit",
-        "max_limit",
-        "min_limit",
+        "max_window",
+        "min_window",
         "settle_s",
         "shrink",
         "stale_s",
         "waiting_allowance",
+        "window",
     )
     adaptive = True
 
@@ -103,8 +103,8 @@ class EngineLimit:
         self,
         initial: int = 8,
         *,
-        min_limit: int = 1,
-        max_limit: int = 1024,
+        min_window: int = 1,
+        max_window: int = 1024,
         kv_target: float = 0.9,
         waiting_allowance: float = 0.05,
         shrink: float = 0.8,
@@ -114,9 +114,9 @@ class EngineLimit:
         latency_target_s: float | None = None,
         stale_s: float = 5.0,
     ) -> None:
-        self.min_limit = max(1, min_limit)
-        self.max_limit = max(self.min_limit, max_limit)
-        self.limit = min(self.max_limit, max(self.min_limit, initial))
+        self.min_window = max(1, min_window)
+        self.max_window = max(self.min_window, max_window)
+        self.window = min(self.max_window, max(self.min_window, initial))
         self.kv_target = kv_target
         self.waiting_allowance = waiting_allowance  # engine queue per window slot tolerated
         self.shrink = shrink
@@ -146,7 +146,7 @@ class EngineLimit:
         if pressure:
             self._back_off(now)
             return
-        allowance = max(1.0, self.waiting_allowance * self.limit)
+        allowance = max(1.0, self.waiting_allowance * self.window)
         running, waiting = signals.running, signals.waiting
         if waiting is not None and waiting > allowance:
             seen, self._queue_seen_at = self._queue_seen_at, signals.at
@@ -166,18 +166,18 @@ class EngineLimit:
             # the engine beyond the allowance counts, whoever sent it: the conservative side,
             # which keeps realtime's TTFT; counting only its share let four gateways queue
             # four allowances in the engine, see docs/experiments/adaptive-windows.md.)
-            target = max(self.min_limit, int(signals.share(inflight) * (running + allowance)))
-            if target < self.limit and now - self._last_change >= self.cooldown_s:
-                self.limit = target
+            target = max(self.min_window, int(signals.share(inflight) * (running + allowance)))
+            if target < self.window and now - self._last_change >= self.cooldown_s:
+                self.window = target
                 self._last_change = now
             return
         self._queue_seen_at = None
         if self._settled_since == -math.inf:
             self._settled_since = now
-        full = inflight >= self.limit - 1
+        full = inflight >= self.window - 1
         if full and now - self._settled_since >= self.settle_s:
-            step = self.limit if self._slow_start else max(1, int(self.limit * self.grow_frac))
-            self.limit = min(self.max_limit, self.limit + step)
+            step = self.window if self._slow_start else max(1, int(self.window * self.grow_frac))
+            self.window = min(self.max_window, self.window + step)
             self._settled_since = now  # see what the new window does before growing again
             self._last_change = now
 
@@ -191,13 +191,13 @@ class EngineLimit:
         self._settled_since = -math.inf
         if now - self._last_change < self.cooldown_s:
             return  # the last change has not shown its effect yet
-        self.limit = max(self.min_limit, int(self.limit * self.shrink))
+        self.window = max(self.min_window, int(self.window * self.shrink))
         self._last_change = now
 
 
-def _engine_limit(capacity: int, w: Window) -> Limit:
-    return EngineLimit(
-        min(capacity, w.initial), min_limit=min(w.min, capacity), max_limit=capacity,
+def _adaptive_window(max_window: int, w: Window) -> WindowRule:
+    return AdaptiveWindow(
+        min(max_window, w.initial), min_window=min(w.min, max_window), max_window=max_window,
         kv_target=w.kv_target, waiting_allowance=w.waiting_allowance, shrink=w.shrink,
         grow_frac=w.grow_frac, settle_s=w.settle_s, cooldown_s=w.cooldown_s,
         latency_target_s=w.latency_target_s, stale_s=w.stale_s,
@@ -205,17 +205,18 @@ def _engine_limit(capacity: int, w: Window) -> Limit:
 
 
 # each window algorithm by its config name (``fleet.window.mode``), built from the replica's
-# capacity (the ceiling of an adaptive window, the size of a fixed one) and the window config
-LIMITS: dict[str, Callable[[int, Window], Limit]] = {
-    "adaptive": _engine_limit,
-    "fixed": lambda capacity, _: FixedLimit(capacity),
+# ``max_window`` (the ceiling of an adaptive window, the size of a fixed one) and the window config
+WINDOW_RULES: dict[str, Callable[[int, Window], WindowRule]] = {
+    "adaptive": _adaptive_window,
+    "fixed": lambda max_window, _: FixedWindow(max_window),
 }
 
 
-def build_limit(mode: str, capacity: int, window: Window) -> Limit:
-    """The window called ``mode`` for a replica of ``capacity``."""
+def build_window(mode: str, max_window: int, config: Window) -> WindowRule:
+    """The window rule called ``mode`` for a replica whose window is at most ``max_window``."""
     try:
-        make = LIMITS[mode]
+        make = WINDOW_RULES[mode]
     except KeyError:
-        raise ValueError(f"unknown window mode {mode!r} (known: {', '.join(LIMITS)})") from None
-    return make(capacity, window)
+        known = ", ".join(WINDOW_RULES)
+        raise ValueError(f"unknown window mode {mode!r} (known: {known})") from None
+    return make(max_window, config)

@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from qosgate.sim.results import JobRecord
+from qosgate.sim.results import BatchResult
 
 FLUID_BIN_S = 60.0
 
@@ -50,8 +50,8 @@ def fluid_finish(
     return t - start + (lines - done) / rate
 
 
-def job_stats(
-    job: JobRecord, idle_rate: float | None, spare_s: float | None
+def batch_stats(
+    job: BatchResult, idle_rate: float | None, spare_s: float | None
 ) -> dict[str, Any]:
     """One job's row: lines by outcome, start and end, completion time against its window, its
     output tokens/s, and the estimates."""
@@ -75,10 +75,11 @@ def job_stats(
         "submitted_s": job.at,
         "started_s": job.started_at,
         "finished_s": job.finished_at,
-        "window_s": job.window,
+        "window_s": job.completion_window_s,
         "completion_s": took,
-        "within_window": took is not None and took <= job.window and job.done == job.lines,
-        "of_window": None if took is None else took / job.window,
+        "within_window": (took is not None and took <= job.completion_window_s
+                          and job.done == job.lines),
+        "of_window": None if took is None else took / job.completion_window_s,
         "output_tokens": job.output_tokens,
         "output_tok_s": job.output_tokens / busy if busy else None,
         "lines_per_s": job.done / busy if busy else None,
@@ -87,7 +88,7 @@ def job_stats(
     }
 
 
-def jobs_ok(jobs: Sequence[JobRecord], outcomes: dict[str, int], attempts: int) -> bool:
+def batches_ok(jobs: Sequence[BatchResult], outcomes: dict[str, int], attempts: int) -> bool:
     """Every job ended, each of its lines once (done, failed or expired), none answered twice,
     and every attempt has exactly one outcome in the core's ledger."""
     return (

@@ -18,7 +18,7 @@ from qosgate.runtime.batches.feeder import LineAnswer
 from qosgate.runtime.batches.records import BatchRecord, LineTask
 from qosgate.server.asgi import Message, Receive, Scope, Send
 from qosgate.server.flow import RequestFlow
-from qosgate.wire.job import Route
+from qosgate.wire.engine_request import Route
 
 __all__ = ["FlowLines"]
 

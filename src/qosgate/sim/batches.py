@@ -1,12 +1,12 @@
 """Batch jobs as a simulator workload: N lines submitted at a time with a completion window, at a
-class, for a tenant, beside the scenario's live traffic (``job_feed.py`` feeds them).
+class, for a tenant, beside the scenario's live traffic (``batches_feed.py`` feeds them).
 
 A job is given in a scenario file (``jobs: [{lines: 20000, at_s: 0, window_s: 3600, class:
 offline, tenant: acme}]``) or on the command line (``--job 20000@0s/1h,class=offline``: see
-``parse_job``). Its lines' lengths come from the job's own ``prompt``/``output`` laws, else from the
-scenario's ``lengths`` -- for a trace scenario, whole rows of its trace drawn at random (seeded), so
-a job "like today's requests" has today's prompt and output sizes, their correlation kept. Each
-line is drawn once from ``"{seed}:job{k}"`` and replayed unchanged under every policy.
+``parse_batch``). Its lines' lengths come from the job's own ``prompt``/``output`` laws, else from
+the scenario's ``lengths`` -- for a trace scenario, whole rows of its trace drawn at random
+(seeded), so a job "like today's requests" has today's prompt and output sizes, their correlation
+kept. Each line is drawn once from ``"{seed}:job{k}"`` and replayed unchanged under every policy.
 """
 
 from __future__ import annotations
@@ -19,29 +19,29 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from qosgate.config import Strict
+from qosgate.core.batches_feed import RetryRule
 from qosgate.core.classifier import QosInputs
-from qosgate.core.jobfeed import RetryRule
 from qosgate.settings import BatchSettings
 from qosgate.sim.workload import LengthDist, Lengths, LengthSampler, Stream, TraceRow, _rng
-from qosgate.wire.batch import window_seconds
+from qosgate.wire.batches import completion_window_seconds
 
 
 def parse_duration(text: str) -> float:
     """``90``, ``90s``, ``15m``, ``1h``, ``1.5d`` -> seconds: a completion window as the gateway
-    reads one (``wire.batch.window_seconds``), or a bare number of seconds."""
+    reads one (``wire.batches.completion_window_seconds``), or a bare number of seconds."""
     text = text.strip()
     spec = text if text[-1:].isalpha() else text + "s"
-    try:  # a start may be 0 (a window never is: window_seconds refuses it)
+    try:  # a start may be 0 (a window never is: completion_window_seconds refuses it)
         zero = spec[-1] in "smhd" and float(spec[:-1]) == 0
     except ValueError:
         zero = False
-    seconds = 0.0 if zero else window_seconds(spec)
+    seconds = 0.0 if zero else completion_window_seconds(spec)
     if seconds is None:
         raise ValueError(f"{text!r} is not a duration (a number and s, m, h or d, e.g. 1h)")
     return seconds
 
 
-class Job(Strict):
+class BatchSpec(Strict):
     """One batch job of a scenario (see the module doc)."""
 
     lines: int = Field(ge=1, le=10_000_000, description="requests in the job's file")
@@ -61,7 +61,7 @@ _KEYS = {"class": "class", "tenant": "tenant", "name": "name", "prompt": "prompt
          "output": "output"}
 
 
-def parse_job(text: str) -> Job:
+def parse_batch(text: str) -> BatchSpec:
     """``LINES[@START][/WINDOW][,key=value...]``: ``20000@0s/1h,class=offline,tenant=acme``;
     ``prompt=N``/``output=N`` give every line that length (else the scenario's lengths). START
     defaults to 0, WINDOW to 24h."""
@@ -87,16 +87,16 @@ def parse_job(text: str) -> Job:
             raw[key] = {"dist": "constant", "value": int(val)}
         else:
             raw[_KEYS[key]] = val
-    return Job.model_validate(raw)
+    return BatchSpec.model_validate(raw)
 
 
 @dataclass(slots=True, frozen=True)
-class JobPlan:
+class BatchPlan:
     """A job ready to run: its lines' (prompt, output) lengths and its QoS inputs."""
 
     name: str
     at: float
-    window: float
+    completion_window_s: float  # the Batch API's completion_window
     qos_class: str  # the class its lines ask for (the tenant's allowed classes may clamp it)
     tenant: str | None
     inputs: QosInputs
@@ -105,20 +105,20 @@ class JobPlan:
 
     @property
     def deadline(self) -> float:
-        return self.at + self.window
+        return self.at + self.completion_window_s
 
 
-def plan_jobs(
-    jobs: Sequence[Job],
+def plan_batches(
+    jobs: Sequence[BatchSpec],
     lengths: Lengths,
     trace: Sequence[TraceRow] | None,
     api_keys: dict[str, str],
     seed: int,
     max_tokens: int,
     default_class: str,
-) -> tuple[JobPlan, ...]:
+) -> tuple[BatchPlan, ...]:
     """Draw every job's lines (seeded per job) and resolve its class and tenant key."""
-    out: list[JobPlan] = []
+    out: list[BatchPlan] = []
     for k, job in enumerate(jobs):
         name = job.name or f"job{k + 1}"
         stream = Stream(share=1, prompt=job.prompt, output=job.output)
@@ -131,7 +131,7 @@ def plan_jobs(
                                  "has no api_keys")
             key = api_keys[job.tenant]
         cls = job.qos_class or default_class
-        out.append(JobPlan(name, job.at_s, job.window_s, cls, job.tenant,
+        out.append(BatchPlan(name, job.at_s, job.window_s, cls, job.tenant,
                            QosInputs(api_key=key, qos_class=cls), lines, max_tokens))
     return tuple(out)
 

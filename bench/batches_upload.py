@@ -8,7 +8,7 @@ with the ``openai`` client (its time, MB/s, the gateway's RSS growth), the job's
 groups as a feeder would (``BatchStore.record``: SQLite writes/s), then ``finish`` (the output
 file written). Worst and p99 stall per phase, and the worst against the idle baseline's.
 
-    PYTHONPATH=src .venv/bin/python bench/batch_upload.py [--lines 50000] [--group 32]
+    PYTHONPATH=src .venv/bin/python bench/batches_upload.py [--lines 50000] [--group 32]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Batch jobs on spare capacity, through real processes: 2 vLLM stand-ins behind the gateway.
 
-    .venv/bin/python bench/batch_jobs.py [--quick] [--seed 1] [--live-rate 4] [--time-scale 4]
+    .venv/bin/python bench/batches_spare.py [--quick] [--seed 1] [--live-rate 4] [--time-scale 4]
 
 A benchmark, not a test: it prints what happened, in one run.
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import random
 
-from qosgate.core.jobfeed import FeedJob, Next, RetryRule, SpareCapacity, after_failure, plan
+from qosgate.core.batches_feed import FeedBatch, Next, RetryRule, SpareCapacity, after_failure, plan
 
 RULE = RetryRule(retries=3, backoff_s=1.0, backoff_max_s=5.0)
 
 
 def job(id: str, deadline: float, in_flight: int = 0, ready: int = 1000,
-        tenant: str = "t") -> FeedJob:
-    return FeedJob(id, tenant, deadline, in_flight, ready)
+        tenant: str = "t") -> FeedBatch:
+    return FeedBatch(id, tenant, deadline, in_flight, ready)
 
 
 def test_an_idle_fleet_gets_its_capacity_plus_a_short_queue() -> None:
@@ -44,7 +44,7 @@ def test_no_capacity_still_keeps_a_queue() -> None:
 
 
 def test_with_no_live_traffic_a_job_has_the_whole_fleet_once_a_window_was_watched() -> None:
-    spare = SpareCapacity(window_s=30.0, headroom=0.05)
+    spare = SpareCapacity(lookback_s=30.0, headroom=0.05)
     assert spare.spare(0.0, 32) == 0  # nothing watched yet
     spare.observe(0.0, 0)
     assert spare.spare(0.0, 32) == 0
@@ -54,7 +54,7 @@ def test_with_no_live_traffic_a_job_has_the_whole_fleet_once_a_window_was_watche
 
 
 def test_live_traffic_keeps_its_recent_peak_and_a_headroom() -> None:
-    spare = SpareCapacity(window_s=30.0, headroom=0.05)
+    spare = SpareCapacity(lookback_s=30.0, headroom=0.05)
     spare.observe(-30.0, 0)  # watched for a window already
     spare.observe(0.0, 3)
     spare.observe(1.0, 9)  # a burst
@@ -68,7 +68,7 @@ def test_live_traffic_keeps_its_recent_peak_and_a_headroom() -> None:
 
 
 def test_a_fleet_full_of_live_traffic_leaves_nothing_spare() -> None:
-    spare = SpareCapacity(window_s=10.0, headroom=0.0)
+    spare = SpareCapacity(lookback_s=10.0, headroom=0.0)
     spare.observe(-10.0, 0)
     spare.observe(0.0, 40)
     assert spare.spare(1.0, 32) == 0

@@ -23,7 +23,7 @@ from enum import Enum
 
 __all__ = [
     "SWEEP_S",
-    "FeedJob",
+    "FeedBatch",
     "Next",
     "RetryRule",
     "SpareCapacity",
@@ -39,7 +39,7 @@ SWEEP_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class FeedJob:
+class FeedBatch:
     """One live job as the feed policy sees it."""
 
     id: str
@@ -49,7 +49,7 @@ class FeedJob:
     ready: int  # lines that could start now (no answer, not running, not backing off)
 
 
-def plan(jobs: list[FeedJob], queued_per_job: int, spare: int) -> list[tuple[str, int]]:
+def plan(jobs: list[FeedBatch], queued_per_job: int, spare: int) -> list[tuple[str, int]]:
     """``(job id, lines to start now)`` for the jobs that get any, earliest deadline first.
 
     ``spare`` is what live traffic leaves of the fleet (``SpareCapacity``). The tenants with jobs
@@ -75,20 +75,20 @@ def plan(jobs: list[FeedJob], queued_per_job: int, spare: int) -> list[tuple[str
 
 class SpareCapacity:
     """The slots live traffic leaves free: the fleet's capacity less the most live requests
-    (queued or running, job lines not counted) seen over the last ``window_s``, less a headroom
+    (queued or running, job lines not counted) seen over the last ``lookback_s``, less a headroom
     while there is live traffic at all.
 
     Why the recent peak and not the present count: a job line holds its slot for a whole answer,
     so a slot given to a job now is not there for the live burst that comes a second later; live
     requests would wait for job lines to finish (api may not pre-empt them), which is exactly
-    what a job must not do to interactive traffic. With no live traffic in the window the job
-    gets the whole fleet. Until a whole window has been watched (a gateway that has just
+    what a job must not do to interactive traffic. With no live traffic in the lookback the job
+    gets the whole fleet. Until a whole lookback has been watched (a gateway that has just
     started, a simulated job at the start of its trace) nobody knows what live traffic is
-    like: the spare slots grow from none to all over that first window instead of a job taking
+    like: the spare slots grow from none to all over that first lookback instead of a job taking
     the whole fleet at once, the moment before a burst. Pure: time is passed in."""
 
-    def __init__(self, window_s: float, headroom: float) -> None:
-        self.window_s = window_s
+    def __init__(self, lookback_s: float, headroom: float) -> None:
+        self.lookback_s = lookback_s
         self.headroom = headroom  # share of the capacity kept free while live traffic runs
         self._peaks: deque[tuple[float, int]] = deque()  # (time, live), live decreasing
         self._since: float | None = None  # the first look
@@ -103,7 +103,7 @@ class SpareCapacity:
 
     def peak(self, now: float) -> int:
         peaks = self._peaks
-        while len(peaks) > 1 and peaks[0][0] < now - self.window_s:
+        while len(peaks) > 1 and peaks[0][0] < now - self.lookback_s:
             peaks.popleft()
         # (the last sample stays however old it is: it is the present count)
         return peaks[0][1] if peaks else 0
@@ -114,8 +114,8 @@ class SpareCapacity:
         free = capacity if peak <= 0 else max(
             capacity - peak - max(1, math.ceil(self.headroom * capacity)), 0)
         watched = now - self._since if self._since is not None else 0.0
-        if watched < self.window_s:
-            free = min(free, int(capacity * watched / self.window_s))
+        if watched < self.lookback_s:
+            free = min(free, int(capacity * watched / self.lookback_s))
         return free
 
 

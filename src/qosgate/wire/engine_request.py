@@ -1,5 +1,8 @@
-"""What an engine is asked to serve, as read from the wire: the route, the job (the client's own
-body and what the gateway read of it), and why a body cannot be served."""
+"""What an engine is asked to serve, as read from the wire: the route, the engine request (the
+client's own body and what the gateway read of it), and why a body cannot be served.
+
+An engine request is one engine call: what the driver hands a replica for one client request.
+A Batch API job (``qosgate.runtime.batches``) is something else: a file of many requests."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ Route = Literal["chat", "completions", "embeddings"]
 
 
 @dataclass(slots=True)
-class Job:
+class EngineRequest:
     """What an engine needs to serve one request: the client's own body and what was read of it."""
 
     rid: str

@@ -4,11 +4,11 @@ and help text.
 The code that emits metrics builds its families from these entries (``Family.counter``,
 ``.gauge``, ``.histogram``): ``server/metrics.py``, ``server/protocol.py`` and
 ``runtime/shared_state.py``. It sits at the top of the package, beside ``config.py``, so that
-every layer that emits or reads metrics (``runtime``, ``server``, ``top.py``) can import it.
+every layer that emits or reads metrics (``runtime``, ``server``, ``top/``) can import it.
 ``tests/e2e/test_metric_names.py`` checks that a live gateway's ``/metrics`` carries
 exactly these families, types, labels and help texts; ``tests/test_metric_names.py`` that the
 Grafana board (``deploy/grafana/qosgate.json``), the Prometheus rules (``deploy/prometheus/``),
-``top.py`` and the docs name only what is registered here.
+``top/`` and the docs name only what is registered here.
 
 Naming follows Prometheus' conventions: base units (``_seconds``), the unit before the type
 suffix, counters exposed with ``_total`` (``name`` below is the exposition name), histograms as

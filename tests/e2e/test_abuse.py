@@ -98,7 +98,7 @@ server:
   metrics_max_tenants: 2
   sse_keepalive_s: 0.2
 # a 500-token stream holds the slot seconds
-engine: {kind: sim, time_scale: 0.5, capacity: 1, eos_after: 8}
+engine: {kind: sim, time_scale: 0.5, max_window: 1, eos_after: 8}
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
     yield gw
@@ -109,7 +109,7 @@ engine: {kind: sim, time_scale: 0.5, capacity: 1, eos_after: 8}
 def up_gw(standin: Server, tmp_session: Path) -> Iterator[Server]:
     cfg = write(tmp_session, "abuse-up.yaml", TENANTS + f"""
 server: {{admin_keys: [sk-admin]}}
-upstreams: [{{url: {standin.url}, name: standin, capacity: 4, priority_polarity: vllm}}]
+upstreams: [{{url: {standin.url}, name: standin, max_window: 4, priority_polarity: vllm}}]
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
     yield gw
@@ -475,7 +475,7 @@ def test_a_queued_upstream_stream_gets_keep_alives_then_its_tokens(standin: Serv
     cfg = write(tmp_session, "abuse-ka-up.yaml", f"""
 server: {{sse_keepalive_s: 0.2}}
 fleet: {{window: {{mode: fixed}}}}
-upstreams: [{{url: {standin.url}, name: standin, capacity: 1, priority_polarity: vllm}}]
+upstreams: [{{url: {standin.url}, name: standin, max_window: 1, priority_polarity: vllm}}]
 """)
     gw = start_gateway(tmp_session, "--config", str(cfg))
     try:

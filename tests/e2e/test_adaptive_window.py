@@ -35,7 +35,7 @@ INITIAL = 16  # where the adaptive window starts (above the batch: it must come 
 
 def _gateway(tmp: Path, urls: list[str], name: str) -> Server:
     cfg = {
-        "upstreams": [{"url": u, "name": f"r{i}", "capacity": CAPACITY,
+        "upstreams": [{"url": u, "name": f"r{i}", "max_window": CAPACITY,
                        "priority_polarity": "vllm"} for i, u in enumerate(urls)],
         # faster loops than the defaults (settle/cooldown 2 s) keep the test short; the probe
         # still scrapes once a second

@@ -34,14 +34,14 @@ pytestmark = pytest.mark.e2e
 
 FIXED = """
 upstreams:
-  - {url: URL, name: standin, capacity: 64}
-embeddings: {window: fixed, window_ms: WINDOW, max_batch: 4, max_input_tokens: 100}
+  - {url: URL, name: standin, max_window: 64}
+embeddings: {linger: fixed, linger_ms: WINDOW, max_batch: 4, max_input_tokens: 100}
 """
 
 ADAPTIVE = """
 upstreams:
-  - {url: URL, name: standin, capacity: 64}
-embeddings: {window: adaptive, floor_ms: 10, ceiling_ms: 100, target_ms: 100, every: 3,
+  - {url: URL, name: standin, max_window: 64}
+embeddings: {linger: adaptive, floor_ms: 10, ceiling_ms: 100, target_ms: 100, every: 3,
              alpha: 0.5, max_batch: 32}
 """
 

@@ -34,7 +34,7 @@ tenants:
   - {{name: flood, api_keys: [sk-flood]}}
   - {{name: light, api_keys: [sk-light]}}
 upstreams:
-  - {{url: {url}, name: engine, capacity: 3, priority_polarity: vllm}}
+  - {{url: {url}, name: engine, max_window: 3, priority_polarity: vllm}}
 """
 
 

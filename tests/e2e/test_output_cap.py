@@ -54,7 +54,7 @@ classes:
 tenants:
   - {{name: acme, api_keys: [sk-acme]}}
   - {{name: tight, api_keys: [sk-tight], limits: {{max_output_tokens: 20}}}}
-upstreams: [{{url: {engine[0].url}, name: standin, capacity: 4}}]
+upstreams: [{{url: {engine[0].url}, name: standin, max_window: 4}}]
 """)
 
 

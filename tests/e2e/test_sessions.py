@@ -28,7 +28,7 @@ REPLICAS = 3
 
 
 def fleet_config(urls: list[str], router: str, from_user: bool = False) -> str:
-    ups = "\n".join(f"  - {{url: {u}, name: r{i}, capacity: 8, priority_polarity: vllm}}"
+    ups = "\n".join(f"  - {{url: {u}, name: r{i}, max_window: 8, priority_polarity: vllm}}"
                     for i, u in enumerate(urls))
     return (f"upstreams:\n{ups}\nfleet:\n  router: {router}\n"
             f"  cache: {{session_from_user: {str(from_user).lower()}}}\n")

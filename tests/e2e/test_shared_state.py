@@ -45,7 +45,7 @@ server: {{admin_keys: [sk-admin]}}
 redis: {{lease_ttl_s: {lease_ttl}}}
 upstreams:
   - url: {standin}
-    capacity: {capacity}
+    max_window: {capacity}
 """)
     return path
 

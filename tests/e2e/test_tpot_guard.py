@@ -31,7 +31,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Se
     tmp = tmp_path_factory.mktemp("tpot_guard")
     engine = start_standin(tmp, "--scheduling-policy", "priority", "--time-scale", "40")
     cfg = {
-        "upstreams": [{"url": engine.url, "name": "r0", "capacity": 16,
+        "upstreams": [{"url": engine.url, "name": "r0", "max_window": 16,
                        "priority_polarity": "vllm"}],
         "fleet": {"tpot_guard": 0.5, "window": {"mode": "fixed"}},
     }

@@ -50,7 +50,7 @@ server: {admin_keys: [sk-admin]}
 upstreams:
   - url: {URL}
     name: standin
-    capacity: 2
+    max_window: 2
     priority_polarity: vllm
 """
 

@@ -108,7 +108,7 @@ classes:
   - {name: api, level: 1, weight: 5, ttft_budget_ms: 5000, queue_timeout_s: 1.0, max_queue: 100}
 task_types: {chat: realtime}
 server: {sse_keepalive_s: 0.2}
-engine: {kind: sim, time_scale: 0.5, capacity: 1}   # the 2000-token stream holds it seconds
+engine: {kind: sim, time_scale: 0.5, max_window: 1}   # the 2000-token stream holds it seconds
 """) as gw:
         c = gw.client("x")
         hold = c.chat.completions.create(model=SIM, messages=HI, max_tokens=2000, stream=True)

@@ -35,7 +35,7 @@ tenants:
   - {{name: pair, api_keys: [sk-pair], limits: {{max_concurrent: 2}}}}
 upstreams:
   - url: {standin.url}
-    capacity: {capacity}
+    max_window: {capacity}
 batches:
   {dir_line}
   live_span_s: 0.2  # no live traffic here: the whole fleet is the job's 0.2 s after start

@@ -66,7 +66,7 @@ def write_config(path: Path, upstreams: list[dict[str, Any]], *,
 
 
 def upstream(s: Server, name: str, capacity: int = 64) -> dict[str, Any]:
-    return {"url": s.url, "name": name, "capacity": capacity, "priority_polarity": "vllm"}
+    return {"url": s.url, "name": name, "max_window": capacity, "priority_polarity": "vllm"}
 
 
 @contextlib.contextmanager

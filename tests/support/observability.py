@@ -188,7 +188,7 @@ def gateway_config(upstreams: list[Server], redis_url: str | None,
         "fleet": {"router": "most-free", "window": {"mode": "fixed"}},
         "server": {"admin_keys": [ADMIN], "metrics_auth": True},
         "upstreams": [
-            {"url": s.url, "name": name, "capacity": 4, "priority_polarity": "vllm",
+            {"url": s.url, "name": name, "max_window": 4, "priority_polarity": "vllm",
              "idle_timeout_s": 3}
             for name, s in zip("ab", upstreams, strict=False)
         ],

@@ -29,7 +29,7 @@ def gateway_config(tmp: Path, standin: Server) -> Path:
     path = tmp / f"gw-{time.monotonic_ns()}.yaml"
     path.write_text(f"""
 tenants: [{{name: acme, api_keys: [sk-acme]}}]
-upstreams: [{{url: {standin.url}, capacity: 8}}]
+upstreams: [{{url: {standin.url}, max_window: 8}}]
 batches: {{live_span_s: 0.2}}
 """)
     return path

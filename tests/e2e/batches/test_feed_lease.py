@@ -149,7 +149,7 @@ def test_two_gateways_sharing_redis_and_a_directory_answer_every_line_once(
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(f"""
 tenants: [{{name: acme, api_keys: [sk-acme]}}]
-upstreams: [{{url: {standin.url}, capacity: 4}}]
+upstreams: [{{url: {standin.url}, max_window: 4}}]
 redis: {{url: "{redis.url}", prefix: "two:"}}
 batches: {{dir: {tmp_path / "batches"}, lease_ttl_s: 1, live_span_s: 0.2}}
 """)

@@ -58,9 +58,9 @@ def test_merged_call_to_llama_cpp_server_split_back(llama_server: Server, tmp_pa
                                                    ) -> None:
     cfg = tmp_path / "gw.yaml"
     cfg.write_text(
-        f"upstreams:\n  - {{url: {llama_server.url}, name: lcs, capacity: 8,"
+        f"upstreams:\n  - {{url: {llama_server.url}, name: lcs, max_window: 8,"
         " scrape_metrics: false}\n"
-        "embeddings: {window: fixed, window_ms: 5000, max_batch: 3}\n"
+        "embeddings: {linger: fixed, linger_ms: 5000, max_batch: 3}\n"
     )
     gw = start_gateway(tmp_path, "--config", str(cfg))
     try:

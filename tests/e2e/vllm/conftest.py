@@ -175,7 +175,7 @@ classes:
 {tenants}upstreams:
   - url: {url}
     name: {name}
-    capacity: {capacity}
+    max_window: {capacity}
     priority_polarity: {polarity}
     priority_order: {order}
     models: [{model}, {ghost}]

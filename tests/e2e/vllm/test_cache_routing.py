@@ -38,8 +38,8 @@ TURNS = 3
 FLEET_CONFIG = """
 fleet: {{router: {router}, window: {{mode: fixed}}}}
 upstreams:
-  - {{url: {a}, name: vllm-a, capacity: 4, priority_polarity: vllm, models: [{model}]{ev_a}}}
-  - {{url: {b}, name: vllm-b, capacity: 4, models: [{model}]{ev_b}}}
+  - {{url: {a}, name: vllm-a, max_window: 4, priority_polarity: vllm, models: [{model}]{ev_a}}}
+  - {{url: {b}, name: vllm-b, max_window: 4, models: [{model}]{ev_b}}}
 """
 WORDS = ("river", "stone", "lantern", "orbit", "meadow", "copper", "signal", "harbor", "violet",
          "engine", "glacier", "ember", "canyon", "quartz", "falcon", "tide", "marble", "pine")

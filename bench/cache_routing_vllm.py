@@ -62,7 +62,7 @@ fleet: {{router: {router}, window: {{mode: fixed}}}}
 upstreams:
 {upstreams}
 """
-UPSTREAM = "  - {{url: {url}, name: {name}, capacity: {capacity}, models: [{model}]{events}}}\n"
+UPSTREAM = "  - {{url: {url}, name: {name}, max_window: {capacity}, models: [{model}]{events}}}\n"
 
 
 class Replica:

@@ -66,7 +66,7 @@ classes:
      max_queue: 100000, aging_after_s: 60, preemptible: true}}
 fleet: {{window: {{mode: {window}}}}}
 upstreams:
-  - {{url: {url}, name: vllm, capacity: {capacity}, priority_polarity: vllm}}
+  - {{url: {url}, name: vllm, max_window: {capacity}, priority_polarity: vllm}}
 """
 
 

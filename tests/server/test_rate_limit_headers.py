@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from tests.support.inprocess import InProcessGateway
+from tests.support.metrics import metric_values
 from tests.support.processes import MODEL
 
 CONFIG = """
@@ -97,3 +98,23 @@ def test_status_shows_the_tenant_s_allowance(gateway: InProcessGateway) -> None:
     code, _, body = gateway.http("GET", gateway.url + "/v1/qos/status",
                                  headers={"Authorization": "Bearer sk-free"})
     assert json.loads(body)["allowance"] == {"concurrent": {"in_use": 0, "max": None}}
+
+
+def test_the_client_s_default_retries_are_requests_the_gateway_counts() -> None:
+    """The openai client's default (two retries, after ``Retry-After``): one call refused is
+    three requests refused, each counted; none of them charged the bucket."""
+    config = CONFIG + "admission: {max_retry_after_s: 1}\n"  # Retry-After: 1, the shortest
+    with InProcessGateway(config) as gw:
+        c = gw.client("sk-metered")
+        for _ in range(3):
+            c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
+        with pytest.raises(openai.RateLimitError) as refused:
+            c.with_options(max_retries=2).chat.completions.create(
+                model=MODEL, messages=MESSAGES, max_tokens=4)
+        assert refused.value.response.headers["retry-after"] == "1"
+        assert refused.value.response.headers["x-ratelimit-remaining-requests"] == "0"
+        _, _, body = gw.http("GET", gw.url + "/metrics")
+    counted = {dict(k)["outcome"] + "/" + dict(k)["reason"]: v for k, v in
+               metric_values(body.decode(), "qosgate_requests_total").items()
+               if dict(k)["tenant"] == "metered"}
+    assert counted == {"completed/completed": 3, "rejected/rate_limit_requests": 3}

@@ -144,7 +144,7 @@ class RequestFlow:
         t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
         # after admission (this request counted), before the engine's task can start the answer
-        qos_headers += allowance_headers(self.scheduler.allowance(req.tenant, self.clock()))
+        sink.extra_headers += allowance_headers(self.scheduler.allowance(req.tenant, self.clock()))
         if not t.finished.done():
             keepalive = (self._keepalive(t, sink)
                          if engine_request.stream and self.sse_keepalive_s else None)

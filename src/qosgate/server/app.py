@@ -165,12 +165,14 @@ class Gateway:
             self.batch_dir.release()
 
     def begin_shutdown(self) -> None:
-        """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
+        """SIGTERM: stop admitting; answer 503 at once to every request whose answer has not
+        begun (queued, or at an engine that has not started it); running requests go on."""
         if self.feeder is not None:
             self.feeder.pause()
-        n = self.driver.drain("shutting_down")
-        log.warning("shutting down: %d queued request(s) rejected, %d running",
-                    n, len(self.driver.tickets))
+        queued, waiting = self.driver.drain("shutting_down")
+        log.warning("draining: %d queued and %d not yet started request(s) refused with 503, "
+                    "%d running may finish within %g s", queued, waiting,
+                    len(self.driver.tickets), self.settings.server.shutdown_timeout_s)
 
     # ------------------------------------------------------------------ routing
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -273,7 +275,7 @@ class Gateway:
         if self.started and self.driver.accepting and up:
             await send_json(send, 200, {"status": "ready"})
         else:
-            why = "shutting down" if not self.driver.accepting else "no engine is ready"
+            why = "draining" if not self.driver.accepting else "no engine is ready"
             await send_json(send, 503, {"status": why})
 
     async def _status(self, scope: Scope, send: Send) -> None:

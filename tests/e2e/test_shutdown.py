@@ -219,3 +219,23 @@ def test_second_signal_exits_at_once_without_a_traceback(standin: Server,
         assert log.count("second SIGINT: exiting now") == 1
     finally:
         gw.stop()
+
+
+def test_drain_delay_serves_while_readyz_says_draining(standin: Server,
+                                                       tmp_session: Path) -> None:
+    """``server.drain_delay_s``: after SIGTERM, /readyz is 503 at once while requests are still
+    served; the drain (503 ``shutting_down``) begins once the delay is over."""
+    cfg = tmp_session / "drain-delay.yaml"
+    cfg.write_text("server: {drain_delay_s: 3}\n")
+    gw = start_gateway(tmp_session, "--upstream", standin.url, "--config", str(cfg))
+    try:
+        gw.proc.send_signal(signal.SIGTERM)
+        assert wait_until(lambda: http("GET", gw.url + "/readyz")[0] == 503, 10)
+        status, _, _ = http("POST", gw.url + "/v1/completions", _completion_body(2),
+                            {"content-type": "application/json"})
+        assert status == 200  # still served: the delay is on (the drain would answer 503)
+        assert wait_until(lambda: http("POST", gw.url + "/v1/completions", _completion_body(2),
+                                       {"content-type": "application/json"})[0] == 503, 10)
+        assert gw.proc.wait(10) == 0
+    finally:
+        gw.stop()

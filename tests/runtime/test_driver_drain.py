@@ -22,7 +22,8 @@ class GatedEngine:
     pausable = False
     ordered = False
 
-    def __init__(self) -> None:
+    def __init__(self, remote: bool) -> None:
+        self.remote = remote
         self.begin: dict[str, asyncio.Event] = {}
         self.end: dict[str, asyncio.Event] = {}
         self.aborted: list[str] = []
@@ -90,9 +91,13 @@ async def _until(cond: Any, turns: int = 10_000) -> None:
     raise AssertionError("the condition never held")
 
 
-def test_drain_ends_what_has_not_begun_and_settles_once_the_running_end() -> None:
+def _drained(remote: bool) -> tuple[dict[str, Ticket], GatedEngine, tuple[int, int], bool]:
+    """Three requests on a window of 2 -- one running, one sent but not begun, one queued --
+    then the drain; the running one ends after it. What ended, what the engine aborted, the
+    drain's counts, and whether ``settled`` returned before the running one ended."""
+
     async def run() -> tuple[dict[str, Ticket], GatedEngine, tuple[int, int], bool]:
-        eng = GatedEngine()
+        eng = GatedEngine(remote)
         sched = Scheduler(default_config(), None, [ReplicaSpec("gated", 2)])
         drv = Driver(sched, {"gated": eng})
         await drv.start()
@@ -111,14 +116,23 @@ def test_drain_ends_what_has_not_begun_and_settles_once_the_running_end() -> Non
 
         counts = drv.drain("shutting_down")
         settling = asyncio.ensure_future(drv.settled())
-        await _until(lambda: "at engine" in eng.aborted)
+        await _until(lambda: tickets["queued"].finished.done())
+        if remote:
+            await _until(lambda: "at engine" in eng.aborted)
+        else:
+            eng.begin["at engine"].set()
+            eng.end.setdefault("at engine", asyncio.Event()).set()
         settled_early = settling.done()
         eng.end.setdefault("running", asyncio.Event()).set()
         await asyncio.wait_for(settling, 5)
         await drv.close()
         return tickets, eng, counts, settled_early
 
-    tickets, eng, counts, settled_early = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_drain_ends_what_has_not_begun_and_settles_once_the_running_end() -> None:
+    tickets, eng, counts, settled_early = _drained(remote=True)
     assert counts == (1, 1)
     for rid in ("at engine", "queued"):
         req = tickets[rid].req
@@ -126,3 +140,13 @@ def test_drain_ends_what_has_not_begun_and_settles_once_the_running_end() -> Non
     assert eng.aborted == ["at engine"]
     assert not settled_early
     assert tickets["running"].req.state is State.COMPLETED
+
+
+def test_in_process_a_request_sent_is_begun_and_runs_on() -> None:
+    """In this process, a request sent to the engine is being computed: the drain leaves it."""
+    tickets, eng, counts, settled_early = _drained(remote=False)
+    assert counts == (1, 0)
+    assert tickets["queued"].req.reason == "shutting_down"
+    assert eng.aborted == [] and not settled_early
+    for rid in ("running", "at engine"):
+        assert tickets[rid].req.state is State.COMPLETED, rid

@@ -235,17 +235,25 @@ class Driver:
                 log.exception("probing replicas failed")
 
     def drain(self, reason: str = "shutting_down") -> tuple[int, int]:
-        """Stop admitting; end every request whose answer has not begun -- queued, or sent to an
-        engine that has not answered its first byte (the call is cancelled, which aborts it at
-        the engine) -- so that its client can retry elsewhere now rather than wait out the
-        drain. Requests whose answer has begun go on. Returns how many were queued, and how many
-        sent but not begun."""
+        """Stop admitting; end every request whose answer has not begun -- queued, or sent to a
+        remote engine that has sent nothing back yet (likely waiting in its queue; the call is
+        cancelled, which aborts it there) -- so that its client can retry elsewhere now rather
+        than wait out the drain. Requests whose answer has begun go on, and so do those sent to
+        an engine in this process (sent there, a request is being computed). Returns how many
+        were queued, and how many sent but not begun."""
         self.accepting = False
         queued = [t for t in self.tickets.values() if t.req.state is State.QUEUED]
-        waiting = [t for t in self.tickets.values() if t.req.state is State.DISPATCHED]
+        waiting = [t for t in self.tickets.values() if self._unbegun_at_remote(t)]
         for t in queued + waiting:
             self.cancel(t, reason)
         return len(queued), len(waiting)
+
+    def _unbegun_at_remote(self, t: Ticket) -> bool:
+        """Sent to a remote engine, which sent nothing back: no first byte to the client (a
+        stream's first chunk), no first token of a whole answer."""
+        replica = t.req.replica
+        return (t.req.state is State.DISPATCHED and t.first_token_at is None
+                and replica is not None and self.engines[replica].remote)
 
     async def settled(self) -> None:
         """Return once no request is live (after ``drain``: once the running ones ended)."""

@@ -111,6 +111,7 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
+        self.leaving = False  # SIGTERM came: /readyz answers 503, before and during the drain
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:
@@ -166,7 +167,8 @@ class Gateway:
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting; answer 503 at once to every request whose answer has not
-        begun (queued, or at an engine that has not started it); running requests go on."""
+        begun (queued, or at an upstream engine that sent nothing back); running ones go on."""
+        self.leaving = True
         if self.feeder is not None:
             self.feeder.pause()
         queued, waiting = self.driver.drain("shutting_down")
@@ -272,10 +274,10 @@ class Gateway:
 
     async def _ready(self, send: Send) -> None:
         up = any(e.ready for e in self.engines.values())
-        if self.started and self.driver.accepting and up:
+        if self.started and not self.leaving and up:
             await send_json(send, 200, {"status": "ready"})
         else:
-            why = "draining" if not self.driver.accepting else "no engine is ready"
+            why = "draining" if self.leaving else "no engine is ready"
             await send_json(send, 503, {"status": why})
 
     async def _status(self, scope: Scope, send: Send) -> None:

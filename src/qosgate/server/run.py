@@ -11,9 +11,11 @@ connections and the process's own files.
 
 Graceful shutdown on SIGTERM (or Ctrl+C), in order: ``/readyz`` answers 503 (``draining``) and
 the listeners stay open -- a load balancer still reaching the pod gets an answer, not a refused
-connection -- while ``/health`` stays 200; every new request, every queued one and every one sent
-to an engine that has not started it (its engine call is cancelled, which aborts it there) gets
-503 ``shutting_down`` with ``Retry-After`` at once; running requests finish for up to
+connection -- while ``/health`` stays 200; for ``drain_delay_s`` (default 0) requests are still
+served as usual, so that a load balancer that follows ``/readyz`` stops routing here first; then
+every new request, every queued one and every one sent to an upstream engine that has sent
+nothing back yet (its engine call is cancelled, which aborts it there) gets 503
+``shutting_down`` with ``Retry-After`` at once; running requests finish for up to
 ``shutdown_timeout_s``, then the ones still running are cut -- a stream ends with an OpenAI error
 event (``server_shutdown``) and ``[DONE]``, each counted once. Once no request is left the
 listeners close, the engines close and the process exits 0.
@@ -170,7 +172,7 @@ class _Server(uvicorn.Server):
         if self.loop is None:  # not serving yet: nothing to drain
             self.should_exit = True
             return
-        self.loop.call_soon_threadsafe(self._begin_drain)
+        self.loop.call_soon_threadsafe(self._leave)
 
     def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
         if self.loop is not None:
@@ -187,6 +189,19 @@ class _Server(uvicorn.Server):
         for handler in logging.getLogger().handlers:
             handler.flush()
         os._exit(code)
+
+    def _leave(self) -> None:
+        """The first signal: /readyz answers 503 from now; the drain begins after
+        ``drain_delay_s``, while a load balancer stops routing here and requests are served."""
+        self.gateway.leaving = True
+        delay = self.gateway.settings.server.drain_delay_s
+        if delay <= 0:
+            self._begin_drain()
+            return
+        log.warning("leaving: /readyz answers 503; requests are served for %g s more "
+                    "(server.drain_delay_s), then the drain begins", delay)
+        assert self.loop is not None
+        self.loop.call_later(delay, self._begin_drain)
 
     def _begin_drain(self) -> None:
         self.gateway.begin_shutdown()

@@ -96,6 +96,7 @@ def _poll_readyz(url: str, events: _Events, stop: threading.Event) -> None:
             events.add("readyz refused")
             return
         events.add(f"readyz {status}")
+        stop.wait(0.02)  # a probe's pace, not a wait for a condition
 
 
 def test_drain_sequence_as_a_rollout_drives_it(tmp_session: Path) -> None:

@@ -143,7 +143,7 @@ class _Server(uvicorn.Server):
         self.gateway = gateway
         self.on_serving = on_serving
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.draining = False
+        self.stopping = False  # the first SIGTERM or SIGINT came
         self._cut: asyncio.TimerHandle | None = None
         self._drain: asyncio.Task[None] | None = None
 
@@ -166,9 +166,9 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it after serving, and the
         # process would die of the signal instead of exiting 0
-        if self.draining:
+        if self.stopping:
             self.force(sig)
-        self.draining = True
+        self.stopping = True
         if self.loop is None:  # not serving yet: nothing to drain
             self.should_exit = True
             return

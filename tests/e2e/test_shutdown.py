@@ -225,9 +225,9 @@ def test_second_signal_exits_at_once_without_a_traceback(standin: Server,
 def test_drain_delay_serves_while_readyz_says_draining(standin: Server,
                                                        tmp_session: Path) -> None:
     """``server.drain_delay_s``: after SIGTERM, /readyz is 503 at once while requests are still
-    served; the drain (503 ``shutting_down``) begins once the delay is over."""
-    cfg = tmp_session / "drain-delay.yaml"
-    cfg.write_text("server: {drain_delay_s: 3}\n")
+    served. The delay is far longer than the test, so the 200 cannot race its end."""
+    cfg = tmp_session / "drain-delay-long.yaml"
+    cfg.write_text("server: {drain_delay_s: 600}\n")
     gw = start_gateway(tmp_session, "--upstream", standin.url, "--config", str(cfg))
     try:
         gw.proc.send_signal(signal.SIGTERM)
@@ -235,8 +235,29 @@ def test_drain_delay_serves_while_readyz_says_draining(standin: Server,
         status, _, _ = http("POST", gw.url + "/v1/completions", _completion_body(2),
                             {"content-type": "application/json"})
         assert status == 200  # still served: the delay is on (the drain would answer 503)
+    finally:
+        gw.stop()
+
+
+def test_the_drain_begins_once_the_delay_is_over(standin: Server, tmp_session: Path) -> None:
+    """Once ``server.drain_delay_s`` is over the drain answers 503 ``shutting_down``, and the
+    gateway exits 0 once its running stream is done. The stream keeps the drain open (a drain
+    with nothing running closes the listener at once, before a poll could see its 503): its
+    tokens take far longer than the delay."""
+    cfg = tmp_session / "drain-delay-short.yaml"
+    cfg.write_text("server: {drain_delay_s: 0.5, shutdown_timeout_s: 120}\n")
+    gw = start_gateway(tmp_session, "--upstream", standin.url, "--config", str(cfg))
+    try:
+        c = OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        running = iter(c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2000,
+            stream=True))
+        next(running)
+        gw.proc.send_signal(signal.SIGTERM)
         assert wait_until(lambda: http("POST", gw.url + "/v1/completions", _completion_body(2),
                                        {"content-type": "application/json"})[0] == 503, 10)
-        assert gw.proc.wait(10) == 0
+        finish = [ch.choices[0].finish_reason for ch in running if ch.choices]
+        assert finish[-1] == "length"
+        assert gw.proc.wait(30) == 0
     finally:
         gw.stop()

@@ -320,12 +320,12 @@ class BatchRoutes:
         tier's boost does not apply: a line runs at its job's class (``BATCH_LINE``)."""
         raw = header(scope, b"x-qos-class")
         named = (raw.decode("latin-1").strip() if raw is not None else
-                 (metadata or {}).get("qos_class"))
-        name = named or self.batches.default_class
+                 (metadata or {}).get("qos_class") or None)
+        name = self.batches.default_class if named is None else named
         name = self._class_names.get(name.lower(), name)
         key = request_key(scope)
         try:
-            if named:
+            if named is not None:
                 self.classifier.classify(QosInputs(api_key=key, qos_class=name))
             return self.classifier.classify(
                 QosInputs(api_key=key, qos_class=name, batch_line=True)).service_class

@@ -17,11 +17,12 @@ with ``Connection: close``, started together and kept up for ``--abuse`` seconds
   malformed messages, duplicated and escaped keys, cut short, corrupted, invalid UTF-8, nested
   thousands deep, 256 KiB bodies, junk headers) as fast as they are answered;
 - **a flood of disconnects**: ``--disconnectors`` clients in closed loops sending a streamed
-  request (200 tokens, asking for realtime) and hanging up right after sending it, after the
-  response head, or after the first token.
+  request (200 tokens, asking for priority 0, above its classes) and hanging up right after
+  sending it, after the response head, or after the first token.
 
 The realtime client is tenant ``rt``; the fuzzers and disconnectors use tenant ``abuser``'s key
-(clamped to batch/offline, whatever class they ask for), or a bad key or none.
+(clamped to batch/offline: a class named outside them is a 403, a priority above them is
+clamped), or a bad key or none.
 
 Reported: realtime TTFT p50/p99 with and without the abuse; the gateway's open descriptors and
 RSS (idle, peak under abuse, after); how the abuse was answered; 5xx answers that are not the
@@ -347,7 +348,7 @@ async def disconnector(port: int, seed: int, stop: asyncio.Event, tally: Tally) 
     rng = random.Random(seed)
     body = json.dumps({"messages": HI, "max_tokens": 200, "stream": True}).encode()
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n"
-           b"Authorization: Bearer sk-abuse\r\nx-qos-class: realtime\r\n"
+           b"Authorization: Bearer sk-abuse\r\nx-qos-priority: 0\r\n"
            b"Content-Length: %d\r\n\r\n" % len(body)) + body
     while not stop.is_set():
         conn = await open_conn(port, tally)

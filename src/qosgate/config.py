@@ -81,7 +81,8 @@ class ServiceClass(Strict):
 
 class Tier(Strict):
     name: str
-    boost: int = Field(default=0, description="levels added to the requested level (-1 = one up)")
+    boost: int = Field(default=0, description="levels added to the requested level (-1 = one "
+                       "up); not to a Batch API job's lines")
 
 
 class TenantLimits(Strict):
@@ -101,7 +102,8 @@ class Tenant(Strict):
     weight: float = Field(default=1.0, gt=0, description="fair-share weight inside a class")
     default_class: str | None = None
     allowed_classes: tuple[str, ...] | None = Field(
-        default=None, description="classes this tenant may use; None = all"
+        default=None, description="classes this tenant may use (naming another is a 403; a "
+        "priority, task type, budget or default above them is clamped into them); None = all"
     )
     limits: TenantLimits = TenantLimits()
 

@@ -353,7 +353,8 @@ class BatchSettings(Strict):
         "or d); OpenAI accepts only 24h")
     default_class: str = Field(
         default="batch", description="a job's lines run at this class unless the job asks for "
-        "another (x-qos-class, or metadata qos_class); the tenant's allowed classes clamp it")
+        "another (x-qos-class, or metadata qos_class; one outside the tenant's allowed classes "
+        "is a 403, this default is clamped into them), without the tier's boost")
     queued_per_job: int = Field(
         default=0, ge=0, description="a job's lines waiting in the scheduler's queue beyond the "
         "slots live traffic leaves free (0: a job takes free slots only)")

@@ -58,10 +58,13 @@ def test_tier_boost_and_clamp() -> None:
     c = _cfg()
     assert c.classify(QosInputs("k-acme", qos_class="batch")).service_class == "api"  # -1
     assert c.classify(QosInputs("k-acme", qos_class="realtime")).service_class == "realtime"
-    # free tier: +1, then clamped to its allowed classes; it can never lift itself to realtime
-    out = c.classify(QosInputs("k-hobby", qos_class="realtime"))
-    assert out.service_class == "batch" and out.requested_class == "realtime"
-    assert c.classify(QosInputs("k-hobby", priority=0)).service_class == "batch"
+    # free tier: a class it may not use is refused; a priority above its classes is clamped into
+    # them before the +1, so it gets what naming its best class gets, never more
+    with pytest.raises(QosInputError) as exc:
+        c.classify(QosInputs("k-hobby", qos_class="realtime"))
+    assert exc.value.code == "class_not_allowed"
+    out = c.classify(QosInputs("k-hobby", priority=0))
+    assert out.service_class == "offline" and out.requested_class == "realtime"
     assert c.classify(QosInputs("k-hobby", qos_class="batch")).service_class == "offline"
 
 

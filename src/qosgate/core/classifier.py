@@ -2,9 +2,19 @@
 
 Precedence of the request's own QoS inputs: an explicit class name (``x-qos-class`` header or a
 ``qos_class`` field) > an integer ``priority`` > ``task_type`` > ``latency_budget_ms`` > the
-tenant's default class > the global default. Then the tenant's tier boost moves it (enterprise
-one level up, free one down), and last it is clamped to the classes the tenant may use: whatever
-a client sends, it can never lift itself above what its config allows.
+tenant's default class > the global default.
+
+A tenant can never lift itself above what its config allows, and asking for more never gets it
+more: a class *named* outside its ``allowed_classes`` is refused (``class_not_allowed``, naming
+the allowed ones); a level that came another way (a priority, a task type, a latency budget, a
+default) is first clamped into the allowed classes. Then the tenant's tier boost moves it
+(enterprise one level up, free one down) and the result is clamped into the allowed classes
+again. Both steps keep order, so of two requests the one asking for less never gets more, and
+none gets more than naming the best allowed class gets.
+
+A Batch API job's line (``batch_line``) runs at its job's class as it is: no tier boost (the
+boost is for interactive latency; a job already waits for free slots), and a class the tenant
+lost since the job was created is clamped, not refused.
 
 Integer priorities follow vLLM's polarity (smaller runs first): priority p maps to the class of
 level p, clamped to the known levels. (One seed says a larger vLLM ``priority`` runs first; vLLM's
@@ -22,8 +32,8 @@ _MEMO_SIZE = 8192
 
 class QosInputError(ValueError):
     """The request's QoS inputs cannot be used. ``code`` is stable; the gateway maps it to a status
-    (``invalid_api_key`` → 401, the rest → 400). ``param`` is the body member at fault (the
-    gateway names the header instead when the value came from one)."""
+    (``invalid_api_key`` → 401, ``class_not_allowed`` → 403, the rest → 400). ``param`` is the
+    body member at fault (the gateway names the header instead when the value came from one)."""
 
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
@@ -39,6 +49,7 @@ class QosInputs:
     priority: int | None = None
     task_type: str | None = None
     latency_budget_ms: float | None = None
+    batch_line: bool = False  # a Batch API job's line: the job's class, unboosted
 
 
 @dataclass(slots=True, frozen=True)
@@ -84,7 +95,7 @@ class Classifier:
         # keyed by the fields' tuple: hashed and compared in C, where the frozen dataclass's
         # own __hash__ and __eq__ are Python calls on every request
         key = (inputs.api_key, inputs.qos_class, inputs.priority, inputs.task_type,
-               inputs.latency_budget_ms)
+               inputs.latency_budget_ms, inputs.batch_line)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -101,13 +112,23 @@ class Classifier:
         tenant = self.tenant_for(inputs.api_key)
         tenant_name = tenant.name if tenant else self.cfg.default_tenant
         requested = self._requested_level(inputs, tenant)
-        level = requested
-        if tenant is not None:
-            level += self._boost.get(tenant.tier, 0)
-        level = min(max(level, 0), len(self._classes) - 1)
         allowed = self._allowed.get(tenant_name)
+        level = requested
         if allowed:
+            if inputs.qos_class is not None and requested not in allowed and not inputs.batch_line:
+                names = ", ".join(self._classes[a].name for a in allowed)
+                raise QosInputError(
+                    "class_not_allowed",
+                    f"This API key's tenant may not use class {inputs.qos_class!r}; its classes "
+                    f"are {names}.",
+                    "qos_class",
+                )
             level = _clamp_to_allowed(level, allowed)
+        if tenant is not None and not inputs.batch_line:
+            level += self._boost.get(tenant.tier, 0)
+            level = min(max(level, 0), len(self._classes) - 1)
+            if allowed:
+                level = _clamp_to_allowed(level, allowed)
         cls = self._classes[level]
         if inputs.latency_budget_ms is not None:
             budget_s = inputs.latency_budget_ms / 1000.0
@@ -120,15 +141,6 @@ class Classifier:
             level=level,
             budget_s=budget_s,
         )
-
-    def clamp(self, tenant: str, name: str) -> str:
-        """The class ``name`` (a known one) as the tenant's allowed classes leave it, the same
-        clamp a request's class gets (without the tier's boost: that is applied when the
-        request is classified)."""
-        allowed = self._allowed.get(tenant)
-        if not allowed:
-            return name
-        return self._classes[_clamp_to_allowed(self._level_of[name], allowed)].name
 
     def _requested_level(self, inputs: QosInputs, tenant: Tenant | None) -> int:
         if inputs.qos_class is not None:

@@ -18,6 +18,12 @@ class RequestHeaders:
     qos_class: bytes | None  # x-qos-class
     qos_priority: bytes | None  # x-qos-priority
     session: bytes | None = None  # the session header's value, unchecked (``session_id``)
+    batch_line: bool = False  # a Batch API job's line (``BATCH_LINE`` in its scope)
+
+
+# the scope key that marks a Batch API job's line run through the gateway's own flow: set in
+# memory only, so no client can claim it
+BATCH_LINE = "qosgate.batch_line"
 
 
 # a session id is a key the gateway keeps while the conversation lasts: bounded, printable
@@ -50,7 +56,7 @@ def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> Reque
     key = key_of(authorization)
     if key is None:
         key = plain_key(api_key)
-    return RequestHeaders(key, qos_class, qos_priority, session)
+    return RequestHeaders(key, qos_class, qos_priority, session, bool(scope.get(BATCH_LINE)))
 
 
 def session_id(value: bytes | str) -> str | None:

@@ -39,6 +39,7 @@ from qosgate.server.asgi import (
     send_json,
 )
 from qosgate.server.auth import denied_message, input_param, request_key
+from qosgate.server.errors import reason_error
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.settings import GatewaySettings
 from qosgate.wire.batches import (
@@ -159,8 +160,8 @@ class BatchRoutes:
             await send_bytes(send, r.status, r.body)
             return True
         except QosInputError as exc:
-            await send_bytes(send, 401 if exc.code == "invalid_api_key" else 400, error_json(
-                denied_message(exc, scope), "invalid_request_error", exc.code,
+            await send_bytes(send, *reason_error(
+                exc.code, denied_message(exc, scope),
                 input_param(exc, header(scope, b"x-qos-class"))))
             return True
         except (ClientGone, BodyTimeout) as exc:
@@ -312,23 +313,26 @@ class BatchRoutes:
             raise _Refusal(400, "The body must be a JSON object.", None, "invalid_body")
         return body
 
-    def _job_class(self, scope: Scope, tenant: str, metadata: dict[str, str] | None) -> str:
-        """The class a job's lines ask for: ``x-qos-class``, else ``metadata.qos_class``,
-        else ``batches.default_class``; checked by the classifier as a request's class is
-        (an unknown class is a 400) and clamped to the tenant's allowed classes as a
-        request's is (the tier's boost is the classifier's when each line runs)."""
+    def _job_class(self, scope: Scope, metadata: dict[str, str] | None) -> str:
+        """The class a job's lines run at: ``x-qos-class``, else ``metadata.qos_class``, else
+        ``batches.default_class``. A class the job names is checked as a request's is (unknown:
+        400; outside the tenant's allowed classes: 403); the default is clamped into them. The
+        tier's boost does not apply: a line runs at its job's class (``BATCH_LINE``)."""
         raw = header(scope, b"x-qos-class")
-        name = (raw.decode("latin-1").strip() if raw is not None else
-                (metadata or {}).get("qos_class") or self.batches.default_class)
+        named = (raw.decode("latin-1").strip() if raw is not None else
+                 (metadata or {}).get("qos_class") or None)
+        name = self.batches.default_class if named is None else named
         name = self._class_names.get(name.lower(), name)
+        key = request_key(scope)
         try:
-            self.classifier.classify(QosInputs(api_key=request_key(scope), qos_class=name))
+            if named is not None:
+                self.classifier.classify(QosInputs(api_key=key, qos_class=name))
+            return self.classifier.classify(
+                QosInputs(api_key=key, qos_class=name, batch_line=True)).service_class
         except QosInputError as exc:
-            if exc.code == "invalid_api_key":
-                raise
-            param = "x-qos-class" if raw is not None else "metadata.qos_class"
-            raise _Refusal(400, exc.message, param, exc.code) from None
-        return self.classifier.clamp(tenant, name)
+            if exc.code != "invalid_api_key" and raw is None:
+                exc.param = "metadata.qos_class"
+            raise
 
     async def _create(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -354,7 +358,7 @@ class BatchRoutes:
                            f"{list(self.batches.windows)}, not {completion_window!r}.",
                            "completion_window", "invalid_value")
         metadata = _metadata(body.get("metadata"))
-        qos_class = self._job_class(scope, tenant, metadata)
+        qos_class = self._job_class(scope, metadata)
         file_id = body["input_file_id"]
         rec = await self.store.file(file_id, tenant)
         if rec is None:

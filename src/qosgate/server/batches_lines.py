@@ -1,11 +1,12 @@
 """A batch job's line run as one more request through the gateway's own ``RequestFlow``.
 
 An in-memory ASGI call: the scope carries a configured key of the job's tenant (none in open
-mode; keys are never stored with the job) and ``x-qos-class`` of the job's class; ``receive``
-gives the line's body, then waits until the feeder stops the line (``http.disconnect``: the flow
+mode; keys are never stored with the job), ``x-qos-class`` of the job's class and the
+``BATCH_LINE`` mark (the line runs at that class, without the tier's boost); ``receive`` gives
+the line's body, then waits until the feeder stops the line (``http.disconnect``: the flow
 removes it from the queue or aborts it at its engine); ``send`` collects the response. So a line
-is classified, clamped to the tenant's classes, rate-limited, fair-shared, metered and counted as
-any other request is: one way in, no second admission.
+is classified (unboosted), clamped to the tenant's classes, rate-limited, fair-shared, metered
+and counted as any other request is: one way in, no second admission.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from qosgate.config import QosConfig
 from qosgate.runtime.batches.feeder import LineAnswer
 from qosgate.runtime.batches.records import BatchRecord, LineTask
 from qosgate.server.asgi import Message, Receive, Scope, Send
+from qosgate.server.auth import BATCH_LINE
 from qosgate.server.flow import RequestFlow
 from qosgate.wire.engine_request import Route
 
@@ -69,7 +71,7 @@ class FlowLines:
         scope: Scope = {
             "type": "http", "method": "POST", "path": task.url, "raw_path": task.url.encode(),
             "query_string": b"", "headers": headers, "http_version": "1.1", "scheme": "http",
-            "client": None, "server": None,
+            "client": None, "server": None, BATCH_LINE: True,
         }
         sent_body = [False]
 

@@ -15,6 +15,9 @@ from qosgate.wire.sse import Headers
 # reason -> (status, OpenAI error type, message)
 _REASONS: dict[str, tuple[int, str, str]] = {
     "invalid_api_key": (401, "invalid_request_error", "Incorrect or missing API key."),
+    "class_not_allowed": (
+        403, "permission_error", "The tenant may not use this class (its allowed_classes)."
+    ),
     "model_not_found": (404, "invalid_request_error", "The model does not exist."),
     "prompt_too_long": (413, "invalid_request_error", "The prompt is over the configured limit."),
     "body_too_large": (413, "invalid_request_error", "The request body is too large."),

@@ -266,7 +266,8 @@ def qos_inputs(
             return Refusal("invalid_priority", "x-qos-priority must be an integer.",
                            "x-qos-priority")
     return QosInputs(api_key=heads.api_key, qos_class=qos_class, priority=priority,
-                     task_type=task_type, latency_budget_ms=latency_budget_ms)
+                     task_type=task_type, latency_budget_ms=latency_budget_ms,
+                     batch_line=heads.batch_line)
 
 
 def _session(heads: RequestHeaders, b: Body, rules: Rules) -> str | Refusal | None:

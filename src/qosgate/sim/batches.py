@@ -117,7 +117,8 @@ def plan_batches(
     max_tokens: int,
     default_class: str,
 ) -> tuple[BatchPlan, ...]:
-    """Draw every job's lines (seeded per job) and resolve its class and tenant key."""
+    """Draw every job's lines (seeded per job) and resolve its class and tenant key (its lines
+    are classified as the gateway's are: at the job's class, without the tier's boost)."""
     out: list[BatchPlan] = []
     for k, job in enumerate(jobs):
         name = job.name or f"job{k + 1}"
@@ -132,7 +133,8 @@ def plan_batches(
             key = api_keys[job.tenant]
         cls = job.qos_class or default_class
         out.append(BatchPlan(name, job.at_s, job.window_s, cls, job.tenant,
-                           QosInputs(api_key=key, qos_class=cls), lines, max_tokens))
+                           QosInputs(api_key=key, qos_class=cls, batch_line=True),
+                           lines, max_tokens))
     return tuple(out)
 
 

@@ -149,13 +149,14 @@ def test_a_job_asks_for_its_class(gateway: Server, tmp_path: Path) -> None:
     header = c.batches.create(input_file_id=fid, endpoint=CHAT, completion_window="24h",
                               extra_headers={"x-qos-class": "Offline"})
     fid = upload(client(gateway, "sk-clamped"), tmp_path, [line("a")])
-    clamped = client(gateway, "sk-clamped").batches.create(
-        input_file_id=fid, endpoint=CHAT, completion_window="24h",
-        extra_headers={"x-qos-class": "realtime"})
-    ids = [default.id, offline.id, header.id, clamped.id]
-    # the tenant allowed only batch and offline asks for realtime: batch, as its requests get
-    assert asyncio.run(_classes(state_dir(gateway), ids)) == [
-        "batch", "offline", "offline", "batch"]
+    # the tenant allowed only batch and offline asks for realtime: refused, as its requests are
+    with pytest.raises(openai.PermissionDeniedError) as e:
+        client(gateway, "sk-clamped").batches.create(
+            input_file_id=fid, endpoint=CHAT, completion_window="24h",
+            extra_headers={"x-qos-class": "realtime"})
+    assert (e.value.code, e.value.param) == ("class_not_allowed", "x-qos-class")
+    ids = [default.id, offline.id, header.id]
+    assert asyncio.run(_classes(state_dir(gateway), ids)) == ["batch", "offline", "offline"]
 
 
 async def _classes(directory: Path, ids: list[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """Who is asking: the API key of a request (``Authorization: Bearer``, else ``x-api-key``), its
 QoS headers (``x-qos-class``, ``x-qos-priority``), the conversation it belongs to (the session
-header, ``fleet.cache.session_header``), and the messages of a refused key."""
+header, ``fleet.cache.session_header``), the client's own request id (``X-Request-Id``, for the
+request log), and the messages of a refused key."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ class RequestHeaders:
     qos_class: bytes | None  # x-qos-class
     qos_priority: bytes | None  # x-qos-priority
     session: bytes | None = None  # the session header's value, unchecked (``session_id``)
+    client_id: bytes | None = None  # X-Request-Id: the client's name for it, never the gateway's
+
+
+# the client's X-Request-Id as the request log repeats it: bounded
+MAX_CLIENT_ID_CHARS = 128
+
+
+def client_request_id(value: bytes | None) -> str | None:
+    """The client's ``X-Request-Id`` as the request log writes it: at most
+    ``MAX_CLIENT_ID_CHARS`` characters (a header is latin-1)."""
+    return None if value is None else value[:MAX_CLIENT_ID_CHARS].decode("latin-1")
 
 
 # a session id is a key the gateway keeps while the conversation lasts: bounded, printable
@@ -32,6 +44,7 @@ def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> Reque
     qos_class: bytes | None = None
     qos_priority: bytes | None = None
     session: bytes | None = None
+    client_id: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             if authorization is None:
@@ -45,12 +58,15 @@ def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> Reque
         elif name == b"x-qos-priority":
             if qos_priority is None:
                 qos_priority = value
-        elif name == b"x-api-key" and api_key is None:
-            api_key = value
+        elif name == b"x-api-key":
+            if api_key is None:
+                api_key = value
+        elif name == b"x-request-id" and client_id is None:
+            client_id = value
     key = key_of(authorization)
     if key is None:
         key = plain_key(api_key)
-    return RequestHeaders(key, qos_class, qos_priority, session)
+    return RequestHeaders(key, qos_class, qos_priority, session, client_id)
 
 
 def session_id(value: bytes | str) -> str | None:

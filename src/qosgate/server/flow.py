@@ -6,6 +6,11 @@ body, the model, the QoS hints, the session, the size limits), then the driver a
 (413/429/503/504 refusals). While it waits, its task watches the client and cancels the request
 if the client goes away (queued: removed; running: aborted at the engine). Success bytes are
 written by the engine call itself; what ended otherwise is answered here (``_conclude``).
+
+Every request gets its id as it arrives: its answer names it (``x-qosgate-request-id``, and
+``x-request-id`` as OpenAI's answers do), refusals included, the engine is sent it
+(``X-Request-Id``), and the request log's line names it (``server/request_log.py``), written
+here once per request where its one outcome is known.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from qosgate.config import QosConfig
 from qosgate.core import QosInputError, Request, Scheduler, State
@@ -32,15 +38,36 @@ from qosgate.server.asgi import (
     send_bytes,
     wait_disconnect,
 )
-from qosgate.server.auth import denied_message, read_headers
+from qosgate.server.auth import RequestHeaders, client_request_id, denied_message, read_headers
 from qosgate.server.errors import outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.prepare import NO_CLASS, Prepared, Refusal, Rules, prepare, prepare_embeddings
+from qosgate.server.request_log import RequestLog
 from qosgate.settings import GatewaySettings
 from qosgate.wire.engine_request import Route
 from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
 
 UNKNOWN_TENANT = "unknown"  # the tenant of a request whose key was refused
+ARRIVAL = "qosgate.arrival"  # in the scope: the request's ``Arrival``
+
+
+def id_headers(rid: str) -> Headers:
+    """The response headers that name request ``rid``: the gateway's own, and OpenAI's
+    ``x-request-id`` (which its clients report with an error)."""
+    value = rid.encode()
+    return [(b"x-qosgate-request-id", value), (b"x-request-id", value)]
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A request as it arrived: its id, its route, when, and the client's own X-Request-Id;
+    ``logged`` once its line is written (one per request)."""
+
+    rid: str
+    route: str
+    at: float
+    client_id: str | None
+    logged: bool = False
 
 
 class RequestFlow:
@@ -58,6 +85,7 @@ class RequestFlow:
         models: Callable[[], list[str]],
         context: Callable[[str], int | None],
         precise: PreciseCache | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.cfg = cfg
         self.scheduler = scheduler
@@ -65,6 +93,7 @@ class RequestFlow:
         self.metrics = metrics
         self.clock = driver.clock
         self.precise = precise  # replicas whose index follows their engine's KV events
+        self.request_log = request_log or RequestLog(settings.request_log)
         self.rules = Rules(cfg, settings, scheduler, engines, models, context,
                            driver.probe_interval_s)
         srv = settings.server
@@ -78,6 +107,7 @@ class RequestFlow:
     async def _refuse(
         self,
         send: Send,
+        came: Arrival,
         reason: str,
         tenant: str,
         cls: str = NO_CLASS,
@@ -85,18 +115,34 @@ class RequestFlow:
         headers: Headers | None = None,
         param: str | None = None,
     ) -> None:
+        """Answer a request refused before it reached the scheduler, count it and log it."""
         self.metrics.refused(cls, tenant, reason)
         status, body = reason_error(reason, message, param)
-        await send_bytes(send, status, body, JSON_HEADERS + headers if headers else JSON_HEADERS)
+        self._log_unqueued(came, tenant, cls, reason, status)
+        out = JSON_HEADERS + id_headers(came.rid)
+        await send_bytes(send, status, body, out + headers if headers else out)
+
+    def _log_unqueued(self, came: Arrival, tenant: str, cls: str, reason: str,
+                      status: int | None, outcome: str = "rejected") -> None:
+        """The line of a request that ended before it reached the scheduler."""
+        came.logged = True
+        self.request_log.refused(came.rid, tenant, cls, came.route, reason, status,
+                                 self.clock() - came.at, came.client_id, outcome)
+
+    def _arrived(self, scope: Scope, heads: RequestHeaders, route: str, now: float) -> Arrival:
+        came = Arrival(self._request_id(), route, now, client_request_id(heads.client_id))
+        scope[ARRIVAL] = came  # for the app's last resort, a bug's answer (``internal_error``)
+        return came
 
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key)
+        came = self._arrived(scope, heads, route, now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, came)
         if got is None:
             return
         tenant, body = got
-        ready = prepare(heads, body, route, self._request_id(), now, self.rules)
+        ready = prepare(heads, body, route, came.rid, now, self.rules)
         precise = self.precise
         if precise is not None and isinstance(ready, Prepared) and self.scheduler.reads_prefix:
             # the prompt's keys from its token ids, as the engines' KV events name blocks (else
@@ -104,37 +150,38 @@ class RequestFlow:
             keys = await precise.prefix_of(body, route, ready.engine_request.model)
             if keys is not None:
                 ready.req.prefix = keys
-        await self._serve(receive, send, tenant, ready)
+        await self._serve(receive, send, tenant, ready, came)
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
         dispatched, collected by its replica's batcher and served in a batch."""
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key)
+        came = self._arrived(scope, heads, "embeddings", now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, came)
         if got is None:
             return
         tenant, body = got
         await self._serve(receive, send, tenant,
-                          prepare_embeddings(heads, body, self._request_id(), now, self.rules))
+                          prepare_embeddings(heads, body, came.rid, now, self.rules), came)
 
     def _request_id(self) -> str:
         return self._id_prefix + str(next(self._ids))
 
     async def _serve(
-        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal
+        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal, came: Arrival
     ) -> None:
         """Hand a prepared request to the driver and wait for its end while watching its client,
-        then answer what the engine did not; or answer its refusal."""
+        then answer what the engine did not, and log it; or answer its refusal."""
         if isinstance(ready, Refusal):
             await self._refuse(
-                send, ready.reason, tenant, ready.service_class, ready.message,
+                send, came, ready.reason, tenant, ready.service_class, ready.message,
                 None if ready.retry_after is None else retry_after_header(ready.retry_after),
                 ready.param,
             )
             return
         req, engine_request = ready.req, ready.engine_request
-        qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
+        qos_headers = await self._qos_headers_unless_draining(send, tenant, req, came)
         if qos_headers is None:
             return
         if ready.inserted is not None:
@@ -151,24 +198,23 @@ class RequestFlow:
                 if keepalive is not None:
                     keepalive[0].cancel()
         await self._conclude(t)
+        came.logged = True
+        self.request_log.ended(req, came.route, sink.status, came.client_id)
 
     async def _qos_headers_unless_draining(
-        self, send: Send, tenant: str, req: Request
+        self, send: Send, tenant: str, req: Request, came: Arrival
     ) -> Headers | None:
         """The response headers naming the request and its class; None once a draining gateway
         has refused it (503 with Retry-After)."""
-        qos_headers: Headers = [
-            (b"x-qosgate-request-id", req.id.encode()),
-            (b"x-qosgate-class", req.service_class.encode()),
-        ]
+        cls_header = (b"x-qosgate-class", req.service_class.encode())
         if not self.driver.accepting:
-            await self._refuse(send, "shutting_down", tenant, req.service_class,
-                               headers=qos_headers + retry_after_header(None))
+            await self._refuse(send, came, "shutting_down", tenant, req.service_class,
+                               headers=[cls_header, *retry_after_header(None)])
             return None
-        return qos_headers
+        return [*id_headers(req.id), cls_header]
 
     async def _tenant_and_body(
-        self, scope: Scope, receive: Receive, send: Send, key: str | None
+        self, scope: Scope, receive: Receive, send: Send, key: str | None, came: Arrival
     ) -> tuple[str, bytes] | None:
         """The tenant of ``key`` and the request's body, read within its limits; None once the
         request has been answered (a bad key, a body too large or too slow) or its client left.
@@ -184,20 +230,21 @@ class RequestFlow:
         try:
             body = await read_body(receive, self.max_body, scope)
         except BodyTooLarge:
-            await self._refuse(send, "body_too_large", tenant, message=(
+            await self._refuse(send, came, "body_too_large", tenant, message=(
                 f"The request body is over the limit of {self.max_body} bytes."))
             return None
         except BodyTimeout:
-            await self._refuse(send, "body_timeout", tenant, message=(
+            await self._refuse(send, came, "body_timeout", tenant, message=(
                 "The request body did not arrive within "
                 f"{self.body_timeout_s:g} s."),
                 headers=[(b"connection", b"close")])
             return None
         except ClientGone:
             self.metrics.ended(NO_CLASS, tenant, "cancelled", "client_disconnected")
+            self._log_unqueued(came, tenant, NO_CLASS, "client_disconnected", None, "cancelled")
             return None
         if denied is not None:
-            await self._refuse(send, denied.code, tenant,
+            await self._refuse(send, came, denied.code, tenant,
                                message=denied_message(denied, scope))
             return None
         return tenant, body
@@ -254,6 +301,13 @@ class RequestFlow:
             except asyncio.CancelledError:
                 self.driver.cancel(t, "server_shutdown")
                 task.uncancel()
+
+    def internal_error(self, scope: Scope) -> None:
+        """A bug ended the request (the app answers it 500): its line, unless it has one
+        already or the flow had not named it yet."""
+        came = scope.get(ARRIVAL)
+        if isinstance(came, Arrival) and not came.logged:
+            self._log_unqueued(came, UNKNOWN_TENANT, NO_CLASS, "internal_error", 500)
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""

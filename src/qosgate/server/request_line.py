@@ -35,7 +35,7 @@ class RequestLine(msgspec.Struct, kw_only=True):
     replica: str | None  # where its last attempt ran
     route: str | None  # chat, completions or embeddings
     outcome: str  # completed, rejected, timed_out, cancelled or failed
-    reason: str | None  # why, for every outcome but completed
+    reason: str | None  # why: qosgate_requests_total's reason (completed: "completed")
     status: int | None  # the HTTP status its client got (None: it left before any)
     queue_wait_s: float | None
     ttft_s: float | None

@@ -1,7 +1,8 @@
 import pytest
 
 from qosgate.config import TenantLimits
-from qosgate.core.ratelimit import TenantLimiter, TokenBucket
+from qosgate.core.ledger import LeasedLedger
+from qosgate.core.ratelimit import Quota, TenantLimiter, TokenBucket, quota
 
 
 def test_bucket_retry_after_is_exact() -> None:
@@ -39,3 +40,40 @@ def test_concurrency_limit() -> None:
     assert lim.check(1, 0.0) is not None and lim.check(1, 0.0)[0] == "concurrency_limit"  # type: ignore[index]
     lim.release(1, 1)
     assert lim.check(1, 0.0) is None
+
+
+def test_allowance_reads_the_buckets_without_changing_them() -> None:
+    lim = TenantLimiter(TenantLimits(requests_per_minute=60, tokens_per_minute=600,
+                                     max_concurrent=4), now=0.0)
+    lim.admit(300)
+    lim.admit(300)  # requests: 58 left; tokens: empty, 10 tokens/s
+    told = lim.allowance(0.5)
+    assert told.requests == Quota(limit=60, remaining=58, reset_s=pytest.approx(1.5))
+    assert told.tokens == Quota(limit=600, remaining=5, reset_s=pytest.approx(59.5))
+    assert (told.concurrent, told.max_concurrent) == (2, 4)
+    assert lim.allowance(0.5) == told  # telling took nothing and refilled nothing
+    assert lim.rpm is not None and lim.rpm.stamp == 0.0
+
+
+def test_allowance_of_a_full_bucket_resets_now_and_one_in_debt_has_nothing_left() -> None:
+    bucket = TokenBucket(per_minute=600, now=0.0)
+    assert quota(bucket, 5.0) == Quota(limit=600, remaining=600, reset_s=0.0)
+    bucket.take(700)  # 100 tokens into debt
+    assert quota(bucket, 0.0) == Quota(limit=600, remaining=0, reset_s=pytest.approx(70.0))
+    assert quota(bucket, 20.0).remaining == 100
+
+
+def test_allowance_names_only_the_limits_configured() -> None:
+    told = TenantLimiter(TenantLimits(requests_per_minute=6), now=0.0).allowance(0.0)
+    assert told.tokens is None and told.max_concurrent is None
+    assert told.requests == Quota(limit=6, remaining=6, reset_s=0.0)
+
+
+def test_a_shared_ledger_tells_this_instance_s_share() -> None:
+    ledger = LeasedLedger()
+    ledger.set_live(2)
+    lim = ledger.limiter("acme", TenantLimits(requests_per_minute=60), now=0.0)
+    lim.admit(10, "r1")
+    told = lim.allowance(0.0)
+    assert told.requests == Quota(limit=30, remaining=29, reset_s=pytest.approx(2.0))
+    assert told.concurrent == 1

@@ -14,6 +14,11 @@ Modes of a leased limiter:
 - ``local``: the store is unreachable and the gateway fails open: local token buckets at this
   instance's share of each limit (limit / live instances), the concurrency cap likewise;
 - ``closed``: the store is unreachable and the gateway fails closed: a limited tenant is refused.
+
+What a tenant is told of its allowance (``allowance``) is this instance's local view in every mode:
+its shadow, this instance's share of each limit and what this instance's admissions left of it.
+The leases decide admission but are no bucket a client could plan by (what other instances spent
+is known here only at the next sync), so the told allowance is a guide, not a promise.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Protocol
 
 from qosgate.config import TenantLimits
 from qosgate.core.queueing.fairshare import FairShare
-from qosgate.core.ratelimit import TenantLimiter
+from qosgate.core.ratelimit import Allowance, TenantLimiter
 
 
 class Limiter(Protocol):
@@ -33,6 +38,8 @@ class Limiter(Protocol):
     def admit(self, tokens: int, rid: str = "") -> None: ...
 
     def release(self, charged_tokens: int, used_tokens: int, rid: str = "") -> None: ...
+
+    def allowance(self, now: float) -> Allowance: ...
 
 
 class TenantLedger(Protocol):
@@ -161,6 +168,10 @@ class LeasedLimiter:
             # settle: an over-estimate returns to the stock, an under-estimate is a debt
             self.tok_stock += charged_tokens - used_tokens
             self.used_tok += used_tokens - charged_tokens
+
+    def allowance(self, now: float) -> Allowance:
+        """The local view (see the module's docstring): the shadow's share and what is left."""
+        return self.shadow.allowance(now)
 
     # ------------------------------------------------------------ modes (the runtime calls)
     def go_local(self, live: int) -> None:

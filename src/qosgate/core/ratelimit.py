@@ -4,11 +4,39 @@ Buckets answer with an exact ``retry_after`` (the time until enough tokens have 
 client told "retry after 3 s" that comes back after 3 s is admitted. Token usage is charged as an
 estimate at admission and corrected with the real usage at completion; a bucket may go into debt
 when a request used more than estimated, which delays that tenant's next admission accordingly.
+
+``Allowance`` is what a tenant is told of its limits (the gateway's ``x-ratelimit-*`` headers and
+its status view): read from the buckets without touching them, so telling never changes them.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from qosgate.config import TenantLimits
+
+_EPSILON = 1e-9  # a refill that lands a hair under a whole token still counts it
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """One per-minute limit as a client sees it: its size, the whole units left now, and the
+    seconds until the bucket is full again (its "reset": no memory of past use left)."""
+
+    limit: int
+    remaining: int
+    reset_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """A tenant's limits as it is told them; None where that limit is not configured."""
+
+    requests: Quota | None
+    tokens: Quota | None
+    concurrent: int
+    max_concurrent: int | None
 
 
 class TokenBucket:
@@ -39,6 +67,19 @@ class TokenBucket:
 
     def give_back(self, amount: float) -> None:
         self.tokens = min(self.capacity, self.tokens + amount)
+
+
+def quota(bucket: TokenBucket, now: float) -> Quota:
+    """What ``bucket`` holds at ``now`` (refilled in thought only: the bucket is not changed).
+    A bucket in debt has nothing left, and its reset counts the debt's refill too."""
+    held = bucket.tokens
+    if now > bucket.stamp:
+        held = min(bucket.capacity, held + (now - bucket.stamp) * bucket.rate)
+    return Quota(
+        limit=math.floor(bucket.capacity + _EPSILON),
+        remaining=max(0, math.floor(held + _EPSILON)),
+        reset_s=max(0.0, (bucket.capacity - held) / bucket.rate),
+    )
 
 
 class TenantLimiter:
@@ -74,6 +115,14 @@ class TenantLimiter:
             self.rpm.take(1)
         if self.tpm is not None:
             self.tpm.take(tokens)
+
+    def allowance(self, now: float) -> Allowance:
+        return Allowance(
+            requests=None if self.rpm is None else quota(self.rpm, now),
+            tokens=None if self.tpm is None else quota(self.tpm, now),
+            concurrent=self.concurrent,
+            max_concurrent=self.max_concurrent,
+        )
 
     def release(self, charged_tokens: int, used_tokens: int, rid: str = "") -> None:
         """A request ended: free its concurrency slot and correct the token estimate."""

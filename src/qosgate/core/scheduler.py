@@ -34,6 +34,7 @@ from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
 from qosgate.core.prefix import Prefix
 from qosgate.core.pricing import Pricing
 from qosgate.core.queueing import Policy, build_policy
+from qosgate.core.ratelimit import Allowance
 from qosgate.core.reasons import Reason, is_timeout
 from qosgate.core.replica import Replica, ReplicaSpec
 from qosgate.core.request import (
@@ -487,6 +488,10 @@ class Scheduler:
             retries=tuple((*k, v) for k, v in sorted(self.retries.items())),
             overtakes=tuple(sorted(self.overtakes.items())),
         )
+
+    def allowance(self, tenant: str, now: float) -> Allowance:
+        """What ``tenant`` has left of its limits at ``now`` (nothing is charged)."""
+        return self._limiter(tenant, now).allowance(now)
 
     # ---------------------------------------------------------------- internals
     def _limiter(self, tenant: str, now: float) -> Limiter:

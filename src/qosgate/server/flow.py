@@ -26,6 +26,7 @@ from qosgate.core import QosInputError, Request, Scheduler, State
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Engine
 from qosgate.runtime.precise import PreciseCache
+from qosgate.server.allowance import allowance_headers
 from qosgate.server.asgi import (
     AsgiSink,
     BodyTimeout,
@@ -189,6 +190,8 @@ class RequestFlow:
         sink = AsgiSink(send, qos_headers)
         t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
+        # after admission (this request counted), before the engine's task can start the answer
+        sink.extra_headers += allowance_headers(self.scheduler.allowance(req.tenant, self.clock()))
         if not t.finished.done():
             keepalive = (self._keepalive(t, sink)
                          if engine_request.stream and self.sse_keepalive_s else None)

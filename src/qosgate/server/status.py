@@ -2,7 +2,8 @@
 
 Built from the core's frozen ``snapshot``. An admin key (or anyone, when the gateway runs open)
 sees everything; a tenant's key sees only its own requests (the replica entries then count only
-that tenant's requests in flight, and say nothing of the fleet's health).
+that tenant's requests in flight, and say nothing of the fleet's health) and what is left of its
+limits (``allowance``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from qosgate.core import Scheduler
 from qosgate.core.snapshot import Snapshot
 from qosgate.runtime.batches.records import BatchRecord
+from qosgate.server.allowance import allowance_view
 
 
 def _bucket() -> dict[str, Any]:
@@ -65,6 +67,7 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
         view["free_slots"] = snap.free_slots
     else:
         view["tenant"] = tenant
+        view["allowance"] = allowance_view(sched.allowance(tenant, now))
         tenants.setdefault(tenant, {"classes": {}, **_bucket()})
     return view
 

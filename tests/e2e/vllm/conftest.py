@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.files import ROOT
 from tests.support.ports import reserved_port
 from tests.support.processes import PY, Server, start_gateway, start_standin
 from tests.support.vllm import GHOST, KV_EVENTS, KV_TOPIC, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL
 
-ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "scripts" / "vllm_env.py"
 START_TIMEOUT_S = 900.0  # eager start-up is 1-2 min; two at once on 2 busy cores, more
 

@@ -108,7 +108,7 @@ class RequestFlow:
     async def _refuse(
         self,
         send: Send,
-        came: Arrival,
+        arrival: Arrival,
         reason: str,
         tenant: str,
         cls: str = NO_CLASS,
@@ -119,31 +119,31 @@ class RequestFlow:
         """Answer a request refused before it reached the scheduler, count it and log it."""
         self.metrics.refused(cls, tenant, reason)
         status, body = reason_error(reason, message, param)
-        self._log_unqueued(came, tenant, cls, reason, status)
-        out = JSON_HEADERS + id_headers(came.rid)
+        self._log_unqueued(arrival, tenant, cls, reason, status)
+        out = JSON_HEADERS + id_headers(arrival.rid)
         await send_bytes(send, status, body, out + headers if headers else out)
 
-    def _log_unqueued(self, came: Arrival, tenant: str, cls: str, reason: str,
+    def _log_unqueued(self, arrival: Arrival, tenant: str, cls: str, reason: str,
                       status: int | None, outcome: str = "rejected") -> None:
         """The line of a request that ended before it reached the scheduler."""
-        came.logged = True
-        self.request_log.refused(came.rid, tenant, cls, came.route, reason, status,
-                                 self.clock() - came.at, came.client_id, outcome)
+        arrival.logged = True
+        self.request_log.refused(arrival.rid, tenant, cls, arrival.route, reason, status,
+                                 self.clock() - arrival.at, arrival.client_id, outcome)
 
     def _arrived(self, scope: Scope, heads: RequestHeaders, route: str, now: float) -> Arrival:
-        came = Arrival(self._request_id(), route, now, client_request_id(heads.client_id))
-        scope[ARRIVAL] = came  # for the app's last resort, a bug's answer (``internal_error``)
-        return came
+        arrival = Arrival(self._request_id(), route, now, client_request_id(heads.client_id))
+        scope[ARRIVAL] = arrival  # for the app's last resort, a bug's answer (``internal_error``)
+        return arrival
 
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        came = self._arrived(scope, heads, route, now)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key, came)
+        arrival = self._arrived(scope, heads, route, now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, arrival)
         if got is None:
             return
         tenant, body = got
-        ready = prepare(heads, body, route, came.rid, now, self.rules)
+        ready = prepare(heads, body, route, arrival.rid, now, self.rules)
         precise = self.precise
         if precise is not None and isinstance(ready, Prepared) and self.scheduler.reads_prefix:
             # the prompt's keys from its token ids, as the engines' KV events name blocks (else
@@ -151,38 +151,38 @@ class RequestFlow:
             keys = await precise.prefix_of(body, route, ready.engine_request.model)
             if keys is not None:
                 ready.req.prefix = keys
-        await self._serve(receive, send, tenant, ready, came)
+        await self._serve(receive, send, tenant, ready, arrival)
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
         dispatched, collected by its replica's batcher and served in a batch."""
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        came = self._arrived(scope, heads, "embeddings", now)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key, came)
+        arrival = self._arrived(scope, heads, "embeddings", now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, arrival)
         if got is None:
             return
         tenant, body = got
         await self._serve(receive, send, tenant,
-                          prepare_embeddings(heads, body, came.rid, now, self.rules), came)
+                          prepare_embeddings(heads, body, arrival.rid, now, self.rules), arrival)
 
     def _request_id(self) -> str:
         return self._id_prefix + str(next(self._ids))
 
     async def _serve(
-        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal, came: Arrival
+        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal, arrival: Arrival
     ) -> None:
         """Hand a prepared request to the driver and wait for its end while watching its client,
         then answer what the engine did not, and log it; or answer its refusal."""
         if isinstance(ready, Refusal):
             await self._refuse(
-                send, came, ready.reason, tenant, ready.service_class, ready.message,
+                send, arrival, ready.reason, tenant, ready.service_class, ready.message,
                 None if ready.retry_after is None else retry_after_header(ready.retry_after),
                 ready.param,
             )
             return
         req, engine_request = ready.req, ready.engine_request
-        qos_headers = await self._qos_headers_unless_draining(send, tenant, req, came)
+        qos_headers = await self._qos_headers_unless_draining(send, tenant, req, arrival)
         if qos_headers is None:
             return
         if ready.inserted is not None:
@@ -201,23 +201,23 @@ class RequestFlow:
                 if keepalive is not None:
                     keepalive[0].cancel()
         await self._conclude(t)
-        came.logged = True
-        self.request_log.ended(req, came.route, sink.status, came.client_id)
+        arrival.logged = True
+        self.request_log.ended(req, arrival.route, sink.status, arrival.client_id)
 
     async def _qos_headers_unless_draining(
-        self, send: Send, tenant: str, req: Request, came: Arrival
+        self, send: Send, tenant: str, req: Request, arrival: Arrival
     ) -> Headers | None:
         """The response headers naming the request and its class; None once a draining gateway
         has refused it (503 with Retry-After)."""
         cls_header = (b"x-qosgate-class", req.service_class.encode())
         if not self.driver.accepting:
-            await self._refuse(send, came, "shutting_down", tenant, req.service_class,
+            await self._refuse(send, arrival, "shutting_down", tenant, req.service_class,
                                headers=[cls_header, *retry_after_header(None)])
             return None
         return [*id_headers(req.id), cls_header]
 
     async def _tenant_and_body(
-        self, scope: Scope, receive: Receive, send: Send, key: str | None, came: Arrival
+        self, scope: Scope, receive: Receive, send: Send, key: str | None, arrival: Arrival
     ) -> tuple[str, bytes] | None:
         """The tenant of ``key`` and the request's body, read within its limits; None once the
         request has been answered (a bad key, a body too large or too slow) or its client left.
@@ -233,21 +233,21 @@ class RequestFlow:
         try:
             body = await read_body(receive, self.max_body, scope)
         except BodyTooLarge:
-            await self._refuse(send, came, "body_too_large", tenant, message=(
+            await self._refuse(send, arrival, "body_too_large", tenant, message=(
                 f"The request body is over the limit of {self.max_body} bytes."))
             return None
         except BodyTimeout:
-            await self._refuse(send, came, "body_timeout", tenant, message=(
+            await self._refuse(send, arrival, "body_timeout", tenant, message=(
                 "The request body did not arrive within "
                 f"{self.body_timeout_s:g} s."),
                 headers=[(b"connection", b"close")])
             return None
         except ClientGone:
             self.metrics.ended(NO_CLASS, tenant, "cancelled", "client_disconnected")
-            self._log_unqueued(came, tenant, NO_CLASS, "client_disconnected", None, "cancelled")
+            self._log_unqueued(arrival, tenant, NO_CLASS, "client_disconnected", None, "cancelled")
             return None
         if denied is not None:
-            await self._refuse(send, came, denied.code, tenant,
+            await self._refuse(send, arrival, denied.code, tenant,
                                message=denied_message(denied, scope))
             return None
         return tenant, body
@@ -308,9 +308,9 @@ class RequestFlow:
     def internal_error(self, scope: Scope) -> None:
         """A bug ended the request (the app answers it 500): its line, unless it has one
         already or the flow had not named it yet."""
-        came = scope.get(ARRIVAL)
-        if isinstance(came, Arrival) and not came.logged:
-            self._log_unqueued(came, UNKNOWN_TENANT, NO_CLASS, "internal_error", 500)
+        arrival = scope.get(ARRIVAL)
+        if isinstance(arrival, Arrival) and not arrival.logged:
+            self._log_unqueued(arrival, UNKNOWN_TENANT, NO_CLASS, "internal_error", 500)
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""

@@ -140,3 +140,16 @@ def test_by_default_refusals_get_a_line_and_served_requests_none(defaults: Logge
     # the served request ended before the refusal arrived: its line would be there by now
     assert defaults.lines_of(served) == []
     assert [x["id"] for x in defaults.lines()] == [refused["id"]]
+
+
+def test_a_bug_s_500_names_the_request_and_gets_one_line(
+        every: Logged, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args: object) -> None:
+        raise RuntimeError("a bug in the flow")
+
+    monkeypatch.setattr("qosgate.server.flow.prepare", broken)
+    code, headers, body = every.post(chat())
+    assert code == 500, body
+    line = every.the_line_of(rid_of(headers))
+    assert (line["outcome"], line["reason"], line["status"]) == (
+        "rejected", "internal_error", 500)

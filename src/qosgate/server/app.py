@@ -47,6 +47,7 @@ from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import models_list
+from qosgate.wire.sse import JSON_HEADERS
 
 log = logging.getLogger("qosgate.gateway")
 
@@ -234,10 +235,10 @@ class Gateway:
         except Exception:
             log.exception("a request failed in the gateway")
             self.metrics.refused(NO_CLASS, UNKNOWN_TENANT, "internal_error")
-            self.flow.internal_error(scope)
+            named = self.flow.internal_error(scope)
             status, body = reason_error("internal_error")
             with contextlib.suppress(Exception):  # the response may have begun
-                await send_bytes(send, status, body)
+                await send_bytes(send, status, body, JSON_HEADERS + named)
 
     async def _metrics(self, scope: Scope, send: Send) -> None:
         if self.settings.server.metrics_auth and request_key(scope) not in self.admin_keys:

@@ -305,12 +305,15 @@ class RequestFlow:
                 self.driver.cancel(t, "server_shutdown")
                 task.uncancel()
 
-    def internal_error(self, scope: Scope) -> None:
+    def internal_error(self, scope: Scope) -> Headers:
         """A bug ended the request (the app answers it 500): its line, unless it has one
-        already or the flow had not named it yet."""
+        already; the headers naming it for that answer (none if the flow had not named it)."""
         arrival = scope.get(ARRIVAL)
-        if isinstance(arrival, Arrival) and not arrival.logged:
+        if not isinstance(arrival, Arrival):
+            return []
+        if not arrival.logged:
             self._log_unqueued(arrival, UNKNOWN_TENANT, NO_CLASS, "internal_error", 500)
+        return id_headers(arrival.rid)
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""

@@ -86,6 +86,10 @@ class ServerSettings(Strict):
     shutdown_timeout_s: float = Field(
         default=30.0, ge=0, description="SIGTERM: how long running requests may still finish"
     )
+    drain_delay_s: float = Field(
+        default=0.0, ge=0, description="SIGTERM: how long /readyz answers 503 while requests are "
+        "still served, before the drain (for a load balancer to stop routing here first)"
+    )
     log_level: LogLevel = "info"
 
     @model_validator(mode="before")

@@ -54,6 +54,7 @@ class _Inner:
     max_window = 8
     pausable = False
     ordered = False
+    remote = False
     ready = True
 
     def __init__(self) -> None:

@@ -22,6 +22,7 @@ class Stub:
     max_window = 1
     pausable = False
     ordered = False
+    remote = False
 
     def __init__(self) -> None:
         self.up = True

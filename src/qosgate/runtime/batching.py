@@ -97,6 +97,7 @@ class BatchingEngine:
         self.max_window = inner.max_window
         self.pausable = inner.pausable
         self.ordered = inner.ordered
+        self.remote = inner.remote
         # the inner engine's own ``start_call``, if it has one (the driver's convention)
         self._inner_start: Callable[[Call], Coroutine[Any, Any, None]] | None = getattr(
             inner, "start_call", None)

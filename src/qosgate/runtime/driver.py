@@ -172,6 +172,7 @@ class Driver:
         self.replica_log = ReplicaLog(log)  # up/down lines, paced per replica
         self.tickets: dict[str, Ticket] = {}
         self.accepting = True
+        self._settled: asyncio.Future[None] | None = None  # ``settled``'s, while it waits
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer = DeadlineTimer(lambda: self.clock(), self.loop, self._on_timer)
 
@@ -233,13 +234,39 @@ class Driver:
             except Exception:  # pragma: no cover - probing must never stop
                 log.exception("probing replicas failed")
 
-    def drain(self, reason: str = "shutting_down") -> int:
-        """Stop admitting; reject every queued request (running ones go on). Returns how many."""
+    def drain(self, reason: str = "shutting_down") -> tuple[int, int]:
+        """Stop admitting; end every request whose answer has not begun -- queued, or sent to a
+        remote engine that has sent nothing back yet (likely waiting in its queue; the call is
+        cancelled, which aborts it there) -- so that its client can retry elsewhere now rather
+        than wait out the drain. Requests whose answer has begun go on, and so do those sent to
+        an engine in this process (sent there, a request is being computed). Returns how many
+        were queued, and how many sent but not begun."""
         self.accepting = False
         queued = [t for t in self.tickets.values() if t.req.state is State.QUEUED]
-        for t in queued:
+        waiting = [t for t in self.tickets.values() if self._unbegun_at_remote(t)]
+        for t in queued + waiting:
             self.cancel(t, reason)
-        return len(queued)
+        return len(queued), len(waiting)
+
+    def _unbegun_at_remote(self, t: Ticket) -> bool:
+        """Sent to a remote engine, which sent nothing back: no first byte to the client (a
+        stream's first chunk), no first token of a whole answer."""
+        replica = t.req.replica
+        return (t.req.state is State.DISPATCHED and t.first_token_at is None
+                and replica is not None and self.engines[replica].remote)
+
+    async def settled(self) -> None:
+        """Return once no request is live (after ``drain``: once the running ones ended)."""
+        if not self.tickets:
+            return
+        if self._settled is None or self._settled.done():
+            self._settled = self.loop().create_future()
+        await asyncio.shield(self._settled)
+
+    def _check_settled(self) -> None:
+        settled = self._settled
+        if settled is not None and not self.tickets and not settled.done():
+            settled.set_result(None)
 
     # ------------------------------------------------------------------ events
     def ticket(self, req: Request, engine_request: EngineRequest, sink: Sink) -> Ticket:
@@ -262,6 +289,7 @@ class Driver:
         if not t.finished.done():  # the core no longer knew it (cannot happen; be safe)
             self.tickets.pop(t.req.id, None)
             t.finished.set_result(None)
+            self._check_settled()
 
     # ------------------------------------------------------------------ decisions
     def apply(self, decisions: list[Decision]) -> None:
@@ -316,6 +344,8 @@ class Driver:
                 log.exception("on_finished hook failed")
         if not t.finished.done():
             t.finished.set_result(None)
+        if self._settled is not None:
+            self._check_settled()
 
     def _call_ended(self, t: Ticket, task: asyncio.Task[None]) -> None:
         """An engine call ended without reporting (a bug or an unexpected error): fail it."""

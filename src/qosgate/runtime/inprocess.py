@@ -98,6 +98,7 @@ class InProcessEngine:
         # (by cancelling the call), as it would in front of an external engine
         self.pausable = pausable
         self.ordered = engine.ordered
+        self.remote = False
         self._chans: dict[str, _Channel] = {}
         self._paused: set[str] = set()
         self._stepping = False

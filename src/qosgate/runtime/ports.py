@@ -119,6 +119,9 @@ class Engine(Protocol):
     # whether it runs its waiting queue in the order sent (``Call.order``): an engine-side
     # priority it honours
     ordered: bool
+    # a server reached over the network (an upstream), where a call sent may wait in the
+    # server's own queue unseen; not a model in this process, where a call sent is computed
+    remote: bool
 
     @property
     def ready(self) -> bool: ...

@@ -112,6 +112,7 @@ class Gateway:
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
+        self.leaving = False  # SIGTERM came: /readyz answers 503, before and during the drain
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:
@@ -167,12 +168,15 @@ class Gateway:
         self.flow.request_log.close()
 
     def begin_shutdown(self) -> None:
-        """SIGTERM: stop admitting and reject everything queued with 503; running requests go on."""
+        """SIGTERM: stop admitting; answer 503 at once to every request whose answer has not
+        begun (queued, or at an upstream engine that sent nothing back); running ones go on."""
+        self.leaving = True
         if self.feeder is not None:
             self.feeder.pause()
-        n = self.driver.drain("shutting_down")
-        log.warning("shutting down: %d queued request(s) rejected, %d running",
-                    n, len(self.driver.tickets))
+        queued, waiting = self.driver.drain("shutting_down")
+        log.warning("draining: %d queued and %d not yet started request(s) refused with 503, "
+                    "%d running may finish within %g s", queued, waiting,
+                    len(self.driver.tickets), self.settings.server.shutdown_timeout_s)
 
     # ------------------------------------------------------------------ routing
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -274,10 +278,10 @@ class Gateway:
 
     async def _ready(self, send: Send) -> None:
         up = any(e.ready for e in self.engines.values())
-        if self.started and self.driver.accepting and up:
+        if self.started and not self.leaving and up:
             await send_json(send, 200, {"status": "ready"})
         else:
-            why = "shutting down" if not self.driver.accepting else "no engine is ready"
+            why = "draining" if self.leaving else "no engine is ready"
             await send_json(send, 503, {"status": why})
 
     async def _status(self, scope: Scope, send: Send) -> None:

@@ -9,11 +9,21 @@ header size cap, OpenAI-format answers to malformed HTTP). The cap defaults to t
 descriptor limit (raised to its hard limit at start-up) less a reserve for the engines'
 connections and the process's own files.
 
-Graceful shutdown on SIGTERM (or Ctrl+C): stop accepting connections, reject every queued request
-with 503 + Retry-After at once, let running requests finish for up to ``shutdown_timeout_s``; then
-the ones still running are cut -- a stream ends with an OpenAI error event (``server_shutdown``)
-and ``[DONE]``, each counted once -- the engines close and the process exits 0. A second signal
-forces the exit.
+Graceful shutdown on SIGTERM (or Ctrl+C), in order: ``/readyz`` answers 503 (``draining``) and
+the listeners stay open -- a load balancer still reaching the pod gets an answer, not a refused
+connection -- while ``/health`` stays 200; for ``drain_delay_s`` (default 0) requests are still
+served as usual, so that a load balancer that follows ``/readyz`` stops routing here first; then
+every new request, every queued one and every one sent to an upstream engine that has sent
+nothing back yet (its engine call is cancelled, which aborts it there) gets 503
+``shutting_down`` with ``Retry-After`` at once; running requests finish for up to
+``shutdown_timeout_s``, then the ones still running are cut -- a stream ends with an OpenAI error
+event (``server_shutdown``) and ``[DONE]``, each counted once. Once no request is left the
+listeners close, the engines close and the process exits 0.
+
+A second SIGTERM or SIGINT exits at once, with one log line and the status 128 + the signal's
+number (143, or 130 for Ctrl+C), as a shell reports a process killed by it. SIGHUP is ignored with
+a log line: reloading the configuration is not supported yet, and a hang-up must not take the
+gateway down.
 """
 
 from __future__ import annotations
@@ -21,8 +31,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import resource
+import signal
 import socket
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -116,8 +129,9 @@ def connection_limits(settings: GatewaySettings) -> ConnectionLimits:
 
 # ---------------------------------------------------------------------- the server
 class _Server(uvicorn.Server):
-    """uvicorn, with the gateway's drain on the first signal, its cut of running requests at the
-    shutdown timeout, "serving on" once it serves, and a clean exit code."""
+    """uvicorn, with the gateway's drain on the first signal (the listeners stay open until no
+    request is left), its cut of running requests at the shutdown timeout, a forced exit on a
+    second signal, SIGHUP ignored, "serving on" once it serves, and a clean exit code."""
 
     def __init__(
         self,
@@ -129,11 +143,20 @@ class _Server(uvicorn.Server):
         self.gateway = gateway
         self.on_serving = on_serving
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False  # the first SIGTERM or SIGINT came
         self._cut: asyncio.TimerHandle | None = None
+        self._drain: asyncio.Task[None] | None = None
 
     async def serve(self, sockets: Any = None) -> None:
         self.loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        if threading.current_thread() is not threading.main_thread():
+            await super().serve(sockets)
+            return
+        hangup = signal.signal(signal.SIGHUP, self.handle_hangup)
+        try:
+            await super().serve(sockets)
+        finally:
+            signal.signal(signal.SIGHUP, hangup)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
@@ -143,19 +166,58 @@ class _Server(uvicorn.Server):
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # not recorded in _captured_signals: uvicorn would re-raise it after serving, and the
         # process would die of the signal instead of exiting 0
-        if self.should_exit:
-            self.force_exit = True
+        if self.stopping:
+            self.force(sig)
+        self.stopping = True
+        if self.loop is None:  # not serving yet: nothing to drain
+            self.should_exit = True
             return
-        self.should_exit = True
-        if self.loop is not None:
-            self.loop.call_soon_threadsafe(self._begin_shutdown)
+        self.loop.call_soon_threadsafe(self._leave)
 
-    def _begin_shutdown(self) -> None:
+    def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(
+                log.warning, "SIGHUP ignored: reloading the configuration is not supported yet "
+                "(SIGTERM drains and exits)")
+
+    def force(self, sig: int) -> None:
+        """A second signal: exit now, without the engines' close or uvicorn's wait (no
+        traceback: nothing is unwound), with one line saying what was cut."""
+        code = 128 + sig
+        log.warning("second %s: exiting now with %d, cutting %d running request(s)",
+                    signal.Signals(sig).name, code, len(self.gateway.driver.tickets))
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(code)
+
+    def _leave(self) -> None:
+        """The first signal: /readyz answers 503 from now; the drain begins after
+        ``drain_delay_s``, while a load balancer stops routing here and requests are served."""
+        self.gateway.leaving = True
+        delay = self.gateway.settings.server.drain_delay_s
+        if delay <= 0:
+            self._begin_drain()
+            return
+        log.warning("leaving: /readyz answers 503; requests are served for %g s more "
+                    "(server.drain_delay_s), then the drain begins", delay)
+        assert self.loop is not None
+        self.loop.call_later(delay, self._begin_drain)
+
+    def _begin_drain(self) -> None:
         self.gateway.begin_shutdown()
         assert self.loop is not None
         self._cut = self.loop.call_later(
             self.gateway.settings.server.shutdown_timeout_s, self.cut_running
         )
+        self._drain = self.loop.create_task(self._exit_once_settled())
+
+    async def _exit_once_settled(self) -> None:
+        """No request is left (they finished, or were cut): close the listeners and exit."""
+        await self.gateway.driver.settled()
+        if self._cut is not None:
+            self._cut.cancel()
+        log.info("drained: no request left; closing the listeners")
+        self.should_exit = True
 
     def cut_running(self) -> None:
         """The shutdown timeout ran out: end every request still running (its client gets an

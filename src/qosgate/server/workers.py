@@ -2,7 +2,8 @@
 
 The parent starts N copies of its own command line with ``--workers 1`` and
 ``QOSGATE_REUSE_PORT=1`` (each binds the same port; the kernel spreads connections over them),
-each with its own instance id (``<id>-w<i>``); it passes SIGINT/SIGTERM on and exits when all
+each with its own instance id (``<id>-w<i>``); it passes SIGINT/SIGTERM/SIGHUP on (each worker
+drains, or ignores the hang-up, itself) and exits when all
 have exited, with the first non-zero status. With ``--redis`` the workers share tenant state;
 without it each keeps its own limits (a limit of R per minute is then R per worker).
 
@@ -68,6 +69,7 @@ def run_workers(n: int, instance_id: str | None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)
     rc = 0
     for p in procs:
         code = p.wait()

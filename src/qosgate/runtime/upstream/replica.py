@@ -63,6 +63,7 @@ _models_decoder = msgspec.json.Decoder()
 
 class OpenAIUpstream:
     pausable = False
+    remote = True
     embeds = True  # /v1/embeddings is forwarded (merged into batches)
 
     def __init__(self, cfg: UpstreamSettings, index: int = 0) -> None:

@@ -283,6 +283,19 @@ def serve(
         Literal["critical", "error", "warning", "info", "debug"] | None,
         _opt("Log level (default: info).", "QOSGATE_LOG_LEVEL", "--log-level"),
     ] = None,
+    request_log: Annotated[
+        str | None,
+        _opt("Where the request log's JSON lines go: stderr (default), - or stdout, or a file "
+             "appended to. Refused and failed requests get a line; others as "
+             "--request-log-sample says.", "QOSGATE_REQUEST_LOG", "--request-log",
+             metavar="PATH"),
+    ] = None,
+    request_log_sample: Annotated[
+        float | None,
+        _opt("Share of the other requests (served, or left by their client) that get a line, "
+             "0 to 1, chosen by a hash of the request id (default: 0).",
+             "QOSGATE_REQUEST_LOG_SAMPLE", "--request-log-sample", metavar="F"),
+    ] = None,
 ) -> None:
     """Serve the OpenAI-compatible gateway: every request is scheduled through the QoS core.
 

@@ -523,7 +523,7 @@ def load_config(path: str | Path) -> QosConfig:
     return config_from_mapping(qos_sections(read_yaml_mapping(path)))
 
 
-IO_SECTIONS = ("server", "upstreams", "engine", "embeddings", "redis", "batches")
+IO_SECTIONS = ("server", "upstreams", "engine", "embeddings", "redis", "batches", "request_log")
 
 
 def qos_sections(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -113,6 +113,8 @@ SERVE_FLAGS: tuple[Flag, ...] = (
     Flag("metrics_port", "server.metrics_port"),
     Flag("metrics_auth", "server.metrics_auth"),
     Flag("max_connections", "server.max_connections"),
+    Flag("request_log", "request_log.path"),
+    Flag("request_log_sample", "request_log.sample"),
     Flag("admin_key", "server.admin_keys", lambda keys: split_list(keys) or UNSET),
     Flag("reuse_port", "server.reuse_port"),  # QOSGATE_REUSE_PORT=1, set by serve --workers
     Flag("redis", "redis.url"),

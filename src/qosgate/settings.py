@@ -46,8 +46,8 @@ from qosgate.models.simmodel import load_profile
 from qosgate.wire.splice import Polarity, PriorityOrder
 
 __all__ = [
-    "BatchSettings", "EngineSettings", "GatewaySettings", "ServerSettings", "UpstreamSettings",
-    "load_gateway",
+    "BatchSettings", "EngineSettings", "GatewaySettings", "RequestLogSettings", "ServerSettings",
+    "UpstreamSettings", "load_gateway",
 ]
 
 
@@ -378,6 +378,24 @@ class BatchSettings(Strict):
         return renamed_keys(data, "batches", {"live_window_s": "live_span_s"})
 
 
+class RequestLogSettings(Strict):
+    """One JSON line per request that ended (docs/guides/operations.md#request-log): why it was
+    refused or failed, and, sampled, how it was served. Refusals and failures are written by
+    default; served requests only when ``sample`` says so."""
+
+    enabled: bool = Field(default=True, description="write the request log at all")
+    errors: bool = Field(
+        default=True, description="every request refused, timed out, failed or cancelled by the "
+        "gateway gets its line")
+    sample: float = Field(
+        default=0.0, ge=0, le=1, description="share of the other requests (served, or left by "
+        "their client) that get their line, chosen by a hash of the request id (0: none, 1: "
+        "all)")
+    path: str = Field(
+        default="stderr", description="where the lines go: stderr, stdout (or -), or a file "
+        "appended to")
+
+
 class GatewaySettings(Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
@@ -385,6 +403,7 @@ class GatewaySettings(Strict):
     embeddings: EmbeddingsSettings = EmbeddingsSettings()
     redis: RedisSettings = RedisSettings()
     batches: BatchSettings = BatchSettings()
+    request_log: RequestLogSettings = RequestLogSettings()
 
 
 def load_settings(path: str | Path | None) -> GatewaySettings:

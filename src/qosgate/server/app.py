@@ -47,6 +47,7 @@ from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import models_list
+from qosgate.wire.sse import JSON_HEADERS
 
 log = logging.getLogger("qosgate.gateway")
 
@@ -164,6 +165,7 @@ class Gateway:
             await self.batch_store.close()
         if self.batch_dir is not None:
             self.batch_dir.release()
+        self.flow.request_log.close()
 
     def begin_shutdown(self) -> None:
         """SIGTERM: stop admitting; answer 503 at once to every request whose answer has not
@@ -187,14 +189,15 @@ class Gateway:
                 return
             if method == "POST":
                 if path == "/v1/chat/completions":
-                    await self._guarded(self.flow.complete(scope, receive, send, "chat"), send)
+                    await self._guarded(self.flow.complete(scope, receive, send, "chat"), scope,
+                                        send)
                     return
                 if path == "/v1/completions":
                     await self._guarded(
-                        self.flow.complete(scope, receive, send, "completions"), send)
+                        self.flow.complete(scope, receive, send, "completions"), scope, send)
                     return
                 if path == "/v1/embeddings":
-                    await self._guarded(self.flow.embeddings(scope, receive, send), send)
+                    await self._guarded(self.flow.embeddings(scope, receive, send), scope, send)
                     return
             elif method in ("GET", "HEAD"):
                 if path == "/v1/models":
@@ -228,17 +231,18 @@ class Gateway:
         elif kind == "lifespan":
             await lifespan(receive, send, self.startup, self.shutdown)
 
-    async def _guarded(self, work: Awaitable[None], send: Send) -> None:
+    async def _guarded(self, work: Awaitable[None], scope: Scope, send: Send) -> None:
         """A bug must not reach the client as uvicorn's plain-text 500: answer in OpenAI's
-        format (if nothing was sent yet) and count the request."""
+        format (if nothing was sent yet), count the request and log it."""
         try:
             await work
         except Exception:
             log.exception("a request failed in the gateway")
             self.metrics.refused(NO_CLASS, UNKNOWN_TENANT, "internal_error")
+            named = self.flow.internal_error(scope)
             status, body = reason_error("internal_error")
             with contextlib.suppress(Exception):  # the response may have begun
-                await send_bytes(send, status, body)
+                await send_bytes(send, status, body, JSON_HEADERS + named)
 
     async def _metrics(self, scope: Scope, send: Send) -> None:
         if self.settings.server.metrics_auth and request_key(scope) not in self.admin_keys:

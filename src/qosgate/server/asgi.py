@@ -123,12 +123,13 @@ class AsgiSink:
     head early (200, ``text/event-stream``) and SSE comments (``keepalive``), so that a client
     with a read timeout does not give up; ``head_sent`` says so. The engine's own ``start`` then
     sends nothing more, and an error it answers with, or the gateway's own error status, goes
-    out as an SSE error event and ``[DONE]`` instead.
+    out as an SSE error event and ``[DONE]`` instead. ``status`` is the one the client got
+    (None until the head left).
     """
 
     __slots__ = (
         "_error_parts", "_head", "_keepalive", "_send", "complete", "extra_headers", "head_sent",
-        "started",
+        "started", "status",
     )
 
     def __init__(self, send: Send, extra_headers: Headers | None = None) -> None:
@@ -136,6 +137,7 @@ class AsgiSink:
         self.started = False
         self.complete = False
         self.head_sent = False
+        self.status: int | None = None
         self.extra_headers = extra_headers or []
         self._head: tuple[int, Headers] | None = None  # held back until the first part
         self._error_parts: list[bytes] | None = None  # an error after an early head
@@ -167,6 +169,7 @@ class AsgiSink:
         if head is not None:
             self._head = None
             status, headers = head
+            self.status = status
             if not more:
                 headers = _with_length(headers, len(data))
             await self._send({"type": "http.response.start", "status": status,
@@ -193,6 +196,7 @@ class AsgiSink:
             return
         if not self.head_sent:
             self.head_sent = True
+            self.status = 200
             await self._send({"type": "http.response.start", "status": 200,
                               "headers": SSE_HEADERS + self.extra_headers})
         await self._send({"type": "http.response.body", "body": KEEPALIVE,

@@ -1,6 +1,7 @@
 """Who is asking: the API key of a request (``Authorization: Bearer``, else ``x-api-key``), its
 QoS headers (``x-qos-class``, ``x-qos-priority``), the conversation it belongs to (the session
-header, ``fleet.cache.session_header``), and the messages of a refused key."""
+header, ``fleet.cache.session_header``), the client's own request id (``X-Request-Id``, for the
+request log), and the messages of a refused key."""
 
 from __future__ import annotations
 
@@ -19,11 +20,21 @@ class RequestHeaders:
     qos_priority: bytes | None  # x-qos-priority
     session: bytes | None = None  # the session header's value, unchecked (``session_id``)
     batch_line: bool = False  # a Batch API job's line (``BATCH_LINE`` in its scope)
+    client_id: bytes | None = None  # X-Request-Id: the client's name for it, never the gateway's
 
 
 # the scope key that marks a Batch API job's line run through the gateway's own flow: set in
 # memory only, so no client can claim it
 BATCH_LINE = "qosgate.batch_line"
+
+# the client's X-Request-Id as the request log repeats it: bounded
+MAX_CLIENT_ID_CHARS = 128
+
+
+def client_request_id(value: bytes | None) -> str | None:
+    """The client's ``X-Request-Id`` as the request log writes it: at most
+    ``MAX_CLIENT_ID_CHARS`` characters (a header is latin-1)."""
+    return None if value is None else value[:MAX_CLIENT_ID_CHARS].decode("latin-1")
 
 
 # a session id is a key the gateway keeps while the conversation lasts: bounded, printable
@@ -38,6 +49,7 @@ def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> Reque
     qos_class: bytes | None = None
     qos_priority: bytes | None = None
     session: bytes | None = None
+    client_id: bytes | None = None
     for name, value in scope["headers"]:
         if name == b"authorization":
             if authorization is None:
@@ -51,12 +63,16 @@ def read_headers(scope: Scope, session_header: bytes = b"x-session-id") -> Reque
         elif name == b"x-qos-priority":
             if qos_priority is None:
                 qos_priority = value
-        elif name == b"x-api-key" and api_key is None:
-            api_key = value
+        elif name == b"x-api-key":
+            if api_key is None:
+                api_key = value
+        elif name == b"x-request-id" and client_id is None:
+            client_id = value
     key = key_of(authorization)
     if key is None:
         key = plain_key(api_key)
-    return RequestHeaders(key, qos_class, qos_priority, session, bool(scope.get(BATCH_LINE)))
+    return RequestHeaders(key, qos_class, qos_priority, session, bool(scope.get(BATCH_LINE)),
+                          client_id)
 
 
 def session_id(value: bytes | str) -> str | None:

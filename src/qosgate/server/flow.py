@@ -6,6 +6,11 @@ body, the model, the QoS hints, the session, the size limits), then the driver a
 (413/429/503/504 refusals). While it waits, its task watches the client and cancels the request
 if the client goes away (queued: removed; running: aborted at the engine). Success bytes are
 written by the engine call itself; what ended otherwise is answered here (``_conclude``).
+
+Every request gets its id as it arrives: its answer names it (``x-qosgate-request-id``, and
+``x-request-id`` as OpenAI's answers do), refusals included, the engine is sent it
+(``X-Request-Id``), and the request log's line names it (``server/request_log.py``), written
+here once per request where its one outcome is known.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import itertools
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from qosgate.config import QosConfig
 from qosgate.core import QosInputError, Request, Scheduler, State
@@ -33,15 +39,36 @@ from qosgate.server.asgi import (
     send_bytes,
     wait_disconnect,
 )
-from qosgate.server.auth import denied_message, read_headers
+from qosgate.server.auth import RequestHeaders, client_request_id, denied_message, read_headers
 from qosgate.server.errors import outcome_error, reason_error, retry_after_header
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.prepare import NO_CLASS, Prepared, Refusal, Rules, prepare, prepare_embeddings
+from qosgate.server.request_log import RequestLog
 from qosgate.settings import GatewaySettings
 from qosgate.wire.engine_request import Route
 from qosgate.wire.sse import JSON_HEADERS, Headers, error_end
 
 UNKNOWN_TENANT = "unknown"  # the tenant of a request whose key was refused
+ARRIVAL = "qosgate.arrival"  # in the scope: the request's ``Arrival``
+
+
+def id_headers(rid: str) -> Headers:
+    """The response headers that name request ``rid``: the gateway's own, and OpenAI's
+    ``x-request-id`` (which its clients report with an error)."""
+    value = rid.encode()
+    return [(b"x-qosgate-request-id", value), (b"x-request-id", value)]
+
+
+@dataclass(slots=True)
+class Arrival:
+    """A request as it arrived: its id, its route, when, and the client's own X-Request-Id;
+    ``logged`` once its line is written (one per request)."""
+
+    rid: str
+    route: str
+    at: float
+    client_id: str | None
+    logged: bool = False
 
 
 class RequestFlow:
@@ -59,6 +86,7 @@ class RequestFlow:
         models: Callable[[], list[str]],
         context: Callable[[str], int | None],
         precise: PreciseCache | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.cfg = cfg
         self.scheduler = scheduler
@@ -66,6 +94,7 @@ class RequestFlow:
         self.metrics = metrics
         self.clock = driver.clock
         self.precise = precise  # replicas whose index follows their engine's KV events
+        self.request_log = request_log or RequestLog(settings.request_log)
         self.rules = Rules(cfg, settings, scheduler, engines, models, context,
                            driver.probe_interval_s)
         srv = settings.server
@@ -79,6 +108,7 @@ class RequestFlow:
     async def _refuse(
         self,
         send: Send,
+        arrival: Arrival,
         reason: str,
         tenant: str,
         cls: str = NO_CLASS,
@@ -86,18 +116,34 @@ class RequestFlow:
         headers: Headers | None = None,
         param: str | None = None,
     ) -> None:
+        """Answer a request refused before it reached the scheduler, count it and log it."""
         self.metrics.refused(cls, tenant, reason)
         status, body = reason_error(reason, message, param)
-        await send_bytes(send, status, body, JSON_HEADERS + headers if headers else JSON_HEADERS)
+        self._log_unqueued(arrival, tenant, cls, reason, status)
+        out = JSON_HEADERS + id_headers(arrival.rid)
+        await send_bytes(send, status, body, out + headers if headers else out)
+
+    def _log_unqueued(self, arrival: Arrival, tenant: str, cls: str, reason: str,
+                      status: int | None, outcome: str = "rejected") -> None:
+        """The line of a request that ended before it reached the scheduler."""
+        arrival.logged = True
+        self.request_log.refused(arrival.rid, tenant, cls, arrival.route, reason, status,
+                                 self.clock() - arrival.at, arrival.client_id, outcome)
+
+    def _arrived(self, scope: Scope, heads: RequestHeaders, route: str, now: float) -> Arrival:
+        arrival = Arrival(self._request_id(), route, now, client_request_id(heads.client_id))
+        scope[ARRIVAL] = arrival  # for the app's last resort, a bug's answer (``internal_error``)
+        return arrival
 
     async def complete(self, scope: Scope, receive: Receive, send: Send, route: Route) -> None:
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key)
+        arrival = self._arrived(scope, heads, route, now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, arrival)
         if got is None:
             return
         tenant, body = got
-        ready = prepare(heads, body, route, self._request_id(), now, self.rules)
+        ready = prepare(heads, body, route, arrival.rid, now, self.rules)
         precise = self.precise
         if precise is not None and isinstance(ready, Prepared) and self.scheduler.reads_prefix:
             # the prompt's keys from its token ids, as the engines' KV events name blocks (else
@@ -105,37 +151,38 @@ class RequestFlow:
             keys = await precise.prefix_of(body, route, ready.engine_request.model)
             if keys is not None:
                 ready.req.prefix = keys
-        await self._serve(receive, send, tenant, ready)
+        await self._serve(receive, send, tenant, ready, arrival)
 
     async def embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``POST /v1/embeddings``: classified, admitted and queued as a completion is; once
         dispatched, collected by its replica's batcher and served in a batch."""
         now = self.clock()
         heads = read_headers(scope, self._session_key)
-        got = await self._tenant_and_body(scope, receive, send, heads.api_key)
+        arrival = self._arrived(scope, heads, "embeddings", now)
+        got = await self._tenant_and_body(scope, receive, send, heads.api_key, arrival)
         if got is None:
             return
         tenant, body = got
         await self._serve(receive, send, tenant,
-                          prepare_embeddings(heads, body, self._request_id(), now, self.rules))
+                          prepare_embeddings(heads, body, arrival.rid, now, self.rules), arrival)
 
     def _request_id(self) -> str:
         return self._id_prefix + str(next(self._ids))
 
     async def _serve(
-        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal
+        self, receive: Receive, send: Send, tenant: str, ready: Prepared | Refusal, arrival: Arrival
     ) -> None:
         """Hand a prepared request to the driver and wait for its end while watching its client,
-        then answer what the engine did not; or answer its refusal."""
+        then answer what the engine did not, and log it; or answer its refusal."""
         if isinstance(ready, Refusal):
             await self._refuse(
-                send, ready.reason, tenant, ready.service_class, ready.message,
+                send, arrival, ready.reason, tenant, ready.service_class, ready.message,
                 None if ready.retry_after is None else retry_after_header(ready.retry_after),
                 ready.param,
             )
             return
         req, engine_request = ready.req, ready.engine_request
-        qos_headers = await self._qos_headers_unless_draining(send, tenant, req)
+        qos_headers = await self._qos_headers_unless_draining(send, tenant, req, arrival)
         if qos_headers is None:
             return
         if ready.inserted is not None:
@@ -154,24 +201,23 @@ class RequestFlow:
                 if keepalive is not None:
                     keepalive[0].cancel()
         await self._conclude(t)
+        arrival.logged = True
+        self.request_log.ended(req, arrival.route, sink.status, arrival.client_id)
 
     async def _qos_headers_unless_draining(
-        self, send: Send, tenant: str, req: Request
+        self, send: Send, tenant: str, req: Request, arrival: Arrival
     ) -> Headers | None:
         """The response headers naming the request and its class; None once a draining gateway
         has refused it (503 with Retry-After)."""
-        qos_headers: Headers = [
-            (b"x-qosgate-request-id", req.id.encode()),
-            (b"x-qosgate-class", req.service_class.encode()),
-        ]
+        cls_header = (b"x-qosgate-class", req.service_class.encode())
         if not self.driver.accepting:
-            await self._refuse(send, "shutting_down", tenant, req.service_class,
-                               headers=qos_headers + retry_after_header(None))
+            await self._refuse(send, arrival, "shutting_down", tenant, req.service_class,
+                               headers=[cls_header, *retry_after_header(None)])
             return None
-        return qos_headers
+        return [*id_headers(req.id), cls_header]
 
     async def _tenant_and_body(
-        self, scope: Scope, receive: Receive, send: Send, key: str | None
+        self, scope: Scope, receive: Receive, send: Send, key: str | None, arrival: Arrival
     ) -> tuple[str, bytes] | None:
         """The tenant of ``key`` and the request's body, read within its limits; None once the
         request has been answered (a bad key, a body too large or too slow) or its client left.
@@ -187,20 +233,21 @@ class RequestFlow:
         try:
             body = await read_body(receive, self.max_body, scope)
         except BodyTooLarge:
-            await self._refuse(send, "body_too_large", tenant, message=(
+            await self._refuse(send, arrival, "body_too_large", tenant, message=(
                 f"The request body is over the limit of {self.max_body} bytes."))
             return None
         except BodyTimeout:
-            await self._refuse(send, "body_timeout", tenant, message=(
+            await self._refuse(send, arrival, "body_timeout", tenant, message=(
                 "The request body did not arrive within "
                 f"{self.body_timeout_s:g} s."),
                 headers=[(b"connection", b"close")])
             return None
         except ClientGone:
             self.metrics.ended(NO_CLASS, tenant, "cancelled", "client_disconnected")
+            self._log_unqueued(arrival, tenant, NO_CLASS, "client_disconnected", None, "cancelled")
             return None
         if denied is not None:
-            await self._refuse(send, denied.code, tenant,
+            await self._refuse(send, arrival, denied.code, tenant,
                                message=denied_message(denied, scope))
             return None
         return tenant, body
@@ -257,6 +304,16 @@ class RequestFlow:
             except asyncio.CancelledError:
                 self.driver.cancel(t, "server_shutdown")
                 task.uncancel()
+
+    def internal_error(self, scope: Scope) -> Headers:
+        """A bug ended the request (the app answers it 500): its line, unless it has one
+        already; the headers naming it for that answer (none if the flow had not named it)."""
+        arrival = scope.get(ARRIVAL)
+        if not isinstance(arrival, Arrival):
+            return []
+        if not arrival.logged:
+            self._log_unqueued(arrival, UNKNOWN_TENANT, NO_CLASS, "internal_error", 500)
+        return id_headers(arrival.rid)
 
     async def _conclude(self, t: Ticket) -> None:
         """Answer a request that ended without a complete response."""

@@ -48,8 +48,9 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   computed block written through to it, a later prompt loading what the GPU cache lost at the
   profile's PCIe cost), and ``/metrics`` adds ``vllm:external_prefix_cache_queries_total`` /
   ``_hits_total`` as vLLM 0.32 exports them;
-- for tests, every request body exactly as received: ``GET /debug/requests`` (base64) and, with
-  ``--record FILE``, one JSON line per request;
+- for tests, every request body exactly as received: ``GET /debug/requests`` (base64, with the
+  request's ``X-Request-Id`` as ``request_id`` when it has one) and, with ``--record FILE``, one
+  JSON line per request;
 - fault switches, for tests and benchmarks of a fleet (``standin/faults.py``): ``--fault SPEC``
   (repeatable) and ``--slow FACTOR`` at start, ``POST``/``GET``/``DELETE /admin/fault`` at run
   time: die (``kill -9`` of itself), refuse connections, hang before the first byte or mid-stream,
@@ -85,6 +86,7 @@ from qosgate.server.asgi import (
     Receive,
     Scope,
     Send,
+    header,
     json_bytes,
     lifespan,
     read_body,
@@ -296,6 +298,9 @@ class StandIn:
             await send_json(send, 413, error_object("body too large", "BadRequestError", 413))
             return
         rec = {"path": scope["path"], "body": base64.b64encode(body).decode()}
+        request_id = header(scope, b"x-request-id")
+        if request_id is not None:
+            rec["request_id"] = request_id.decode("latin-1")
         self.recorded.append(rec)
         if self.record_path:
             with open(self.record_path, "ab") as f:

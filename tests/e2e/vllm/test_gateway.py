@@ -112,6 +112,26 @@ def test_models_are_vllms_own(gw_priority: Server, vllm_priority: Server) -> Non
         want[0]["id"], want[0]["root"], want[0]["parent"])
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_vllm_names_the_request_by_the_gateways_id(gw_priority: Server, vllm_priority: Server,
+                                                    route: str) -> None:
+    """The gateway sends its request id as ``X-Request-Id``: vLLM takes it as its own
+    (``chatcmpl-<id>``, ``cmpl-<id>``), in the answer and in its log."""
+    if route == "chat":
+        path, doc = "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+    else:
+        path, doc = "/v1/completions", {"prompt": "hi"}
+    body = json.dumps({"model": MODEL, "max_tokens": 2, **doc}).encode()
+    code, headers, out = http("POST", gw_priority.url + path, body,
+                              {"Content-Type": "application/json"}, timeout=120)
+    assert code == 200, out
+    rid = headers["x-qosgate-request-id"]
+    vllm_id = ("chatcmpl-" if route == "chat" else "cmpl-") + rid
+    assert json.loads(out)["id"] == vllm_id
+    assert wait_until(lambda: f"Received request {vllm_id}" in vllm_priority.log.read_text(),
+                      10), f"{vllm_id} not in vLLM's log"
+
+
 # ------------------------------------------------------------------ priority in vLLM's queue
 class Flood:
     """Streams through a gateway, each recording when its first token came and when it ended."""

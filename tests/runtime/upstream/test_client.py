@@ -646,3 +646,38 @@ def test_a_large_body_is_sent_whole() -> None:
             pool.close()
 
     run(main())
+
+
+def test_every_call_names_its_request_to_the_engine_with_x_request_id() -> None:
+    """The gateway's request id reaches the engine (vLLM takes it as its own: ``chatcmpl-<id>``
+    in its log), whether the call waits for a connection (``run``) or is written at once on a
+    kept-alive one (``start_call``)."""
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        for _ in range(2):
+            srv.requests.append(await _read_request(reader))
+            await _sse_response(writer)
+        await reader.read()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = OpenAIUpstream(UpstreamSettings(url=s.url, models=("m",), api_key="sk-up"))
+            first = FakeCall(stream=True)
+            await eng.run(first)
+            second = FakeCall(stream=True)
+            second.engine_request = EngineRequest(
+                rid="5eed-2", route="chat", body=b'{"model":"m","stream":true}', stream=True,
+                model="m", max_tokens=5, prompt_tokens=3)
+            await asyncio.create_task(eng.start_call(second))  # on the kept-alive connection
+            assert first.outcome == second.outcome == ("done", (2, 7))
+            heads = [r.split(b"\r\n\r\n", 1)[0].split(b"\r\n") for r in s.requests]
+            assert heads[0][0] == b"POST /v1/chat/completions HTTP/1.1"
+            assert b"X-Request-Id: r1" in heads[0] and b"X-Request-Id: 5eed-2" in heads[1]
+            for head in heads:  # the rest of the head as before
+                assert b"Authorization: Bearer sk-up" in head
+                assert [h for h in head if h.startswith(b"Content-Length: ")] == [
+                    b"Content-Length: %d" % len(b'{"model":"m","stream":true}')]
+            await eng.close()
+
+    run(main())

@@ -37,7 +37,13 @@ from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
 from qosgate.runtime.upstream.errors import error_status
 from qosgate.runtime.upstream.relay import Gather, Relay, token_events, usage_counts
-from qosgate.runtime.upstream.transport import Connection, Pool, UpstreamError, refused_connection
+from qosgate.runtime.upstream.transport import (
+    Connection,
+    Pool,
+    UpstreamError,
+    refused_connection,
+    with_request_id,
+)
 from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.settings import UpstreamSettings
 from qosgate.wire.assemble import StreamAssembler
@@ -191,6 +197,10 @@ class OpenAIUpstream:
         body = set_priority(engine_request.body, value, engine_request.has_priority)
         return body if engine_request.stream else set_streamed(body)
 
+    def _head_for(self, engine_request: EngineRequest) -> bytes:
+        """The request's head: its route's, naming it to the engine (``X-Request-Id``)."""
+        return with_request_id(self._heads[engine_request.route], engine_request.rid)
+
     def pause(self, rid: str) -> None:  # pragma: no cover - not pausable: never asked
         raise NotImplementedError
 
@@ -213,7 +223,7 @@ class OpenAIUpstream:
         body: bytes | None = None
         try:
             body = self.body_for(call)
-            sent = self._pool.send_now(self._heads[call.engine_request.route], body)
+            sent = self._pool.send_now(self._head_for(call.engine_request), body)
         except Exception:  # raised again by the task, where it is reported as before
             body = None
         coro = self._run(call, body, sent)
@@ -272,7 +282,7 @@ class OpenAIUpstream:
                 body = self.body_for(call)
             if engine_request.stream:
                 relay = Relay(call, dog)
-                conn = await self._pool.request(self._heads[engine_request.route], body, relay.run,
+                conn = await self._pool.request(self._head_for(engine_request), body, relay.run,
                                                 sent)
                 if relay.outcome == "complete":
                     conn = None  # back in the pool (or closed) already
@@ -280,7 +290,7 @@ class OpenAIUpstream:
                     return
                 # an error status: handled below
             else:
-                conn = await self._pool.request(self._heads[engine_request.route], body, None, sent)
+                conn = await self._pool.request(self._head_for(engine_request), body, None, sent)
             status = conn.status
             ctype = conn.content_type or b"application/json"
             if status >= 400:

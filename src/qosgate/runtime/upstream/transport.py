@@ -219,6 +219,16 @@ class Connection(asyncio.Protocol):
             self.transport.close()
 
 
+_LENGTH = b"Content-Length: "  # the end of every head ``Pool.head`` makes
+
+
+def with_request_id(head: bytes, rid: str) -> bytes:
+    """``head`` (``Pool.head``'s) naming the request to the engine: ``X-Request-Id``, which vLLM
+    takes as its own request id (``chatcmpl-<id>``, ``cmpl-<id>``: in its log and the answer's
+    ``id``), so one request can be followed from the gateway's log into the engine's."""
+    return head[:-len(_LENGTH)] + b"X-Request-Id: " + rid.encode("latin-1") + b"\r\n" + _LENGTH
+
+
 class Pool:
     """Kept-alive connections to one upstream, the most recently used first."""
 
@@ -241,7 +251,7 @@ class Pool:
         ctype = b"Content-Type: application/json\r\n" if json_body else b""
         return (
             f"{method} {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n".encode()
-            + ctype + self.auth + b"Content-Length: "
+            + ctype + self.auth + _LENGTH
         )
 
     async def _connect(self) -> Connection:

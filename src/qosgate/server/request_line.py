@@ -15,11 +15,11 @@ from datetime import UTC, datetime
 
 import msgspec
 
-from qosgate.core import Request
+from qosgate.core import Request, State
+from qosgate.core.reasons import Reason
 
 # outcomes that are an error for the client: a refusal, a timeout, a failure
-ERROR_OUTCOMES = frozenset({"rejected", "timed_out", "failed"})
-CLIENT_LEFT = "client_disconnected"  # the one cancellation that is not the gateway's doing
+ERROR_OUTCOMES = frozenset({State.REJECTED, State.TIMED_OUT, State.FAILED})
 _HASH_SPAN = 1 << 32  # crc32's range
 
 
@@ -67,7 +67,8 @@ def sampled(rid: str, share: float) -> bool:
 
 def is_error(outcome: str, reason: str | None) -> bool:
     """Refused, timed out, failed, or cancelled by the gateway (a client that left is not)."""
-    return outcome in ERROR_OUTCOMES or (outcome == "cancelled" and reason != CLIENT_LEFT)
+    return outcome in ERROR_OUTCOMES or (outcome == State.CANCELLED
+                                         and reason != Reason.CLIENT_DISCONNECTED)
 
 
 def wanted(rid: str, outcome: str, reason: str | None, errors: bool, share: float) -> bool:

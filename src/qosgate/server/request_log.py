@@ -65,7 +65,6 @@ class RequestLog:
         self.enabled = settings.enabled
         self.errors = settings.errors
         self.sample = settings.sample
-        self.path = settings.path
         self._file: _FileLines | None = None
         if write is None:
             stream = _STREAMS.get(settings.path)

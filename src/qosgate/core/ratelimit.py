@@ -48,9 +48,15 @@ class TokenBucket:
         self.tokens = per_minute
         self.stamp = now
 
+    def held(self, now: float) -> float:
+        """The tokens in the bucket at ``now``, refilled in thought only (nothing changes)."""
+        if now > self.stamp:
+            return min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        return self.tokens
+
     def _refill(self, now: float) -> None:
         if now > self.stamp:
-            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+            self.tokens = self.held(now)
             self.stamp = now
 
     def wait_for(self, amount: float, now: float) -> float:
@@ -72,9 +78,7 @@ class TokenBucket:
 def quota(bucket: TokenBucket, now: float) -> Quota:
     """What ``bucket`` holds at ``now`` (refilled in thought only: the bucket is not changed).
     A bucket in debt has nothing left, and its reset counts the debt's refill too."""
-    held = bucket.tokens
-    if now > bucket.stamp:
-        held = min(bucket.capacity, held + (now - bucket.stamp) * bucket.rate)
+    held = bucket.held(now)
     return Quota(
         limit=math.floor(bucket.capacity + _EPSILON),
         remaining=max(0, math.floor(held + _EPSILON)),

@@ -103,7 +103,7 @@ class RequestFlow:
         self.sse_keepalive_s = srv.sse_keepalive_s
         self._ids = itertools.count(1)
         self._id_prefix = os.urandom(4).hex() + "-"
-        self._session_key = cfg.fleet.cache.session_header.lower().encode("latin-1")
+        self._session_key = self.rules.session_header.encode("latin-1")
 
     async def _refuse(
         self,

@@ -184,6 +184,19 @@ class UpstreamSettings(Strict):
     )
     total_timeout_s: float = Field(default=900.0, gt=0, description="one engine call at most")
     probe_timeout_s: float = Field(default=5.0, gt=0, description="one health probe at most")
+    assumed_token_s: float = Field(
+        default=0.1, gt=0, description="time per output token a whole (non-streamed) answer "
+        "is given until the engine's /metrics measured one: its bound is the class's "
+        "first-byte bound plus its output cap at whole_answer_margin x that time")
+    whole_answer_margin: float = Field(
+        default=3.0, ge=1, description="how many times the measured (or assumed) time per "
+        "output token a whole answer may take per token of its output cap")
+    stall_s: float | None = Field(
+        default=30.0, gt=0, description="an engine whose token counters (its /metrics) stand "
+        "still this long while it holds requests, or that answers no probe that long, is "
+        "stalled: it gets no new requests, and those sent to it that have not begun their "
+        "answer are retried elsewhere. None = never judged; engines that export no token "
+        "counters are not judged either")
     scrape_metrics: bool = Field(
         default=True, description="read the engine's /metrics on every probe (its queue, KV "
         "use, preemptions: the adaptive window and the least-load router use them)"

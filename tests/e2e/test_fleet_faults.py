@@ -39,6 +39,7 @@ from tests.support.fleet import (
     metric,
     outcomes,
     recorded_bodies,
+    recorded_raw,
     running,
     scrape,
     switch,
@@ -181,26 +182,30 @@ def test_a_whole_answer_from_a_hung_upstream_is_retried_at_the_first_byte_bound(
                                         ("timed_out", "first_byte_timeout"): 1}
 
 
-def test_a_whole_answer_from_an_upstream_silent_mid_stream_is_retried_at_the_idle_bound(
+def test_a_whole_answer_from_a_silent_upstream_is_retried_at_its_derived_bound(
     tmp_path: Path,
 ) -> None:
-    """The idle bound holds between the engine's chunks for a whole answer too; as nothing has
-    reached its client, the attempt is retried on the other replica, which answers. (Before, a
-    whole answer had only the 900 s call bound: the client's own 30 s timeout ran out first.)"""
+    """A request that is not streamed reaches the engine as sent, so the engine's first byte
+    is its whole answer: its bound is the class's first-byte bound plus its output cap at the
+    margin times the engine's time per token (assumed until measured: 1 + 3 x 8 x 0.1 s
+    here). An engine that went silent is left then, and as nothing has reached the client the
+    attempt is retried on the other replica, which answers."""
     s = start_standin(tmp_path, "--time-scale", "0.2", "--fault", "hang-mid-stream:after=3")
     good = start_standin(tmp_path, "--time-scale", "0.2")
-    cfg = write_config(tmp_path / "gw.yaml", [{**upstream(s, "s"), "idle_timeout_s": 1.0},
-                                              upstream(good, "good")])
+    cfg = write_config(tmp_path / "gw.yaml", [upstream(s, "s"), upstream(good, "good")],
+                       first_byte_timeout_s=1.0)
     gw = start_gateway(tmp_path, "--config", str(cfg))
     with running(s, good, gw):
         c = client(gw, timeout=30.0)
+        t0 = time.monotonic()
         r = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                       max_tokens=8)
+        assert time.monotonic() - t0 >= 1.0 + 3 * 8 * 0.1
         assert r.choices[0].finish_reason == "length"
         assert faults(s)["hits"] == {"hang-mid-stream": 1}
         assert len(recorded_bodies(good)) == 1
         text = scrape(gw)
-        rep = {"replica": "s", "reason": "idle_timeout"}
+        rep = {"replica": "s", "reason": "first_byte_timeout"}
         assert metric(text, "qosgate_attempt_failures_total", rep) == 1
         assert metric(text, "qosgate_retries_total", rep) == 1
         assert outcomes(text) == {("completed", "completed"): 1}
@@ -233,6 +238,58 @@ def test_an_upstream_silent_mid_stream_ends_the_stream_at_the_idle_bound(tmp_pat
         assert time.monotonic() - t0 < idle + 3.0
         assert faults(s)["hits"] == {"hang-mid-stream": 1}  # not retried
         assert outcomes(scrape(gw)) == {("timed_out", "idle_timeout"): 1}
+
+
+STALL = 2.0  # stall_s of both upstreams in the test below
+
+
+def test_a_hung_engine_is_found_stalled_and_a_whole_request_goes_as_sent(tmp_path: Path) -> None:
+    """A request that is not streamed reaches the engine as its client wrote it (priority
+    apart), so its first byte is its whole answer and the class's first-byte bound (30 s here)
+    is far off: the engine that took it and went silent is found stalled by its probes (its
+    token counters stand still while it holds the request) after ``stall_s``, and the request
+    is answered from the other replica; with nowhere left, the client gets 502
+    ``engine_stalled`` after its attempts, not a wait with no end."""
+    hung = start_standin(tmp_path, "--time-scale", "0.2")
+    good = start_standin(tmp_path, "--time-scale", "0.2")
+    ups = [{**upstream(hung, "hung"), "stall_s": STALL},
+           {**upstream(good, "good"), "stall_s": STALL}]
+    cfg = write_config(tmp_path / "gw.yaml", ups, first_byte_timeout_s=30.0)
+    gw = start_gateway(tmp_path, "--config", str(cfg))
+    with running(hung, good, gw):
+        c = client(gw)
+        ask(c)  # both idle: the first listed replica serves it
+        switch(hung, {"fault": "hang-first-byte"})
+        sent = (b'{"model": "%s", "messages": [{"role": "user", "content": "whole"}],\n'
+                b' "max_tokens": 3, "seed": 7, "logprobs": false}' % MODEL.encode())
+        t0 = time.monotonic()
+        code, _, body = http("POST", gw.url + "/v1/chat/completions", sent,
+                             {"authorization": "Bearer sk-admin",
+                              "content-type": "application/json"}, timeout=60)
+        took = time.monotonic() - t0
+        assert code == 200, body
+        assert json.loads(body)["object"] == "chat.completion"
+        assert STALL <= took < STALL + 5.0, took  # found stalled, not at the 30 s bound
+        print(f"whole request, hung replica then the other: {code} in {took:.2f} s")
+        got = recorded_raw(hung)[-1]
+        assert b'"stream' not in got
+        assert {k: v for k, v in json.loads(got).items() if k != "priority"} == json.loads(sent)
+        assert recorded_raw(good)[-1] == got  # the retry: the same bytes
+        rep = {"replica": "hung"}
+        assert metric(scrape(gw), "qosgate_attempt_failures_total",
+                      {**rep, "reason": "engine_stalled"}) == 1
+
+        switch(good, {"fault": "hang-first-byte"})
+        t0 = time.monotonic()
+        with pytest.raises(openai.APIStatusError) as exc:
+            ask(c)
+        took = time.monotonic() - t0
+        assert exc.value.status_code == 502 and exc.value.code == "engine_stalled"
+        assert took < 3 * (STALL + 5.0), took
+        print(f"whole request, both replicas hung: {exc.value.status_code} "
+              f"{exc.value.code} in {took:.2f} s")
+        assert outcomes(scrape(gw)) == {("completed", "completed"): 2,
+                                        ("failed", "engine_stalled"): 1}
 
 
 # ---------------------------------------------------------------------- (c) kill -9

@@ -112,9 +112,14 @@ def switch(s: Server, doc: dict[str, Any]) -> None:
     assert code == 200, body
 
 
-def recorded_bodies(s: Server) -> list[dict[str, Any]]:
+def recorded_raw(s: Server) -> list[bytes]:
+    """The bodies a stand-in received, byte for byte, oldest first."""
     _, _, body = http("GET", s.url + "/debug/requests")
-    return [json.loads(base64.b64decode(r["body"])) for r in json.loads(body)["requests"]]
+    return [base64.b64decode(r["body"]) for r in json.loads(body)["requests"]]
+
+
+def recorded_bodies(s: Server) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in recorded_raw(s)]
 
 
 def markers(path: Path) -> set[str]:

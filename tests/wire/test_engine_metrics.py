@@ -127,7 +127,18 @@ def test_sglang() -> None:
 
 def test_llamacpp() -> None:
     s = parse_engine_metrics(LLAMACPP, 1.0)
-    assert s == LoadSignals(at=1.0, running=2, waiting=1, kv_usage=0.63, preemptions_total=None)
+    assert s == LoadSignals(at=1.0, running=2, waiting=1, kv_usage=0.63, preemptions_total=None,
+                            prompt_tokens_total=4096)
+    assert s.tokens_total == 4096  # its progress counter
+
+
+def test_token_counters_are_the_engines_progress() -> None:
+    text = ('vllm:prompt_tokens_total{engine="0",model_name="a"} 1000\n'
+            'vllm:generation_tokens_total{engine="0",model_name="a"} 250\n'
+            'vllm:generation_tokens_total{engine="1",model_name="a"} 50\n')
+    s = parse_engine_metrics(text, 0.0)
+    assert (s.prompt_tokens_total, s.output_tokens_total, s.tokens_total) == (1000, 300, 1300)
+    assert parse_engine_metrics("vllm:num_requests_running 1\n", 0.0).tokens_total is None
 
 
 def test_nothing_known_gives_all_none() -> None:

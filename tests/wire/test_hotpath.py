@@ -15,7 +15,7 @@ from qosgate.core import QosInputs, Scheduler, State
 from qosgate.core.queueing.engine_order import order_value
 from qosgate.server.errors import outcome_error
 from qosgate.wire.parse import BadBody, estimate_prompt_tokens, parse_body
-from qosgate.wire.splice import engine_priority, set_priority, set_streamed
+from qosgate.wire.splice import engine_priority, set_priority
 
 
 def test_parse_reads_only_the_scheduler_fields() -> None:
@@ -105,23 +105,6 @@ def test_splice_equals_setting_the_member(obj: dict[str, object], value: int | N
     assert out == expect
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    obj=st.dictionaries(st.sampled_from(["stream", "stream_options", "x", "tools", "content"]),
-                        _json_values),
-    indent=st.booleans(),
-)
-def test_set_streamed_equals_setting_both_members(obj: dict[str, object], indent: bool) -> None:
-    body = json.dumps(obj, indent=2 if indent else None).encode()
-    out = set_streamed(body)
-    assert json.loads(out) == {**obj, "stream": True, "stream_options": {"include_usage": True}}
-    if b'"stream' not in body:  # the fast path: inserted first, every other byte kept
-        i = body.index(b"{") + 1
-        sep = b"" if body[i:].lstrip().startswith(b"}") else b","
-        assert out == body[:i] + b'"stream":true,"stream_options":{"include_usage":true}' + (
-            sep) + body[i:]
-
-
 def test_polarity_follows_each_engine() -> None:
     # qosgate's order, smaller first: band, then the rank inside it
     orders = [order_value(b, r) for b in range(4) for r in (0, 7, 10**9, math.inf)]
@@ -147,7 +130,7 @@ def test_outcome_statuses_and_retry_after() -> None:
     status, body, headers = outcome_error(req)
     assert status == 429 and headers == [(b"retry-after", b"3")]
     assert json.loads(body)["error"]["code"] == "rate_limit_requests"
-    for reason, expect in [("prompt_too_long", 413), ("deadline_infeasible", 503),
+    for reason, expect in [("prompt_too_long", 400), ("deadline_infeasible", 503),
                            ("displaced", 503), ("invalid_max_tokens", 400)]:
         r = sched.make_request(reason, QosInputs(), 0.0, 10, 10)
         r.move(State.REJECTED, reason)

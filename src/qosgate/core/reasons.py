@@ -43,6 +43,7 @@ class Reason(StrEnum):
     UPSTREAM_DISCONNECTED = "upstream_disconnected"
     UPSTREAM_BAD_RESPONSE = "upstream_bad_response"
     UPSTREAM_ERROR = "upstream_error"
+    ENGINE_STALLED = "engine_stalled"  # its token counters stood still while it held work
 
 
 TIMEOUTS = frozenset(

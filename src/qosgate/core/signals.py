@@ -25,6 +25,17 @@ class LoadSignals:
     # of each request
     itl_seconds_total: float | None = None
     itl_tokens_total: int | None = None
+    # the tokens it has taken in and put out since it started (counters): its progress, which
+    # stands still on an engine that holds work and is hung (``core/progress.py``)
+    prompt_tokens_total: int | None = None
+    output_tokens_total: int | None = None
+
+    @property
+    def tokens_total(self) -> int | None:
+        """Prompt and output tokens together (None where the engine exports neither)."""
+        if self.prompt_tokens_total is None and self.output_tokens_total is None:
+            return None
+        return (self.prompt_tokens_total or 0) + (self.output_tokens_total or 0)
 
     def share(self, inflight: int) -> float:
         """The part of what the engine holds (running + waiting) that ``inflight`` requests of

@@ -112,6 +112,13 @@ class Ticket:
     def progress(self, tokens: int) -> None:
         self._driver.scheduler.progress(self.req.id, tokens)
 
+    def output_cap(self) -> int:
+        return self.req.max_tokens
+
+    def token_s(self) -> float | None:
+        rep = self._driver.scheduler.replicas.get(self.req.replica or "")
+        return None if rep is None else rep.itl_s
+
     def first_token(self) -> None:
         d = self._driver
         self.first_token_at = d.clock()

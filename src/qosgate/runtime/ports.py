@@ -80,6 +80,16 @@ class Call(Protocol):
         """``tokens`` output tokens have been sent to the client so far."""
         ...
 
+    def output_cap(self) -> int:
+        """The most output tokens the engine may produce for it (the client's cap, a
+        configured ceiling, or the rest of the model's context)."""
+        ...
+
+    def token_s(self) -> float | None:
+        """The engine's recent time per output token on the replica this call went to, as its
+        ``/metrics`` said (None: not measured yet)."""
+        ...
+
     def first_token(self) -> None:
         """The engine's first token is in, for a client that gets its answer whole at the end:
         the request's TTFT is this moment, once that answer is delivered (``sink.start`` is

@@ -39,6 +39,12 @@ class StandInCall:
     def progress(self, tokens: int) -> None:
         pass
 
+    def output_cap(self) -> int:
+        return self.engine_request.max_tokens or 0
+
+    def token_s(self) -> float | None:
+        return None
+
     def first_token(self) -> None:
         pass
 

@@ -12,7 +12,10 @@ The engines and their names (vLLM's as checked against a running vLLM 0.32 in ``
 - preemptions_total: ``vllm:num_preemptions_total``, ``sglang:num_retracted_requests_total``
   (llama.cpp server exports none);
 - itl_seconds_total / itl_tokens_total: ``vllm:inter_token_latency_seconds_sum`` / ``_count``
-  (vLLM only here).
+  (vLLM only here);
+- prompt_tokens_total / output_tokens_total (the engine's progress: ``core/progress.py``):
+  ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``, SGLang's names alike,
+  ``llamacpp:prompt_tokens_total`` / ``llamacpp:tokens_predicted_total``.
 
 Units: every KV figure is a **fraction 0..1** (vLLM's ``_perc`` despite its name; the older
 ``vllm:gpu_cache_usage_perc`` is read when the new name is absent). SGLang builds that export
@@ -43,6 +46,8 @@ VLLM: _Spec = (
     ("preemptions_total", ("vllm:num_preemptions_total",)),
     ("itl_seconds_total", ("vllm:inter_token_latency_seconds_sum",)),
     ("itl_tokens_total", ("vllm:inter_token_latency_seconds_count",)),
+    ("prompt_tokens_total", ("vllm:prompt_tokens_total",)),
+    ("output_tokens_total", ("vllm:generation_tokens_total",)),
 )
 SGLANG: _Spec = (
     ("running", ("sglang:num_running_reqs", "sglang_num_running_reqs")),
@@ -52,11 +57,15 @@ SGLANG: _Spec = (
         "preemptions_total",
         ("sglang:num_retracted_requests_total", "sglang_num_retracted_requests_total"),
     ),
+    ("prompt_tokens_total", ("sglang:prompt_tokens_total", "sglang_prompt_tokens_total")),
+    ("output_tokens_total", ("sglang:generation_tokens_total", "sglang_generation_tokens_total")),
 )
 LLAMACPP: _Spec = (
     ("running", ("llamacpp:requests_processing",)),
     ("waiting", ("llamacpp:requests_deferred",)),
     ("kv_usage", ("llamacpp:kv_cache_usage_ratio",)),
+    ("prompt_tokens_total", ("llamacpp:prompt_tokens_total",)),
+    ("output_tokens_total", ("llamacpp:tokens_predicted_total",)),
 )
 SPECS: Mapping[str, _Spec] = {"vllm": VLLM, "sglang": SGLANG, "llamacpp": LLAMACPP}
 _WANTED = frozenset(n for spec in SPECS.values() for _, names in spec for n in names)
@@ -160,6 +169,8 @@ def parse_engine_metrics(text: str, at: float, engine: str | None = None) -> Loa
         preemptions_total=_int(fields.get("preemptions_total")),
         itl_seconds_total=_float(fields.get("itl_seconds_total")),
         itl_tokens_total=_int(fields.get("itl_tokens_total")),
+        prompt_tokens_total=_int(fields.get("prompt_tokens_total")),
+        output_tokens_total=_int(fields.get("output_tokens_total")),
     )
 
 

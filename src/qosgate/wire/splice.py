@@ -133,28 +133,3 @@ def _remove_member(body: bytes, start: int, end: int) -> bytes:
     if i >= 0 and body[i : i + 1] == b",":
         return body[:i] + body[end:]
     return body[:start] + body[end:]
-
-
-_STREAMED = b'"stream":true,"stream_options":{"include_usage":true}'
-_TRUE = msgspec.Raw(b"true")
-_WITH_USAGE = msgspec.Raw(b'{"include_usage":true}')
-
-
-def set_streamed(body: bytes) -> bytes:
-    """``body`` asking the engine for a stream that ends with its usage: ``"stream": true`` and
-    ``"stream_options": {"include_usage": true}``, every other byte unchanged.
-
-    Neither member there (the bytes ``"stream`` occur nowhere, as in what the ``openai`` client
-    sends for a non-streamed request): both are inserted after the opening brace, one copy of the
-    body. Otherwise (``"stream": false``, a ``stream_options`` of its own, or the word in a nested
-    key) the top level is re-encoded with both set, the nested values' bytes unchanged."""
-    if b'"stream' not in body:
-        m = _LEAD_WS.match(body)
-        if m is None:
-            raise ValueError("The request body must be a JSON object.")
-        end = m.start(1) if m.group(1) else m.end()
-        return body[:end] + _STREAMED + (b"" if m.group(1) else b",") + body[end:]
-    obj = _top_decoder.decode(body)
-    obj["stream"] = _TRUE
-    obj["stream_options"] = _WITH_USAGE
-    return _encode(obj)

@@ -243,6 +243,14 @@ class FakeCall:
     def progress(self, tokens: int) -> None:
         self.streamed = tokens
 
+    measured_token_s: float | None = None  # what the core measured on the replica
+
+    def output_cap(self) -> int:
+        return 5
+
+    def token_s(self) -> float | None:
+        return self.measured_token_s
+
     def first_token(self) -> None:
         self.first_tokens += 1
 
@@ -321,30 +329,38 @@ def test_run_passes_an_engine_error_through() -> None:
     run(main())
 
 
-def test_a_whole_answer_is_asked_as_a_stream_and_assembled() -> None:
+WHOLE = (b'{"id":"c1","object":"chat.completion","choices":[{"index":0,"message":'
+         b'{"role":"assistant","content":"ab"},"finish_reason":"length"}],'
+         b'"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}')
+
+
+def test_a_whole_answer_is_asked_as_sent_and_passed_on_as_the_engine_sent_it() -> None:
+    """A client that did not ask for a stream is not sent one: vLLM serves some features only
+    whole (``prompt_logprobs``, beam search), so the body goes as the client wrote it, with
+    qosgate's ``priority`` the one member set."""
+    sent = b'{"model":"m","prompt_logprobs":1,"messages":[{"role":"user","content":"hi"}]}'
+
     async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      n: int) -> None:
         srv.requests.append(await _read_request(reader))
-        await _sse_response(writer)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(WHOLE), WHOLE))
+        await writer.drain()
         await reader.read()
 
     async def main() -> None:
         async with Scripted(script) as s:
             eng = _engine(s.url)
-            call = FakeCall(stream=False, body=b'{"model":"m"}')
+            call = FakeCall(stream=False, body=sent)
             await eng.run(call)
-            assert s.requests[0].endswith(
-                b'\r\n\r\n{"stream":true,"stream_options":{"include_usage":true},'
-                b'"priority":1,"model":"m"}')
+            body = s.requests[0].split(b"\r\n\r\n", 1)[1]
+            assert json.loads(body) == {**json.loads(sent), "priority": 1}
+            assert b'"stream' not in body
             sink = call.sink
             assert sink.status == 200
             assert sink.headers == [(b"content-type", b"application/json")]
-            assert len(sink.sends) == 1 and sink.sends[0][1] is False  # once, whole
-            answer = json.loads(sink.sends[0][0])
-            assert answer["object"] == "chat.completion"
-            assert answer["choices"][0]["message"]["content"] == "ab"
-            assert answer["usage"]["completion_tokens"] == 2
-            assert call.first_tokens == 1  # the engine's first token: the request's TTFT
+            assert sink.sends == [(WHOLE, False)]  # once, whole, byte for byte
+            assert call.first_tokens == 1  # its first byte: the whole answer
             assert call.outcome == ("done", (2, 7))
             assert len(eng._pool.idle) == 1
             await eng.close()
@@ -352,39 +368,87 @@ def test_a_whole_answer_is_asked_as_a_stream_and_assembled() -> None:
     run(main())
 
 
-@pytest.mark.parametrize(("code", "outcome"), [
-    (500, ("attempt_failed", ("upstream_500", {}))),
-    (400, ("refused", (400, None))),
-])
-def test_an_error_event_in_a_whole_answers_stream_is_an_error_status(
-    code: int, outcome: tuple[str, object]
-) -> None:
-    """As vLLM would have answered the whole request with that status: a 5xx is a failed
-    attempt (retried elsewhere), a 4xx the client's answer; nothing is sent before that."""
-    err = {"error": {"message": "boom", "type": "X", "param": None, "code": code}}
+def test_a_whole_answer_is_bounded_by_its_output_cap_at_the_measured_time_per_token() -> None:
+    """An engine that took the request and never answers: the bound on a whole answer is the
+    first byte's plus its output cap at the margin times the replica's measured time per
+    token (``core/progress.py``); then the attempt fails, for the core to retry elsewhere."""
 
     async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                      n: int) -> None:
-        await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                     b"transfer-encoding: chunked\r\n\r\n" + _chunk(SSE[0])
-                     + _chunk(b"data: " + json.dumps(err).encode() + b"\n\n")
-                     + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
+        srv.requests.append(await _read_request(reader))
+        assert await reader.read() == b""  # silence until the gateway gives up and closes
+        srv.eof_seen.set()
 
     async def main() -> None:
         async with Scripted(script) as s:
-            eng = _engine(s.url)
+            eng = OpenAIUpstream(UpstreamSettings(url=s.url, models=("m",),
+                                                  whole_answer_margin=2.0))
             call = FakeCall(stream=False, body=b'{"model":"m"}')
-            await eng.run(call)
+            call.engine_request.first_byte_timeout_s = 0.1
+            call.measured_token_s = 0.05  # cap 5: 0.1 + 2 x 5 x 0.05 = 0.6 s
+            t0 = time.monotonic()
+            await asyncio.wait_for(asyncio.create_task(eng.run(call)), 10)
+            assert call.outcome == ("attempt_failed", ("first_byte_timeout", {}))
+            assert time.monotonic() - t0 >= 0.6
             assert not call.sink.started
-            assert call.outcome is not None and call.outcome[0] == outcome[0]
-            if outcome[0] == "refused":
-                status, body = call.outcome[1]  # type: ignore[misc]
-                assert status == 400 and json.loads(body) == err
-            else:
-                assert call.outcome == outcome
+            await asyncio.wait_for(s.eof_seen.wait(), 2)
+            await eng.close()
+
+    run(main())
+
+
+def _metrics(tokens: int) -> bytes:
+    return (b"# TYPE vllm:generation_tokens_total counter\n"
+            b'vllm:generation_tokens_total{model_name="m"} %d\n'
+            b"vllm:num_requests_running 1\n" % tokens)
+
+
+def test_an_engine_whose_token_counters_stand_still_while_it_holds_work_is_stalled() -> None:
+    """It answers its probes but produces no token: stalled once ``stall_s`` passed, so it is
+    reported down (no new requests) and the call sent to it, not begun, fails as an attempt
+    (``engine_stalled``) for the core to retry elsewhere. Once it holds nothing, it is judged
+    up again; an engine whose counters move is never stalled."""
+    moving = [False]
+    tokens = [100]
+
+    async def script(srv: Scripted, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     n: int) -> None:
+        while True:
+            req = await _read_request(reader)
+            if req.startswith(b"GET /v1/models"):
+                body = b'{"object":"list","data":[{"id":"m","object":"model"}]}'
+            elif req.startswith(b"GET /metrics"):
+                tokens[0] += 1 if moving[0] else 0
+                body = _metrics(tokens[0])
+            else:  # a generation: taken, never answered
+                srv.requests.append(req)
+                assert await reader.read() == b""
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s"
+                         % (len(body), body))
+            await writer.drain()
+
+    async def main() -> None:
+        async with Scripted(script) as s:
+            eng = OpenAIUpstream(UpstreamSettings(url=s.url, models=("m",), stall_s=0.2))
+            assert (await eng.probe()).up  # idle: not judged
+            call = FakeCall(stream=False, body=b'{"model":"m"}')
+            call.engine_request.first_byte_timeout_s = 60.0
+            task = asyncio.create_task(eng.run(call))
+            while not s.requests:
+                await asyncio.sleep(0.01)
+            moving[0] = True
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 0.5:  # progress: never stalled
+                assert (await eng.probe()).up
+                await asyncio.sleep(0.02)
+            moving[0] = False
+            ups = []
+            while not task.done():
+                ups.append((await eng.probe()).up)
+                await asyncio.sleep(0.02)
+            assert False in ups and call.outcome == ("attempt_failed", ("engine_stalled", {}))
+            assert (await eng.probe()).up  # it holds nothing now
             await eng.close()
 
     run(main())

@@ -35,8 +35,11 @@ def retry_after_s(value: bytes | None) -> float | None:
 
 
 def error_body(status: int, data: bytes, ctype: bytes | None) -> bytes:
-    """An engine's error body as the client gets it: passed on if it is already in OpenAI's
-    format, else wrapped in it (an HTML 500 page is no answer for an OpenAI client)."""
+    """An engine's error body as the client gets it: passed on byte for byte if it is already
+    in OpenAI's format (vLLM's ``code`` is then its HTTP status, a number: what the client
+    would get straight from vLLM), else wrapped in it (an HTML 500 page is no answer for an
+    OpenAI client). The wrapping is qosgate's own body, so its ``code`` follows qosgate's rule:
+    a string naming the reason, as in the metrics (``upstream_<status>``)."""
     if ctype is not None and b"json" in ctype.lower():
         try:
             doc = msgspec.json.decode(data)
@@ -53,5 +56,5 @@ def error_body(status: int, data: bytes, ctype: bytes | None) -> bytes:
     else:
         text = data.decode("utf-8", "replace")[:500]
     kind = "invalid_request_error" if status < 500 else "upstream_error"
-    return error_json(f"The engine answered {status}: {text.strip()}", kind, status)
+    return error_json(f"The engine answered {status}: {text.strip()}", kind, upstream(status))
 

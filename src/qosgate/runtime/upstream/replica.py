@@ -4,10 +4,13 @@ One pool of kept-alive HTTP/1.1 connections per upstream. The client's body is f
 byte except the top-level ``priority``, which is set to qosgate's order for the request (its band,
 then its rank in the band: ``core/queueing/engine_order.py``) in the engine's own polarity
 (``priority_polarity``), or removed for engines that do not schedule by priority: see
-``wire/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that
-did not ask for a stream has the engine asked for one all the same (``stream`` and
-``stream_options.include_usage`` set), and gets the whole answer assembled from it
-(``wire/assemble.py``): so that the first-byte and idle bounds, and TTFT, hold for it too.
+``wire/splice.py`` for the polarities (with the vLLM/SGLang sources cited). A client that did
+not ask for a stream is not sent one either: what vLLM serves only whole (``prompt_logprobs``,
+beam search, echo with prompt logprobs) stays as it is. Its answer's first byte is the whole
+answer, so its bound is derived from its output cap and the engine's measured time per token
+(``core/progress.py``); and an engine that holds requests and stops producing tokens (its
+``/metrics`` counters stand still, or it answers no probe) is found stalled by its probes, its
+unbegun calls retried elsewhere.
 
 Pulling a request back or a client leaving cancels the call, which closes its connection: vLLM and
 SGLang abort a request whose client disconnected.
@@ -32,11 +35,12 @@ from typing import Any
 import msgspec
 
 from qosgate.core.facts import AttemptFailed
+from qosgate.core.progress import StallWatch, whole_answer_s
 from qosgate.core.signals import LoadSignals
 from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
 from qosgate.runtime.upstream.errors import error_status
-from qosgate.runtime.upstream.relay import Gather, Relay, token_events, usage_counts
+from qosgate.runtime.upstream.relay import Gather, Relay, usage_counts
 from qosgate.runtime.upstream.transport import (
     Connection,
     Pool,
@@ -46,12 +50,10 @@ from qosgate.runtime.upstream.transport import (
 )
 from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.settings import UpstreamSettings
-from qosgate.wire.assemble import StreamAssembler
 from qosgate.wire.engine_metrics import parse_engine_metrics
 from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 from qosgate.wire.responses import model_card
-from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority, set_streamed
-from qosgate.wire.sse import JSON_HEADERS
+from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority
 from qosgate.wire.tokenize import token_ids
 
 log = logging.getLogger("qosgate.upstream")
@@ -84,6 +86,9 @@ class OpenAIUpstream:
         self._healthy = False
         self._cards: list[dict[str, Any]] = []
         self._created = int(time.time())
+        # the time bounds of the calls under way, by request id: a stalled engine's are fired
+        self._live: dict[str, Watchdog] = {}
+        self._stall = StallWatch(cfg.stall_s) if cfg.stall_s is not None else None
         self._embeddings = UpstreamEmbeddings(self._pool, self._heads["embeddings"],
                                               cfg.total_timeout_s, self.base)
 
@@ -138,10 +143,32 @@ class OpenAIUpstream:
         finally:
             if conn is not None:
                 conn.close()
-        self._healthy = ok
         signals = await self._scrape() if ok and self.cfg.scrape_metrics else None
+        if self._stall is not None and self._stalled(self._stall, ok, signals):
+            ok = False
+        self._healthy = ok
         return Health(up=ok, models=tuple(self._models) if self._models else None,
                       signals=signals)
+
+    def _stalled(self, watch: StallWatch, answered: bool, signals: LoadSignals | None) -> bool:
+        """One reading of the engine's progress; once it is stalled, the calls sent to it whose
+        answer has not begun end as failed attempts (``engine_stalled``), which the core
+        retries on another replica: they would otherwise wait out their own bounds."""
+        was = watch.stalled
+        counter = None if signals is None else signals.tokens_total
+        if not watch.observe(time.monotonic(), counter=counter, answered=answered,
+                             busy=bool(self._live)):
+            if was:
+                log.warning("upstream %s: making progress again", self.base)
+            return False
+        unbegun = [dog for dog in self._live.values() if not dog.delivered]
+        if not was or unbegun:
+            log.warning("upstream %s: stalled (no token for %.0f s while holding %d "
+                        "requests); %d not begun are retried elsewhere", self.base,
+                        watch.stall_s, len(self._live), len(unbegun))
+        for dog in unbegun:
+            dog.fire("engine_stalled")
+        return True
 
     async def _scrape(self) -> LoadSignals | None:
         """The engine's load from its ``/metrics`` (None if it has none or it fails). Stamped
@@ -187,15 +214,11 @@ class OpenAIUpstream:
 
     # ------------------------------------------------------------------ one call
     def body_for(self, call: Call) -> bytes:
-        """The body sent to the engine: the client's, with the engine-side ``priority``; for a
-        client that wants its answer whole, asking for a stream with its usage (assembled back
-        by ``_whole``). A streamed client's body asks for what it asked for: a usage chunk it
-        did not ask for would reach it, and vLLM then moves ``system_fingerprint`` from the
-        finish chunk to the usage chunk."""
+        """The body sent to the engine: the client's, with the engine-side ``priority`` and
+        nothing else changed (a stream for a stream, a whole answer for a whole answer)."""
         engine_request: EngineRequest = call.engine_request
         value = engine_priority(self.polarity, call.order(), call.levels(), self.priority_order)
-        body = set_priority(engine_request.body, value, engine_request.has_priority)
-        return body if engine_request.stream else set_streamed(body)
+        return set_priority(engine_request.body, value, engine_request.has_priority)
 
     def _head_for(self, engine_request: EngineRequest) -> bytes:
         """The request's head: its route's, naming it to the engine (``X-Request-Id``)."""
@@ -234,35 +257,22 @@ class OpenAIUpstream:
         ``UpstreamEmbeddings``."""
         await self._embeddings.run_batch(calls)
 
-    async def _whole(self, call: Call, conn: Connection, dog: Watchdog, body: bytes) -> None:
-        """Read the engine's stream to its end and answer the client once, whole.
+    async def _whole(self, call: Call, conn: Connection, dog: Watchdog) -> None:
+        """Read the engine's whole answer and pass it on once, as the engine sent it.
 
-        The first-byte bound is met by the engine's first byte, and the idle bound holds
-        between its chunks; the engine's first token is the request's TTFT (``first_token``).
-        The client's bytes leave only at the end: the answer assembled from the events
-        (``wire/assemble.py``). Only then is the core told of a first byte, so until then a
-        failed call is an attempt the core may retry elsewhere, and the request can be pulled
-        back: nothing reached its client. An error event is handled as that error status (a
-        5xx is an attempt the core may retry, a 4xx the client's answer). An engine that
-        answered whole anyway (no event stream) is passed on as it is."""
+        Its first byte is the request's first token (``first_token``): for a whole answer that
+        is the answer itself. Only once it is delivered is the core told of a first byte, so
+        until then a failed call is an attempt the core may retry elsewhere, and the request
+        can be pulled back: nothing reached its client."""
         parts = await Gather(call, dog, conn).wait()
         data = parts[0] if len(parts) == 1 else b"".join(parts)
-        if conn.content_type is not None and b"event-stream" in conn.content_type:
-            status, answer = StreamAssembler(call.engine_request.route, body).result_of(data)
-        else:
-            status, answer = conn.status, data
-        tokens = max(0, token_events(data))
         usage = usage_counts(data) if b'"completion_tokens"' in data else None
-        if status >= 400:
-            # an error event in the stream (or no answer in it): judged as the same error
-            # status before the stream would be, as vLLM answers a whole request that fails
-            error_status(call, status, answer, b"application/json", None)
-            return
         sink = call.sink
         # the core's first byte: raises Withdrawn if the request was pulled back meanwhile
-        await sink.start(status, list(JSON_HEADERS))
-        await sink.send(answer, False)
-        call.done(*(usage or (tokens, None, None)))
+        await sink.start(conn.status, [(b"content-type", conn.content_type
+                                        or b"application/json")])
+        await sink.send(data, False)
+        call.done(*(usage or (0, None, None)))
 
     async def _run(self, call: Call, body: bytes | None, sent: Connection | None) -> None:
         engine_request = call.engine_request
@@ -272,10 +282,13 @@ class OpenAIUpstream:
         task = asyncio.current_task()
         assert task is not None
         loop = asyncio.get_running_loop()
-        # the engine is always asked for a stream (body_for), so the first-byte bound holds for
-        # a client that wants its answer whole too: it is measured to the engine's first byte
-        dog = Watchdog(loop, task, engine_request.first_byte_timeout_s, cfg.idle_timeout_s,
-                        cfg.total_timeout_s)
+        first_byte_s = engine_request.first_byte_timeout_s
+        if not engine_request.stream:  # its first byte is its whole answer
+            first_byte_s = whole_answer_s(first_byte_s, call.output_cap(), call.token_s(),
+                                          assumed_token_s=cfg.assumed_token_s,
+                                          margin=cfg.whole_answer_margin)
+        dog = Watchdog(loop, task, first_byte_s, cfg.idle_timeout_s, cfg.total_timeout_s)
+        self._live[engine_request.rid] = dog
         relay: Relay | None = None
         try:
             if body is None:
@@ -297,7 +310,7 @@ class OpenAIUpstream:
                 error_status(call, status, await conn.read_all(), ctype, conn.retry_after)
                 return
             if not engine_request.stream:
-                await self._whole(call, conn, dog, body)
+                await self._whole(call, conn, dog)
                 return  # the connection goes back to the pool below
         except Withdrawn:
             return  # pulled back meanwhile: nothing may reach the client
@@ -332,6 +345,8 @@ class OpenAIUpstream:
                 call.attempt_failed(AttemptFailed(reason, unreachable=refused))
         finally:
             dog.stop()
+            if self._live.get(engine_request.rid) is dog:
+                del self._live[engine_request.rid]
             if conn is not None:
                 # cancelled, or left early: drop the connection so that the engine aborts at once
                 if conn.complete and not conn.parts:

@@ -37,20 +37,21 @@ class Watchdog:
     def _check(self) -> None:
         now = self.loop.time()
         if now >= self.total_at:
-            self._fire("total_timeout")
+            self.fire("total_timeout")
         elif not self.delivered:
             if now >= self.first_at:
-                self._fire("first_byte_timeout")
+                self.fire("first_byte_timeout")
             else:
                 self.handle = self.loop.call_at(
                     min(self.first_at, self.total_at, now + self.idle_s), self._check)
         elif now - self.last >= self.idle_s:
-            self._fire("idle_timeout")
+            self.fire("idle_timeout")
         else:
             self.handle = self.loop.call_at(min(self.total_at, self.last + self.idle_s),
                                             self._check)
 
-    def _fire(self, reason: str) -> None:
+    def fire(self, reason: str) -> None:
+        """End the call now for ``reason`` (its bound ran out, or its engine stalled)."""
         self.fired = reason
         if not self.task.done():
             self.task.cancel()

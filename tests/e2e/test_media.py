@@ -94,7 +94,7 @@ def test_a_prompt_too_long_with_an_image_says_how_it_was_counted(gateway: Server
     ]}]}).encode()
     code, _, out = http("POST", gateway.url + "/v1/chat/completions", body,
                         {"Authorization": "Bearer sk-pix"})
-    assert code == 413, out
+    assert code == 400, out
     err = json.loads(out)["error"]
     assert err["code"] == "prompt_too_long" and err["param"] == "messages"
     assert "1 image counted from its size by the patches rule" in err["message"], err

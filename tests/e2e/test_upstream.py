@@ -296,10 +296,10 @@ def test_404_unknown_model(gateway: Server) -> None:
     seen("none", "acme", "rejected", "model_not_found")
 
 
-def test_413_prompt_over_the_limit(gateway: Server) -> None:
-    with pytest.raises(openai.APIStatusError) as exc:
+def test_a_prompt_over_the_limit_is_a_400_as_from_vllm(gateway: Server) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
         client(gateway).completions.create(model=MODEL, prompt="x" * 5000, max_tokens=1)
-    assert exc.value.status_code == 413 and exc.value.code == "prompt_too_long"
+    assert exc.value.status_code == 400 and exc.value.code == "prompt_too_long"
     seen("api", "acme", "rejected", "prompt_too_long")
 
 

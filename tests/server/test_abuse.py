@@ -78,7 +78,7 @@ def test_type_errors_name_the_param_and_limits_say_the_limit(sim_gw: InProcessGa
     code, _, out = post(sim_gw, json.dumps({"prompt": "x" * 8000, "max_tokens": 1}).encode(),
                         path="/v1/completions")
     err = is_openai_error(out)
-    assert code == 413 and err["param"] == "prompt" and "1000" in err["message"]
+    assert code == 400 and err["param"] == "prompt" and "1000" in err["message"]
     code, _, out = post(sim_gw, json.dumps({"messages": HI}).encode(), key="sk-nobody")
     assert code == 401
 

@@ -19,7 +19,9 @@ _REASONS: dict[str, tuple[int, str, str]] = {
         403, "permission_error", "The tenant may not use this class (its allowed_classes)."
     ),
     "model_not_found": (404, "invalid_request_error", "The model does not exist."),
-    "prompt_too_long": (413, "invalid_request_error", "The prompt is over the configured limit."),
+    # 400, not 413: what vLLM and OpenAI answer a prompt too long for the model, so the openai
+    # client raises the same BadRequestError either way (413 is for a body too large in bytes)
+    "prompt_too_long": (400, "invalid_request_error", "The prompt is over the configured limit."),
     "body_too_large": (413, "invalid_request_error", "The request body is too large."),
     "invalid_max_tokens": (
         400,
@@ -64,6 +66,8 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "upstream_disconnected": (502, "server_error", "The engine closed the connection."),
     "upstream_bad_response": (502, "server_error", "The engine's answer was not valid HTTP."),
     "engine_error": (500, "server_error", "The engine failed."),
+    "engine_stalled": (502, "server_error",
+                       "The engine stalled: it held requests and produced no token."),
     "no_replica_available": (
         503,
         "overloaded_error",

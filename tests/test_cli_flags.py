@@ -170,3 +170,29 @@ def test_an_old_key_beside_its_new_one_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape(
             "engine.capacity is the old name of engine.max_window: give max_window alone")):
         load_gateway(p)
+
+
+def test_config_prints_the_engines_serve_would_run_with_the_same_file_and_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file without ``upstreams:`` meant for ``serve --upstream``: ``qosgate config`` with the
+    same flag (or its environment variable) shows the upstream, not the built-in engine."""
+    from typer.testing import CliRunner
+
+    from qosgate.cli import app
+
+    p = tmp_path / "qos.yaml"
+    p.write_text("tenants: [{name: acme, api_keys: [sk-a]}]\n")
+    monkeypatch.delenv("QOSGATE_UPSTREAM", raising=False)
+    runner = CliRunner()
+    out = runner.invoke(app, ["config", "--config", str(p), "--upstream", "http://10.0.0.5:8001"],
+                        env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "upstream upstream-0: http://10.0.0.5:8001" in out.output
+    assert "engine:" not in out.output
+    out = runner.invoke(app, ["config", "--config", str(p)],
+                        env={"COLUMNS": "200", "QOSGATE_UPSTREAM": "http://10.0.0.6:8001"})
+    assert "upstream upstream-0: http://10.0.0.6:8001" in out.output
+    out = runner.invoke(app, ["config", "--config", str(p)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert "engine: llamacpp, built in" in out.output and "upstream " not in out.output

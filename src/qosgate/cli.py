@@ -103,6 +103,22 @@ def _opt(help_: str, env: str, *names: str, panel: str | None = None,
                         metavar=metavar)
 
 
+# the options that choose the engines, read alike by `serve` and `config`
+UpstreamOpt = Annotated[
+    str | None,
+    _opt("OpenAI-compatible engines to schedule onto (vLLM, SGLang, llama.cpp server, TGI), "
+         "comma-separated base URLs. Without it (or `upstreams:` in the config) the built-in "
+         "engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u", panel=UPSTREAM,
+         metavar="URL[,URL]"),
+]
+EngineOpt = Annotated[
+    Literal["llamacpp", "sim"] | None,
+    _opt("llamacpp (a real model in-process on the CPU; needs qosgate[embedded]) or sim "
+         "(simulated GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE",
+         "--engine", panel=BUILT_IN),
+]
+
+
 def _flag(names: str, help_: str, env: str, panel: str | None = None) -> Any:
     """An on/off option (``--x/--no-x``) left unset unless given."""
     return typer.Option(names, help=help_, envvar=env, show_envvar=True, show_default=False,
@@ -121,13 +137,7 @@ def serve(
                                      "QOSGATE_HOST", "--host", metavar="ADDR")] = None,
     port: Annotated[int | None, _opt("API port (default: 8000).",
                                      "QOSGATE_PORT", "--port", "-p", metavar="PORT")] = None,
-    upstream: Annotated[
-        str | None,
-        _opt("OpenAI-compatible engines to schedule onto (vLLM, SGLang, llama.cpp server, TGI), "
-             "comma-separated base URLs. Without it (or `upstreams:` in the config) the built-in "
-             "engine serves.", "QOSGATE_UPSTREAM", "--upstream", "-u", panel=UPSTREAM,
-             metavar="URL[,URL]"),
-    ] = None,
+    upstream: UpstreamOpt = None,
     max_window: Annotated[
         int | None,
         _opt("Most requests in flight at each replica: the cap of its adaptive window, "
@@ -203,12 +213,7 @@ def serve(
         _opt("Open client connections at most; more get 503 (default: the descriptor limit "
              "less a reserve).", "QOSGATE_MAX_CONNECTIONS", "--max-connections", metavar="N"),
     ] = None,
-    engine: Annotated[
-        Literal["llamacpp", "sim"] | None,
-        _opt("llamacpp (a real model in-process on the CPU; needs qosgate[embedded]) or sim "
-             "(simulated GPU engine, no model) (default: llamacpp).", "QOSGATE_ENGINE",
-             "--engine", panel=BUILT_IN),
-    ] = None,
+    engine: EngineOpt = None,
     model: Annotated[
         Path | None,
         _opt("llamacpp: a GGUF model file (default: SmolLM2-135M-Instruct Q4_1 from the "
@@ -440,11 +445,14 @@ def with_api_keys(cfg: QosConfig, keys: list[str]) -> QosConfig:
 
 
 @app.command("config")
-def show_config(config: ConfigOpt = None) -> None:
+def show_config(config: ConfigOpt = None, upstream: UpstreamOpt = None,
+                engine: EngineOpt = None) -> None:
     """Validate a whole config file (the QoS sections and the gateway's server, upstreams and
     engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
-    error."""
-    cfg, settings = _load_both(config)
+    error. `--upstream` and `--engine` (and their environment variables) choose the engines as
+    they do for `serve`, so what is printed is what `serve` would run with the same file."""
+    values = {"upstream": upstream, "engine": engine}
+    cfg, settings = _load_both(config, flag_keys(SERVE_FLAGS, values))
     _check_gateway(cfg, settings)
     classes = FitTable(f"service classes (policy: {cfg.policy})", [
         ("class", "left"), ("level", "left"), ("strict", "left"), ("weight", "right"),
@@ -503,8 +511,10 @@ def show_config(config: ConfigOpt = None) -> None:
                              else ""))
     else:
         e = settings.engine
-        console.print(f"engine: {e.kind}" + (f", profile {e.profile}" if e.kind == "sim" else
-                                              f", model {e.model or 'SmolLM2-135M (default)'}"))
+        console.print(f"engine: {e.kind}, built in" + (
+            f", profile {e.profile}" if e.kind == "sim" else
+            f", model {e.model or 'SmolLM2-135M (default)'}")
+            + " (no upstreams: neither `upstreams:` in the file nor --upstream)")
 
 
 @app.command()

@@ -166,3 +166,31 @@ def test_retries_wait_out_retry_after_and_are_reported(tmp_path: Path) -> None:
     for fig in cmp["api"].values():
         assert set(fig) == {"measured", "predicted", "rel_error", "difference"}
     assert cmp["api"]["ttft_p50_ms"]["predicted"] > 0
+
+
+def test_a_gateway_with_keys_needs_the_replays_key_and_says_so(
+    servers: tuple[Server, Path], tmp_path: Path
+) -> None:
+    """A built-in scenario carries keys of its own: against a gateway with other keys, the
+    replay stops before sending anything, with the status and how to pass a key, with or
+    without ``--model``; with ``--api-key`` every request goes with that key, and the report
+    lists failures by status (none here)."""
+    gw, _ = servers
+    before = ledger(gw)
+    base = [*QOSGATE, "replay", gw.url, "--scenario", "seed-classes", "--max-requests", "3",
+            "--max-seconds", "30", "--json-only"]
+    for extra in ([], ["--model", "smollm2-135m-instruct"]):
+        proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert proc.returncode == 2, proc.stdout
+        assert "HTTP 401" in proc.stderr and "--api-key" in proc.stderr, proc.stderr
+    assert ledger(gw) == before  # nothing was sent
+    proc = subprocess.run([*base, "--api-key", "k-light"], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["replay"]["planned"] == 3 and doc["replay"]["failures"] == []
+    assert doc["replay"]["profile"] and doc["replay"]["rate_rps"] > 0
+    delta = ledger(gw) - before
+    assert sum(delta.values()) == 3
+    assert {t for (_, t, _, _) in delta} == {"light"}

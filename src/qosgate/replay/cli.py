@@ -8,6 +8,7 @@ import ipaddress
 import json
 import secrets
 import sys
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import replace
@@ -58,11 +59,45 @@ def check_host(url: str, allowed: list[str]) -> str:
 
 
 def served_model(url: str, key: str | None) -> str:
-    """The first model the endpoint lists (``GET /v1/models``)."""
+    """The first model the endpoint lists (``GET /v1/models``), asked with the key the
+    workload's first request sends: so that an endpoint refusing that key stops the replay
+    before it sends anything, with its status and its words, not after a whole run of 401s."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     req = urllib.request.Request(url + "/v1/models", headers=headers)
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return str(json.loads(r.read())["data"][0]["id"])
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return str(json.loads(r.read())["data"][0]["id"])
+    except urllib.error.HTTPError as exc:
+        said = _error_message(exc.read())
+        if exc.code in (401, 403):
+            how = ("with the key " + _masked(key)) if key else "with no key"
+            raise ScenarioError(
+                f"{url} refused the replay's requests {how}: HTTP {exc.code}{said}. Pass the "
+                "endpoint's key with --api-key (or QOSGATE_REPLAY_API_KEY), or a scenario whose "
+                "tenants carry its keys.") from None
+        raise ScenarioError(f"{url}/v1/models answered HTTP {exc.code}{said}") from None
+
+
+def _error_message(body: bytes) -> str:
+    """``: <message>`` of an OpenAI error body, or nothing."""
+    try:
+        doc = json.loads(body)
+        return f": {doc['error']['message']}"
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+def _masked(key: str) -> str:
+    return key[:3] + "…" if len(key) > 6 else "…"
+
+
+def failures_by_status(attempts: list[Attempt]) -> Counter[tuple[int, str]]:
+    """The attempts that got an HTTP error other than a refusal with ``Retry-After`` (429/503:
+    the refusals table), by (status, code): a 401 is an authentication failure, said so, not a
+    bare "fail"."""
+    return Counter((a.answer.status, a.answer.reason)
+                   for a in attempts if a.answer.status >= 400
+                   and a.answer.status not in (429, 503))
 
 
 def bounded(wl: Workload, max_requests: int, max_seconds: float) -> Workload:
@@ -131,7 +166,9 @@ def replay_command(
     duration: Annotated[float | None, typer.Option(help="Arrival window in seconds.")] = None,
     seed: Annotated[int | None, typer.Option(help="Workload seed.")] = None,
     profile: Annotated[str | None, typer.Option(
-        help="Engine profile the scenario's capacity (--load) is measured on.")] = None,
+        help="Engine profile the scenario's capacity (--load) is measured on: the rate sent "
+        "is --load times that capacity, so for a CPU engine give its profile (`qosgate "
+        "calibrate`) or a rate of its own (--requests).")] = None,
     replicas: Annotated[int | None, typer.Option(
         min=1, help="Replicas behind the URL (for --load's capacity and --compare-sim).")] = None,
     window: Annotated[int | None, typer.Option(
@@ -168,6 +205,10 @@ def replay_command(
         min=0.1, help="Stop after this long: requests still running are cancelled.")] = 600.0,
     request_timeout: Annotated[float, typer.Option(
         min=0.1, help="Give up on one request after this long.")] = 600.0,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", envvar="QOSGATE_REPLAY_API_KEY", show_envvar=True,
+        help="Send every request with this key (Authorization: Bearer), instead of the "
+        "scenario's tenants' keys.")] = None,
     allow_host: Annotated[list[str] | None, typer.Option(
         "--allow-host", help="A non-loopback host the workload may be sent to.")] = None,
     compare_sim: Annotated[str | None, typer.Option(
@@ -200,7 +241,10 @@ def replay_command(
         plan: list[Planned] = plan_workload(prep, wl)
         if not plan:
             raise ScenarioError("the workload has no request to send")
-        name = model or served_model(base, plan[0].api_key)
+        if api_key is not None:
+            plan = [replace(p, api_key=api_key) for p in plan]
+        listed = served_model(base, plan[0].api_key)  # the key checked, with --model too
+        name = model or listed
     except (ScenarioError, ValueError, OSError) as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2) from None
@@ -220,11 +264,15 @@ def replay_command(
     # to send it)
     unsupported = Counter(a.answer.param for a in attempts
                           if a.answer.status == 400 and a.answer.param in WAYS_AROUND)
+    failures = failures_by_status(attempts)
     doc["replay"] = {"url": base, "model": name, "token_prompts": token_prompts,
                      "retries": retries, "planned": len(plan),
                      "prompt_seed": seed_of_prompts, "ignore_eos": ignore_eos,
                      "short_outputs": short, "unsupported_fields": dict(unsupported),
-                     "refusals": run.metrics["refusals"]}
+                     "refusals": run.metrics["refusals"],
+                     "rate_rps": wl.rate, "profile": prep.profile.name,
+                     "failures": [{"status": st, "code": code, "count": n}
+                                  for (st, code), n in sorted(failures.items())]}
     if compare_sim is not None:
         pred = predict(prep, wl, compare_sim, sim_policy, replicas)
         doc["compare_sim"] = {"profile": compare_sim, "policy": sim_policy,
@@ -237,6 +285,11 @@ def replay_command(
         print_tables(res, console)
         if run.metrics["refusals"]:
             console.print(refusals_table(run.metrics["refusals"]))
+        for (status, code), n in sorted(failures.items()):
+            what = ("authentication failed: pass the endpoint's key with --api-key"
+                    if status in (401, 403) else "failed")
+            console.print(f"[red]{n} request(s) got HTTP {status}"
+                          + (f" {code}" if code else "") + f" ({what}).[/red]")
         for param, n in sorted(unsupported.items()):
             console.print(f"[red]{n} request(s) were refused because the endpoint does not take "
                           f"their {param} (400, param {param}): replay with "

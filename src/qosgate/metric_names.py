@@ -106,6 +106,10 @@ CLASS_STARVATION = _f("qosgate_class_starvation_seconds", "gauge", "seconds", C,
 # ---------------------------------------------------------------- tenants
 TENANT_QUEUED = _f("qosgate_tenant_queued", "gauge", "", T, "Queued requests.")
 TENANT_INFLIGHT = _f("qosgate_tenant_inflight", "gauge", "", T, "Requests at an engine.")
+PASSED_THROUGH = _f("qosgate_passthrough_requests_total", "counter", "requests",
+                    ("route", "status"),
+                    "Utility calls passed through to an engine (/tokenize, /version, ...; not "
+                    "scheduled), by route and the status answered.", _METRICS)
 TENANT_TOKENS = _f("qosgate_tenant_tokens_total", "counter", "tokens", ("tenant", "kind"),
                    "Tokens served per tenant: kind prompt (requests that got a first token) "
                    "or output (tokens generated, a cancelled stream's so far).")

@@ -121,7 +121,12 @@ class InProcessEngine:
     def check_body(self, body: bytes, route: Route) -> Unservable | None:
         """A text engine refuses here what it cannot serve: the request's own values
         (``textreq.py``) and what needs the model (``check``: the prompt against the context,
-        token ids, the grammar)."""
+        token ids, the grammar). The Responses API is not one it answers: its events are
+        another shape than the chunks it writes."""
+        if route == "responses":
+            return Unservable("The built-in engine does not serve the Responses API "
+                              "(/v1/responses): put qosgate in front of an engine that does, "
+                              "such as vLLM (--upstream).", None)
         if not self.text:
             return None
         try:

@@ -42,7 +42,9 @@ from qosgate.server.catalog import Catalog
 from qosgate.server.errors import reason_error
 from qosgate.server.flow import UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import GatewayMetrics
+from qosgate.server.passthrough import PassThrough
 from qosgate.server.prepare import NO_CLASS
+from qosgate.server.routes import METHODS, PASSED, served
 from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
@@ -52,9 +54,6 @@ from qosgate.wire.sse import JSON_HEADERS
 log = logging.getLogger("qosgate.gateway")
 
 
-# the routes and their methods: another method on one of these paths is a 405, not a 404
-_POST_PATHS = frozenset(("/v1/chat/completions", "/v1/completions", "/v1/embeddings"))
-_GET_PATHS = frozenset(("/v1/models", "/healthz", "/health", "/readyz", "/v1/qos/status"))
 
 
 def _local_port(scope: Scope) -> int | None:
@@ -83,6 +82,7 @@ class GatewayParts:
     batch_store: BatchStore | None
     batch_routes: BatchRoutes | None
     feeder: Feeder | None  # runs the jobs' lines through the flow
+    passthrough: PassThrough  # the utility routes, to a replica
 
 
 class Gateway:
@@ -107,6 +107,7 @@ class Gateway:
         self.batch_store = parts.batch_store
         self.batch_routes = parts.batch_routes
         self.feeder = parts.feeder
+        self.passthrough = parts.passthrough
         self.admin_keys = frozenset(parts.settings.server.admin_keys)
         self.open = self.scheduler.classifier.open
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
@@ -196,6 +197,10 @@ class Gateway:
                     await self._guarded(
                         self.flow.complete(scope, receive, send, "completions"), scope, send)
                     return
+                if path == "/v1/responses":
+                    await self._guarded(
+                        self.flow.complete(scope, receive, send, "responses"), scope, send)
+                    return
                 if path == "/v1/embeddings":
                     await self._guarded(self.flow.embeddings(scope, receive, send), scope, send)
                     return
@@ -215,19 +220,21 @@ class Gateway:
                 if path == "/v1/qos/status":
                     await self._status(scope, send)
                     return
-            if path in _POST_PATHS:
-                await not_allowed(send, method, path, b"POST")
+            allowed = METHODS.get(path)
+            if path in PASSED and allowed is not None and method in allowed:
+                await self._guarded(self.passthrough.handle(scope, receive, send, path, method),
+                                    scope, send)
                 return
-            if path in _GET_PATHS or (path == "/metrics" and self.metrics_port is None):
-                await not_allowed(send, method, path, b"GET, HEAD")
+            if allowed is not None and (path != "/metrics" or self.metrics_port is None):
+                await not_allowed(send, method, path, ", ".join(allowed).encode())
                 return
             if self.batch_routes is not None and await self.batch_routes.handle(
                     scope, receive, send):
                 return
-            await send_bytes(
-                send, 404, error_json(f"No route {method} {path}.", "invalid_request_error",
-                                      "not_found")
-            )
+            await send_bytes(send, 404, error_json(
+                f"No route {method} {path}. Routes served: "
+                f"{served(self.batch_routes is not None)}.", "invalid_request_error",
+                "not_found"))
         elif kind == "lifespan":
             await lifespan(receive, send, self.startup, self.shutdown)
 

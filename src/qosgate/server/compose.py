@@ -37,6 +37,7 @@ from qosgate.server.batches_lines import FlowLines
 from qosgate.server.catalog import Catalog
 from qosgate.server.flow import RequestFlow
 from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
+from qosgate.server.passthrough import PassThrough
 from qosgate.settings import EmbeddingsSettings, GatewaySettings, RedisSettings
 
 DEFAULT_SIM_WINDOW = 64
@@ -140,6 +141,9 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
     flow = RequestFlow(cfg, settings, engines, scheduler, driver, metrics, catalog.models,
                        catalog.context, precise)
     metrics.cap_tenants(settings.server.metrics_max_tenants)
+    passthrough = PassThrough(engines, functools.partial(_authorize, scheduler),
+                              flow.new_request_id, metrics.passed,
+                              settings.server.max_body_bytes)
     bs = settings.batches  # the Batch API: its directory is taken, its store opened at start
     batch_dir = (batch_dir or batch_directory(settings, instance)) if bs.enabled else None
     store = (BatchStore(batch_dir.path, time.time, bs.max_lines) if batch_dir is not None
@@ -161,8 +165,14 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
         cfg=cfg, settings=settings, engines=engines, catalog=catalog, clock=clock,
         instance=instance, scheduler=scheduler, metrics=metrics, shared=shared,
         batching=batching, driver=driver, precise=precise, flow=flow, batch_dir=batch_dir,
-        batch_store=store, batch_routes=routes, feeder=feeder,
+        batch_store=store, batch_routes=routes, feeder=feeder, passthrough=passthrough,
     )
+
+
+def _authorize(scheduler: Scheduler, key: str | None) -> None:
+    """Raises ``QosInputError`` for a key the gateway refuses (none: it runs open)."""
+    if not scheduler.classifier.open:
+        scheduler.classifier.tenant_for(key)
 
 
 def _shared_state(rs: RedisSettings, ledger: LeasedLedger | None, scheduler: Scheduler,

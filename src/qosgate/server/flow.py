@@ -131,7 +131,7 @@ class RequestFlow:
                                  self.clock() - arrival.at, arrival.client_id, outcome)
 
     def _arrived(self, scope: Scope, heads: RequestHeaders, route: str, now: float) -> Arrival:
-        arrival = Arrival(self._request_id(), route, now, client_request_id(heads.client_id))
+        arrival = Arrival(self.new_request_id(), route, now, client_request_id(heads.client_id))
         scope[ARRIVAL] = arrival  # for the app's last resort, a bug's answer (``internal_error``)
         return arrival
 
@@ -166,7 +166,7 @@ class RequestFlow:
         await self._serve(receive, send, tenant,
                           prepare_embeddings(heads, body, arrival.rid, now, self.rules), arrival)
 
-    def _request_id(self) -> str:
+    def new_request_id(self) -> str:
         return self._id_prefix + str(next(self._ids))
 
     async def _serve(

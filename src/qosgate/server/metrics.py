@@ -329,6 +329,7 @@ class _RequestCounters:
         self.slo: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.prompt_cache: dict[str, list[int]] = {}
+        self.passed: Counter[tuple[str, int]] = Counter()  # (route, status) passed through
 
     def collect(self) -> Iterator[Metric]:
         slo = mn.SLO.counter()
@@ -346,6 +347,10 @@ class _RequestCounters:
             cache.add_metric([replica, "offered"], offered)
             cache.add_metric([replica, "cached"], cached)
         yield cache
+        passed = mn.PASSED_THROUGH.counter()
+        for (route, status), n in sorted(self.passed.items()):
+            passed.add_metric([route, str(status)], n)
+        yield passed
 
 
 class GatewayMetrics:
@@ -384,6 +389,10 @@ class GatewayMetrics:
     def refused(self, cls: str, tenant: str, reason: str) -> None:
         """A request refused before it reached the scheduler."""
         self.ledger[(cls, tenant, "rejected", reason)] += 1
+
+    def passed(self, route: str, status: int) -> None:
+        """A utility call passed through to an engine (``server/passthrough.py``)."""
+        self.counters.passed[(route, status)] += 1
 
     def ended(self, cls: str, tenant: str, outcome: str, reason: str) -> None:
         """A request that ended before it reached the scheduler otherwise than refused (its

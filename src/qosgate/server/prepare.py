@@ -137,9 +137,10 @@ def prepare(
     session = _session(heads, b, rules)
     if isinstance(session, Refusal):
         return session
-    # the output cap as the engine reads it: max_completion_tokens (OpenAI's newer name)
-    # first; none stays none (the engine's own default: vLLM's is the rest of the context)
-    asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
+    # the output cap as the engine reads it: the Responses API's max_output_tokens, else
+    # max_completion_tokens (OpenAI's newer name) first; none stays none (the engine's own
+    # default: vLLM's is the rest of the context)
+    asked = _output_cap(b, route)
     prompt_tokens = estimate_prompt_tokens(b)
     sched = rules.scheduler
     # the prompt's keys, from its text (only for a router that reads them: hashing a long
@@ -155,7 +156,7 @@ def prepare(
         return refusal
     inserted = None
     if asked is None and req.ceiling is not None:
-        body, asked = _with_ceiling(body, b, req.ceiling), req.ceiling
+        body, asked = _with_ceiling(body, b, req.ceiling, route), req.ceiling
         inserted = asked
     engine_request = EngineRequest(
         rid=rid, route=route, body=body, stream=bool(b.stream), model=model, max_tokens=asked,
@@ -223,26 +224,39 @@ def _served_model(name: str | None, body: bytes, route: Route, rules: Rules) -> 
     return model
 
 
+def _output_cap(b: Body, route: Route) -> int | None:
+    if route == "responses":
+        return b.max_output_tokens
+    return b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
+
+
+# the member holding each route's prompt, named in a refusal of its size
+_PROMPT_MEMBER = {"chat": "messages", "completions": "prompt", "responses": "input"}
+
+
 def _size_refusal(b: Body, req: Request, route: Route, rules: Rules) -> Refusal | None:
     """A completion past a configured size limit (the core's rule), said of the member at
     fault: each output member the client sent (the one the engine does not read too), then the
     prompt."""
-    for name, v in (("max_completion_tokens", b.max_completion_tokens),
+    for name, v in (("max_output_tokens", b.max_output_tokens),
+                    ("max_completion_tokens", b.max_completion_tokens),
                     ("max_tokens", b.max_tokens)):
         over = output_over(v, req, rules.admission) if v is not None else None
         if over is not None:
             return _over_limit(over, req, name, name)
     over = over_limit(req, rules.admission)
     if over is not None:
-        return _over_limit(over, req, "messages" if route == "chat" else "prompt",
-                           "The prompt", estimate_how(b))
+        return _over_limit(over, req, _PROMPT_MEMBER.get(route, "prompt"), "The prompt",
+                           estimate_how(b))
     return None
 
 
-def _with_ceiling(body: bytes, b: Body, ceiling: int) -> bytes:
+def _with_ceiling(body: bytes, b: Body, ceiling: int, route: Route) -> bytes:
     """``body`` capped at a configured ceiling, the only cap the gateway adds (the response
-    says so): into the member the client named (null), else max_tokens, never beside the
-    other."""
+    says so): into the member the client named (null), else the route's own (max_tokens,
+    or the Responses API's max_output_tokens), never beside another."""
+    if route == "responses":
+        return set_member(body, "max_output_tokens", ceiling, b.has_max_output_tokens)
     if b.has_max_completion_tokens:
         return set_member(body, "max_completion_tokens", ceiling, True)
     return set_member(body, "max_tokens", ceiling, b.has_max_tokens)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-Route = Literal["chat", "completions", "embeddings"]
+Route = Literal["chat", "completions", "responses", "embeddings"]
 
 
 @dataclass(slots=True)

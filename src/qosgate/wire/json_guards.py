@@ -29,8 +29,9 @@ class BadBody(ValueError):
 
 # every top-level member the gateway reads or rewrites
 ACTED = frozenset(
-    ("model", "stream", "max_tokens", "max_completion_tokens", "priority", "latency_budget_ms",
-     "task_type", "qos_class", "stream_options", "messages", "prompt")
+    ("model", "stream", "max_tokens", "max_completion_tokens", "max_output_tokens", "priority",
+     "latency_budget_ms", "task_type", "qos_class", "stream_options", "messages", "prompt",
+     "input")
 )
 
 
@@ -97,13 +98,17 @@ def top_level_keys(body: bytes) -> list[bytes]:
     return keys
 
 
+# the member holding a route's prompt: the large one, whose duplicate decoding does not catch
+_PROMPT_KEYS: dict[Route | None, bytes] = {"completions": b'"prompt"', "responses": b'"input"'}
+
+
 def check_keys(body: bytes, route: Route | None) -> None:
-    """``BadBody`` if a key the gateway acts on is escaped, or ``messages``/``prompt`` appears
-    twice at the top level (a scalar's duplicate is caught while decoding). Scans the keys only
-    when a cheap test says it could be so."""
+    """``BadBody`` if a key the gateway acts on is escaped, or the prompt's member
+    (``messages``/``prompt``/``input``) appears twice at the top level (a scalar's duplicate is
+    caught while decoding). Scans the keys only when a cheap test says it could be so."""
     suspect = b"\\u00" in body and _ESCAPED_NAME_CHAR.search(body) is not None
     if not suspect:
-        big = b'"messages"' if route != "completions" else b'"prompt"'
+        big = _PROMPT_KEYS.get(route, b'"messages"')
         first = body.find(big)
         suspect = first >= 0 and body.find(big, first + len(big)) >= 0
         if not suspect and route is None:

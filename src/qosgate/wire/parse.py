@@ -156,6 +156,12 @@ class _MaxCompletionTokens(_Member):
     check = staticmethod(_int)
 
 
+class _MaxOutputTokens(_Member):
+    __slots__ = ()
+    key = "max_output_tokens"  # the Responses API's output cap
+    check = staticmethod(_int)
+
+
 class _Priority(_Member):
     __slots__ = ()
     key = "priority"
@@ -260,6 +266,7 @@ class _Wire(msgspec.Struct):
     stream: _Stream | UnsetType = UNSET
     max_tokens: _MaxTokens | UnsetType = UNSET
     max_completion_tokens: _MaxCompletionTokens | UnsetType = UNSET
+    max_output_tokens: _MaxOutputTokens | UnsetType = UNSET
     priority: _Priority | UnsetType = UNSET
     latency_budget_ms: _LatencyBudget | UnsetType = UNSET
     task_type: _TaskType | UnsetType = UNSET
@@ -268,6 +275,8 @@ class _Wire(msgspec.Struct):
     # raw spans: their length is the prompt estimate; messages are then checked on their own
     messages: Raw = Raw(b"")
     prompt: Raw = Raw(b"")
+    input: Raw = Raw(b"")  # the Responses API's prompt (a string or a list of items)
+    instructions: Raw = Raw(b"")  # and its system message
     # members a chat template renders into the prompt (``RENDERED``): part of the prompt's
     # identity (``wire.prefix``), kept raw
     tools: Raw = Raw(b"")
@@ -300,10 +309,10 @@ class Body:
     """What the gateway read of a request body."""
 
     __slots__ = (
-        "has_max_completion_tokens", "has_max_tokens", "latency_budget_ms",
-        "max_completion_tokens", "max_tokens", "media", "messages", "model", "priority",
-        "prompt", "prompt_chars", "qos_class", "rendered", "stream", "stream_options",
-        "task_type", "user",
+        "has_max_completion_tokens", "has_max_output_tokens", "has_max_tokens",
+        "latency_budget_ms", "max_completion_tokens", "max_output_tokens", "max_tokens", "media",
+        "messages", "model", "priority", "prompt", "prompt_chars", "qos_class", "rendered",
+        "stream", "stream_options", "task_type", "user",
     )
 
     def __init__(
@@ -315,6 +324,8 @@ class Body:
         self.has_max_tokens = w.max_tokens is not UNSET  # present, possibly null
         self.max_completion_tokens: int | None = _v(w.max_completion_tokens)
         self.has_max_completion_tokens = w.max_completion_tokens is not UNSET
+        self.max_output_tokens: int | None = _v(w.max_output_tokens)
+        self.has_max_output_tokens = w.max_output_tokens is not UNSET
         # UNSET when absent, None when null: the splice must know whether the key is there
         self.priority: int | UnsetType | None = (
             UNSET if isinstance(w.priority, UnsetType) else w.priority.v
@@ -329,7 +340,8 @@ class Body:
         self.rendered: tuple[tuple[str, bytes], ...] = tuple(
             (name, bytes(raw)) for name in RENDERED if len(raw := getattr(w, name)))
         self.user: Raw = w.user
-        self.prompt_chars = len(w.messages) or len(w.prompt)
+        self.prompt_chars = len(w.messages) or len(w.prompt) or (
+            len(w.input) + len(w.instructions))
         # image and audio parts: counted by their own rule, not as characters
         self.media: MediaCost | None = None
         if media:
@@ -369,6 +381,8 @@ def parse_body(body: bytes, route: Route | None = None, admission: Admission | N
         media = _check_messages(w.messages)
     elif route == "completions":
         _check_prompt(w.prompt)
+    elif route == "responses" and not len(w.input):
+        raise BadBody("invalid_body", "Invalid request body: `input` is required.", "input")
     return Body(w, media, admission)
 
 

@@ -19,8 +19,12 @@ from qosgate.runtime.upstream.transport import Connection, UpstreamError
 from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.wire.sse import DONE_LINE
 
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
-_PROMPT_TOKENS = re.compile(rb'"prompt_tokens"\s*:\s*(\d+)')
+# chat's and completions' usage, or the Responses API's (output_tokens, input_tokens)
+_COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+_PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
+_RESPONSE_EVENT = b'"type":"response.'  # a Responses API stream's events (vLLM writes no spaces)
+_TEXT_DELTA = b'"type":"response.output_text.delta"'
+_USAGE_KEYS = (b'"completion_tokens"', b'"output_tokens"')
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 # (completion, prompt, cached prompt) tokens of an answer's usage; None where it did not say
 Usage = tuple[int, int | None, int | None]
@@ -223,7 +227,7 @@ class Relay:
         if events > 0:
             self.tokens += events
             self.call.progress(self.tokens)
-        if b'"completion_tokens"' in data:
+        if has_usage(data):
             self.usage = usage_counts(data) or self.usage
 
     def _end(self) -> None:
@@ -237,13 +241,21 @@ class Relay:
 def token_events(data: bytes) -> int:
     """The events in ``data`` that carry a token: every ``data:`` line but the role chunk
     (chat), a finish chunk of its own (empty delta or text), the usage chunk (no choices) and
-    ``[DONE]``; counted as tokens they over-charged every stream by up to four."""
+    ``[DONE]``; counted as tokens they over-charged every stream by up to four. In a Responses
+    API stream, its text deltas alone (its other events say where the answer is)."""
     events = data.count(b"data:")
     if not events:
         return 0
+    if _RESPONSE_EVENT in data:
+        return data.count(_TEXT_DELTA)
     return events - (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
                      + data.count(b'"text":""') + data.count(b'"choices":[]')
                      + data.count(DONE_LINE))
+
+
+def has_usage(data: bytes) -> bool:
+    """Whether ``data`` may carry an answer's usage (chat's, completions' or responses')."""
+    return _USAGE_KEYS[0] in data or _USAGE_KEYS[1] in data
 
 
 def usage_counts(data: bytes) -> Usage | None:

@@ -40,7 +40,7 @@ from qosgate.core.signals import LoadSignals
 from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
 from qosgate.runtime.upstream.errors import error_status
-from qosgate.runtime.upstream.relay import Gather, Relay, usage_counts
+from qosgate.runtime.upstream.relay import Gather, Relay, has_usage, usage_counts
 from qosgate.runtime.upstream.transport import (
     Connection,
     Pool,
@@ -59,7 +59,7 @@ from qosgate.wire.tokenize import token_ids
 log = logging.getLogger("qosgate.upstream")
 
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
-          "embeddings": "/v1/embeddings"}
+          "responses": "/v1/responses", "embeddings": "/v1/embeddings"}
 _models_decoder = msgspec.json.Decoder()
 
 
@@ -190,6 +190,29 @@ class OpenAIUpstream:
         data = await self._ask(self._tokenize_head, request, self.cfg.tokenize_timeout_s)
         return None if data is None else token_ids(data)
 
+    async def forward(self, method: str, path: str, body: bytes, rid: str
+                      ) -> tuple[int, bytes, bytes] | None:
+        """A utility route's call passed through as the client made it (``/tokenize``,
+        ``/version``, ...: ``server/passthrough.py``), named by ``rid`` to the engine and
+        bounded like a probe: (status, content type, body), or None if the engine could not
+        be reached or answered nothing in time."""
+        head = with_request_id(self._pool.head(method, path, json_body=bool(body)), rid)
+        conn: Connection | None = None
+        try:
+            async with asyncio.timeout(self.cfg.probe_timeout_s):
+                conn = await self._pool.request(head, body)
+                data = await conn.read_all()
+            answer = (conn.status, conn.content_type or b"application/json", data)
+            self._pool.release(conn)
+            conn = None
+        except (TimeoutError, OSError) as exc:
+            log.warning("upstream %s: %s %s: %r", self.base, method, path, exc)
+            return None
+        finally:
+            if conn is not None:
+                conn.close()
+        return answer
+
     async def _ask(self, head: bytes, body: bytes, timeout_s: float) -> bytes | None:
         """A small side request (not a client's), read whole within ``timeout_s``: the body
         of a 200 answer; None for any other answer, a timeout or a failed connection."""
@@ -266,7 +289,7 @@ class OpenAIUpstream:
         can be pulled back: nothing reached its client."""
         parts = await Gather(call, dog, conn).wait()
         data = parts[0] if len(parts) == 1 else b"".join(parts)
-        usage = usage_counts(data) if b'"completion_tokens"' in data else None
+        usage = usage_counts(data) if has_usage(data) else None
         sink = call.sink
         # the core's first byte: raises Withdrawn if the request was pulled back meanwhile
         await sink.start(conn.status, [(b"content-type", conn.content_type

@@ -77,3 +77,33 @@ def test_a_shared_ledger_tells_this_instance_s_share() -> None:
     told = lim.allowance(0.0)
     assert told.requests == Quota(limit=30, remaining=29, reset_s=pytest.approx(2.0))
     assert told.concurrent == 1
+
+
+def test_retune_keeps_what_was_admitted_and_limits_what_comes() -> None:
+    lim = TenantLimiter(TenantLimits(requests_per_minute=60, max_concurrent=4), 0.0)
+    for i in range(3):
+        assert lim.check(10, 0.0) is None
+        lim.admit(10, f"r{i}")
+    # lowered: the bucket keeps what it holds, up to the new size; the slots taken stay taken
+    lim.retune(TenantLimits(requests_per_minute=1, max_concurrent=2, tokens_per_minute=100), 0.0)
+    assert lim.concurrent == 3
+    assert lim.check(10, 0.0) == ("concurrency_limit", 0.0)
+    lim.release(10, 10)
+    lim.release(10, 10)
+    assert lim.check(10, 0.0) is None  # one a minute: the one it holds
+    lim.admit(10)
+    lim.release(10, 10)  # a slot free: the bucket is what refuses now
+    reason, wait = lim.check(10, 0.0) or ("", 0.0)
+    assert reason == "rate_limit_requests" and wait == pytest.approx(60.0)
+    assert lim.tpm is not None and lim.tpm.capacity == 100  # a limit added: a full bucket
+    lim.retune(TenantLimits(), 0.0)  # removed: no limit at all
+    assert lim.rpm is None and lim.tpm is None and lim.max_concurrent is None
+    assert lim.check(10, 0.0) is None
+
+
+def test_a_leased_limiter_retunes_its_limits_and_its_shadow() -> None:
+    ledger = LeasedLedger()
+    lim = ledger.limiter("t", TenantLimits(requests_per_minute=600), 0.0)
+    lim.retune(TenantLimits(requests_per_minute=6), 1.0)
+    assert lim.limits.requests_per_minute == 6  # leased from the fleet at this from its next sync
+    assert lim.shadow.rpm is not None and lim.shadow.rpm.capacity == 6

@@ -63,6 +63,11 @@ class Classification:
 
 class Classifier:
     def __init__(self, cfg: QosConfig) -> None:
+        self.retenant(cfg)
+
+    def retenant(self, cfg: QosConfig) -> None:
+        """Classify by ``cfg`` from now (at start, and on a reload: the one object every part
+        holds is changed in place)."""
         self.cfg = cfg
         self.open = not cfg.tenants
         self._by_key = {k: t for t in cfg.tenants for k in t.api_keys}

@@ -41,6 +41,8 @@ class Limiter(Protocol):
 
     def allowance(self, now: float) -> Allowance: ...
 
+    def retune(self, limits: TenantLimits, now: float) -> None: ...
+
 
 class TenantLedger(Protocol):
     def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter: ...
@@ -116,10 +118,14 @@ class LeasedLimiter:
         for bucket, per_minute in ((sh.rpm, share.requests_per_minute),
                                    (sh.tpm, share.tokens_per_minute)):
             if bucket is not None and per_minute:
-                bucket.capacity = per_minute
-                bucket.rate = per_minute / 60.0
-                bucket.tokens = min(bucket.tokens, per_minute)
+                bucket.resize(per_minute)
         sh.max_concurrent = share.max_concurrent
+
+    def retune(self, limits: TenantLimits, now: float) -> None:
+        """New limits (a reload): the fleet's budgets are leased at them from the next sync,
+        and the shadow is resized to this instance's share of them."""
+        self.limits = limits
+        self.shadow.retune(share_of(limits, self.live), now)
 
     def check(self, tokens: int, now: float) -> tuple[str, float] | None:
         local = self.shadow.check(tokens, now)  # (also brings the shadow buckets up to now)

@@ -22,6 +22,10 @@ class Pricing:
         self._max_output = cfg.admission.max_output_tokens
         self._out_est = [256.0] * len(classes)  # each class's learned mean output length
         self._classes = classes  # the scheduler's own list: shared, not copied
+        self.retenant(cfg)
+
+    def retenant(self, cfg: QosConfig) -> None:
+        """The tenants' output ceilings of ``cfg`` (at start, and on a reload)."""
         self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
         # (level, tenant) -> its ceiling (``_ceiling``)
         self._ceilings: dict[tuple[int, str], int | None] = {}

@@ -71,6 +71,12 @@ class TokenBucket:
     def take(self, amount: float) -> None:
         self.tokens -= amount
 
+    def resize(self, per_minute: float) -> None:
+        """A new limit: what the bucket holds is kept, up to the new size."""
+        self.capacity = per_minute
+        self.rate = per_minute / 60.0
+        self.tokens = min(self.tokens, per_minute)
+
     def give_back(self, amount: float) -> None:
         self.tokens = min(self.capacity, self.tokens + amount)
 
@@ -98,6 +104,13 @@ class TenantLimiter:
         self.tpm = TokenBucket(limits.tokens_per_minute, now) if limits.tokens_per_minute else None
         self.max_concurrent = limits.max_concurrent
         self.concurrent = 0
+
+    def retune(self, limits: TenantLimits, now: float) -> None:
+        """New limits (a reload) for the requests admitted from now; those admitted keep their
+        slots and charges (a bucket keeps what it holds, up to its new size)."""
+        self.rpm = _resized(self.rpm, limits.requests_per_minute, now)
+        self.tpm = _resized(self.tpm, limits.tokens_per_minute, now)
+        self.max_concurrent = limits.max_concurrent
 
     def check(self, tokens: int, now: float) -> tuple[str, float] | None:
         """None if admissible, else (reason, retry_after seconds)."""
@@ -136,3 +149,14 @@ class TenantLimiter:
                 self.tpm.give_back(charged_tokens - used_tokens)
             else:
                 self.tpm.take(used_tokens - charged_tokens)
+
+
+def _resized(bucket: TokenBucket | None, per_minute: float | None, now: float
+             ) -> TokenBucket | None:
+    if not per_minute:
+        return None
+    if bucket is None:
+        return TokenBucket(per_minute, now)
+    bucket._refill(now)
+    bucket.resize(per_minute)
+    return bucket

@@ -114,6 +114,27 @@ class Scheduler:
         for spec in replicas:
             self.add_replica(spec)
 
+    def retenant(self, cfg: QosConfig, now: float) -> None:
+        """The tenants of ``cfg`` (their keys, tiers, weights, allowed classes and limits) and
+        its tier boosts, for the requests that arrive from ``now``: a reload. A request already
+        admitted keeps what it was admitted with (its class, its cost, its limiter's slot).
+        ``cfg``'s classes must be this scheduler's: they shape every part (a change of classes
+        needs a restart; the caller refuses it)."""
+        if [c.model_dump() for c in cfg.classes] != [c.model_dump() for c in self.classes]:
+            raise ValueError("the classes differ from the running ones")
+        self.cfg = self.cfg.model_copy(update={
+            "tenants": cfg.tenants, "tiers": cfg.tiers, "default_tenant": cfg.default_tenant})
+        self.classifier.retenant(self.cfg)
+        self._tenant_cfg = {t.name: t for t in self.cfg.tenants}
+        self.pricing.retenant(self.cfg)
+        weights = self.policy.tenant_weights
+        weights.clear()
+        weights.update({t.name: t.weight for t in self.cfg.tenants})
+        self.policy.root.reweigh()
+        for name, lim in self._limiters.items():
+            t = self._tenant_cfg.get(name)
+            lim.retune(t.limits if t is not None else TenantLimits(), now)
+
     # ---------------------------------------------------------------- what the parts hold
     @property
     def queued(self) -> list[dict[str, Request]]:

@@ -32,6 +32,10 @@ class Node(Protocol):
         """Correct the charge of ``req`` by ``delta_cost`` (0: nothing to do)."""
         ...
 
+    def reweigh(self) -> None:
+        """Read the weights again (a reload changed the tenants'), for the keys it has."""
+        ...
+
     def restore(self, req: Request) -> None:
         """Undo ``pop`` for a request that was popped and not served (held): back in place,
         its charge refunded, and no VTC lift for a key that emptied only by that pop."""
@@ -79,6 +83,9 @@ class KeyedQueue:
     def settle(self, req: Request, delta_cost: float) -> None:
         pass
 
+    def reweigh(self) -> None:
+        return None  # no weights
+
     def restore(self, req: Request) -> None:
         if req.seq >= 0:
             self.push(req)
@@ -118,6 +125,10 @@ class StrictBands:
     def settle(self, req: Request, delta_cost: float) -> None:
         if delta_cost:
             self._by_level[req.level].settle(req, delta_cost)
+
+    def reweigh(self) -> None:
+        for band in self._bands:
+            band.reweigh()
 
     def restore(self, req: Request) -> None:
         self._by_level[req.level].restore(req)
@@ -239,6 +250,11 @@ class FairSplit(FairShare[Hashable]):
             child = self._children.get(self._key_of(req))
             if child is not None:
                 child.settle(req, delta_cost)
+
+    def reweigh(self) -> None:
+        for key, child in self._children.items():
+            self.set_weight(key, self._weight_of(key))
+            child.reweigh()
 
     def restore(self, req: Request) -> None:
         # a key that a hold emptied did not go idle: lifting it would cost it the credit it

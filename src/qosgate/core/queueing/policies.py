@@ -57,7 +57,7 @@ class Policy:
     """
 
     __slots__ = ("class_aware", "name", "order", "pop", "preemptive", "push", "remove", "restore",
-                 "root", "settle", "started", "tenant_fair")
+                 "root", "settle", "started", "tenant_fair", "tenant_weights")
 
     def __init__(self, name: str, root: Node, class_aware: bool, preemptive: bool,
                  order: Callable[[Request], int], tenant_fair: bool = False) -> None:
@@ -80,6 +80,8 @@ class Policy:
         self.order = order
         # a dispatched request started in its engine (or left it unstarted)
         self.started: Callable[[Request], None] = release
+        # the tenants' weights its fair splits read (a reload changes them in place)
+        self.tenant_weights: dict[str, float] = {}
 
     def __len__(self) -> int:
         return self.root.n
@@ -172,4 +174,7 @@ def build_policy(cfg: QosConfig, name: str | None = None) -> Policy:
         make = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r}: choose fifo, priority, wfq or qos") from None
-    return make(_Shared(cfg))
+    shared = _Shared(cfg)
+    policy = make(shared)
+    policy.tenant_weights = shared.tenant_weights
+    return policy

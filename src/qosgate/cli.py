@@ -8,6 +8,7 @@ place); the other commands are small.
 from __future__ import annotations
 
 import faulthandler
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -323,9 +324,15 @@ def serve(
     from qosgate.server.workers import this_worker
 
     values = {**ctx.params, "reuse_port": os.environ.get("QOSGATE_REUSE_PORT") == "1" or None}
-    cfg, settings = _load_both(config, flag_keys(SERVE_FLAGS, values, _deprecated(ctx)))
-    if api_key:
-        cfg = with_api_keys(cfg, split_list(api_key))
+    overrides = flag_keys(SERVE_FLAGS, values, _deprecated(ctx))
+    cfg, settings = _load_both(config, overrides)
+    keys = split_list(api_key) if api_key else []
+    if keys:
+        try:
+            cfg = with_api_keys(cfg, keys)
+        except ConfigError as exc:
+            console.print(f"[red]--api-key: {exc}[/red]")
+            raise typer.Exit(2) from None
     if not settings.upstreams:
         _refuse_upstream_options(ctx)
         if settings.engine.kind == "llamacpp":
@@ -357,6 +364,8 @@ def serve(
         if isinstance(exc, ImportError):
             console.print(EMBEDDED_HINT, style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
+    if config is not None:  # SIGHUP and POST /v1/qos/reload read it again
+        gw.config_source = functools.partial(reread, config, overrides, keys)
     starts = windows(gw)  # as built: an adaptive window moves once serving
 
     def serving() -> None:  # printed once the sockets accept connections
@@ -437,11 +446,22 @@ def with_api_keys(cfg: QosConfig, keys: list[str]) -> QosConfig:
         tenants.append(Tenant(name=cfg.default_tenant, api_keys=tuple(keys)).model_dump())
     data = cfg.model_dump()
     data["tenants"] = tenants
-    try:
-        return config_from_mapping(data)
-    except ConfigError as exc:
-        console.print(f"[red]--api-key: {exc}[/red]")
-        raise typer.Exit(2) from None
+    return config_from_mapping(data)
+
+
+def reread(path: Path, overrides: dict[str, Any], keys: list[str]
+           ) -> tuple[QosConfig, GatewaySettings]:
+    """The config file read again as ``serve`` read it at start (its flags' keys, its
+    ``--api-key`` keys), for a reload; ``ConfigError`` for anything ``serve`` would refuse."""
+    from qosgate.settings import check_settings, load_gateway
+
+    cfg, settings = load_gateway(path, overrides)
+    if keys:
+        cfg = with_api_keys(cfg, keys)
+    problems = check_settings(cfg, settings)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return cfg, settings
 
 
 @app.command("config")

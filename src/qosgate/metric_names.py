@@ -110,6 +110,9 @@ PASSED_THROUGH = _f("qosgate_passthrough_requests_total", "counter", "requests",
                     ("route", "status"),
                     "Utility calls passed through to an engine (/tokenize, /version, ...; not "
                     "scheduled), by route and the status answered.", _METRICS)
+CONFIG_RELOADS = _f("qosgate_config_reloads_total", "counter", "", ("outcome",),
+                    "Reloads of the config file (SIGHUP or POST /v1/qos/reload): applied, or "
+                    "refused with the running config kept.", _METRICS)
 TENANT_TOKENS = _f("qosgate_tenant_tokens_total", "counter", "tokens", ("tenant", "kind"),
                    "Tokens served per tenant: kind prompt (requests that got a first token) "
                    "or output (tokens generated, a cancelled stream's so far).")

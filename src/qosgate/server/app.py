@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from qosgate.config import QosConfig
+from qosgate.config import ConfigError, QosConfig
 from qosgate.core import QosInputError, Scheduler
 from qosgate.core.shared import prime
 from qosgate.runtime.batches.directory import BatchDirectory
@@ -44,6 +44,7 @@ from qosgate.server.flow import UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.passthrough import PassThrough
 from qosgate.server.prepare import NO_CLASS
+from qosgate.server.reload import Changes, ReloadRefused, changes
 from qosgate.server.routes import METHODS, PASSED, served
 from qosgate.server.status import jobs_view, status_view
 from qosgate.settings import GatewaySettings
@@ -109,11 +110,53 @@ class Gateway:
         self.feeder = parts.feeder
         self.passthrough = parts.passthrough
         self.admin_keys = frozenset(parts.settings.server.admin_keys)
-        self.open = self.scheduler.classifier.open
+        # where a reload reads the config again (``cli.py`` sets it: the file and the flags
+        # start-up read); None: started without one, nothing to reload
+        self.config_source: Callable[[], tuple[QosConfig, GatewaySettings]] | None = None
+        self.generation = 1  # the config in force: 1 at start, one more per reload applied
+        self.reloads = self.metrics.counters.reloads  # qosgate_config_reloads_total
         # the local port /metrics is served on when it has a listener of its own (server/run.py)
         self.metrics_port: int | None = None
         self.started = False
         self.leaving = False  # SIGTERM came: /readyz answers 503, before and during the drain
+
+    @property
+    def open(self) -> bool:
+        """No tenants configured: every key serves, as the default tenant."""
+        return self.scheduler.classifier.open
+
+    # ------------------------------------------------------------------ reload
+    def reload(self) -> Changes:
+        """Read the config again and apply what a running gateway can take (``server/reload.py``)
+        in one step; ``ReloadRefused`` (logged, counted) leaves the running config as it is.
+        Runs on the event loop: nothing is half-applied to a request being admitted."""
+        try:
+            if self.config_source is None:
+                raise ReloadRefused("the gateway was started without a config file")
+            try:
+                cfg, settings = self.config_source()
+            except ConfigError as exc:
+                raise ReloadRefused(str(exc)) from None
+            found = changes((self.scheduler.cfg, self.settings), (cfg, settings))
+        except ReloadRefused as exc:
+            self.reloads["refused"] += 1
+            log.error("config reload refused, the running config is kept: %s", exc)
+            raise
+        self.scheduler.retenant(cfg, self.clock())
+        self.cfg = self.scheduler.cfg
+        self.admin_keys = frozenset(settings.server.admin_keys)
+        self.settings = self.settings.model_copy(update={"server": self.settings.server.model_copy(
+            update={"admin_keys": settings.server.admin_keys})})
+        self.metrics.cap_tenants(self.settings.server.metrics_max_tenants)
+        self.generation += 1
+        self.reloads["applied"] += 1
+        log.warning("config reloaded (generation %d): %s", self.generation, found.describe())
+        return found
+
+    def reload_now(self) -> None:
+        """``reload`` from a signal (SIGHUP): its refusal is logged there, nothing to answer."""
+        with contextlib.suppress(ReloadRefused):
+            self.reload()
 
     # ------------------------------------------------------------------ life
     def models(self) -> list[str]:
@@ -220,6 +263,9 @@ class Gateway:
                 if path == "/v1/qos/status":
                     await self._status(scope, send)
                     return
+            if method == "POST" and path == "/v1/qos/reload":
+                await self._reload(scope, send)
+                return
             allowed = METHODS.get(path)
             if path in PASSED and allowed is not None and method in allowed:
                 await self._guarded(self.passthrough.handle(scope, receive, send, path, method),
@@ -283,6 +329,24 @@ class Gateway:
                 return
         await send_json(send, 200, models_list(self.catalog.model_cards()))
 
+    async def _reload(self, scope: Scope, send: Send) -> None:
+        """``POST /v1/qos/reload``: an admin key reloads the config file; the answer says what
+        changed, or why nothing did (400, the running config kept)."""
+        if request_key(scope) not in self.admin_keys:
+            await send_bytes(send, 401 if self.admin_keys else 403, error_json(
+                "Reloading the config needs an admin key (server.admin_keys)."
+                if self.admin_keys else "No admin key is configured (server.admin_keys): "
+                "reload with SIGHUP.", "invalid_request_error", "invalid_api_key"))
+            return
+        try:
+            found = self.reload()
+        except ReloadRefused as exc:
+            await send_bytes(send, 400, error_json(
+                f"The config was not reloaded: {exc}", "invalid_request_error",
+                "config_refused"))
+            return
+        await send_json(send, 200, {"generation": self.generation, **found.summary()})
+
     async def _ready(self, send: Send) -> None:
         up = any(e.ready for e in self.engines.values())
         if self.started and not self.leaving and up:
@@ -304,6 +368,7 @@ class Gateway:
             tenant = t.name if t is not None else None
         view = status_view(self.scheduler, self.clock(), tenant)
         view["accepting"] = self.driver.accepting
+        view["config"] = {"generation": self.generation, "reloads": dict(self.reloads)}
         view.update(status_of(self.shared, self.instance))
         if self.batch_store is not None:
             running = self.feeder.snapshot().in_flight if self.feeder is not None else {}

@@ -323,13 +323,15 @@ class _RequestCounters:
     """Counters kept by ``GatewayMetrics.observe`` (and ``prompt_cache``), rendered at scrape
     time: per class ``[met, missed]`` SLO verdicts, per tenant label ``[prompt, output]`` tokens,
     per replica ``[offered, cached]`` prompt tokens (plain lists in dicts: one lookup each on
-    the request's path)."""
+    the request's path); and, off that path, the utility calls passed through and the config
+    reloads."""
 
     def __init__(self) -> None:
         self.slo: dict[str, list[int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.prompt_cache: dict[str, list[int]] = {}
         self.passed: Counter[tuple[str, int]] = Counter()  # (route, status) passed through
+        self.reloads: dict[str, int] = {"applied": 0, "refused": 0}  # of the config file
 
     def collect(self) -> Iterator[Metric]:
         slo = mn.SLO.counter()
@@ -351,6 +353,10 @@ class _RequestCounters:
         for (route, status), n in sorted(self.passed.items()):
             passed.add_metric([route, str(status)], n)
         yield passed
+        reloads = mn.CONFIG_RELOADS.counter()
+        for outcome, n in self.reloads.items():
+            reloads.add_metric([outcome], n)
+        yield reloads
 
 
 class GatewayMetrics:

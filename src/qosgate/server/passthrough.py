@@ -31,7 +31,7 @@ from qosgate.server.auth import denied_message, request_key
 from qosgate.server.errors import reason_error
 from qosgate.server.routes import PASSED
 from qosgate.wire.errors import error_json
-from qosgate.wire.sse import JSON_HEADERS
+from qosgate.wire.sse import JSON_HEADERS, Headers
 
 # the routes that need no key: what load balancers and health checkers call
 _KEYLESS = frozenset(("/version", "/ping"))
@@ -42,7 +42,7 @@ class Forwarding(Protocol):
     """An engine that passes a utility call through (``OpenAIUpstream.forward``)."""
 
     async def forward(self, method: str, path: str, body: bytes, rid: str
-                      ) -> tuple[int, bytes, bytes] | None: ...
+                      ) -> tuple[int, bytes | None, bytes] | None: ...
 
 
 class PassThrough:
@@ -91,7 +91,8 @@ class PassThrough:
             await self._answer(send, path, status, err, rid)
             return
         status, ctype, data = got
-        await self._answer(send, path, status, data, rid, ctype)
+        await self._answer(send, path, status, data, rid,
+                           [] if ctype is None else [(b"content-type", ctype)])
 
     def _replica(self, model: str | None) -> Forwarding | tuple[int, bytes]:
         """The first ready replica that passes calls through and serves ``model``; else the
@@ -112,9 +113,10 @@ class PassThrough:
         return reason_error("no_replica_available")
 
     async def _answer(self, send: Send, path: str, status: int, body: bytes,
-                      rid: str | None = None, ctype: bytes | None = None) -> None:
+                      rid: str | None = None, headers: Headers | None = None) -> None:
+        """The answer: qosgate's own (JSON), or the engine's with its own content type."""
         self.count(path, status)
-        headers = JSON_HEADERS if ctype is None else [(b"content-type", ctype)]
+        headers = list(JSON_HEADERS) if headers is None else headers
         if rid is not None:
             headers = [*headers, (b"x-qosgate-request-id", rid.encode())]
         if status == 503:

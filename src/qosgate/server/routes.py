@@ -48,6 +48,8 @@ ROUTES: tuple[Route, ...] = (
           "Prometheus (admin key with server.metrics_auth)"),
     Route(("GET", "HEAD"), "/v1/qos/status", "qosgate's own",
           "queues, tenants, replicas; a tenant key sees its own allowance"),
+    Route(("POST",), "/v1/qos/reload", "qosgate's own",
+          "reload the config file (admin key), as SIGHUP does"),
     Route(("POST", "GET"), "/v1/files", "qosgate's own", "the Batch API's files", True),
     Route(("GET", "DELETE"), "/v1/files/{id}", "qosgate's own", "one file", True),
     Route(("GET",), "/v1/files/{id}/content", "qosgate's own", "its content", True),

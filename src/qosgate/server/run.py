@@ -21,9 +21,9 @@ event (``server_shutdown``) and ``[DONE]``, each counted once. Once no request i
 listeners close, the engines close and the process exits 0.
 
 A second SIGTERM or SIGINT exits at once, with one log line and the status 128 + the signal's
-number (143, or 130 for Ctrl+C), as a shell reports a process killed by it. SIGHUP is ignored with
-a log line: reloading the configuration is not supported yet, and a hang-up must not take the
-gateway down.
+number (143, or 130 for Ctrl+C), as a shell reports a process killed by it. SIGHUP reloads the
+config file (``Gateway.reload``: tenants, keys, limits; a file that cannot be applied is refused
+with its reason logged, and the running config kept).
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def connection_limits(settings: GatewaySettings) -> ConnectionLimits:
 class _Server(uvicorn.Server):
     """uvicorn, with the gateway's drain on the first signal (the listeners stay open until no
     request is left), its cut of running requests at the shutdown timeout, a forced exit on a
-    second signal, SIGHUP ignored, "serving on" once it serves, and a clean exit code."""
+    second signal, SIGHUP a reload of the config, "serving on" once it serves, and a clean exit
+    code."""
 
     def __init__(
         self,
@@ -175,10 +176,10 @@ class _Server(uvicorn.Server):
         self.loop.call_soon_threadsafe(self._leave)
 
     def handle_hangup(self, sig: int, frame: FrameType | None) -> None:
+        """SIGHUP: reload the config file, on the event loop (never from inside the handler,
+        which may run between two steps of a request's admission)."""
         if self.loop is not None:
-            self.loop.call_soon_threadsafe(
-                log.warning, "SIGHUP ignored: reloading the configuration is not supported yet "
-                "(SIGTERM drains and exits)")
+            self.loop.call_soon_threadsafe(self.gateway.reload_now)
 
     def force(self, sig: int) -> None:
         """A second signal: exit now, without the engines' close or uvicorn's wait (no

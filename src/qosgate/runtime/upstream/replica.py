@@ -191,7 +191,7 @@ class OpenAIUpstream:
         return None if data is None else token_ids(data)
 
     async def forward(self, method: str, path: str, body: bytes, rid: str
-                      ) -> tuple[int, bytes, bytes] | None:
+                      ) -> tuple[int, bytes | None, bytes] | None:
         """A utility route's call passed through as the client made it (``/tokenize``,
         ``/version``, ...: ``server/passthrough.py``), named by ``rid`` to the engine and
         bounded like a probe: (status, content type, body), or None if the engine could not
@@ -202,7 +202,7 @@ class OpenAIUpstream:
             async with asyncio.timeout(self.cfg.probe_timeout_s):
                 conn = await self._pool.request(head, body)
                 data = await conn.read_all()
-            answer = (conn.status, conn.content_type or b"application/json", data)
+            answer = (conn.status, conn.content_type, data)
             self._pool.release(conn)
             conn = None
         except (TimeoutError, OSError) as exc:

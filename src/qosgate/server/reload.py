@@ -1,0 +1,95 @@
+"""What a reload of the config file changes (``Changes``, pure: two configs in, a verdict out),
+and its refusal (``ReloadRefused``).
+
+A reload (SIGHUP, or ``POST /v1/qos/reload`` with an admin key) reads the file again as start-up
+read it, flags included, and validates it whole before anything changes. What it applies, in one
+step on the event loop, is what operators change while a gateway serves: tenants (their keys,
+tiers, weights, allowed classes and limits), the tier boosts, and the admin keys. A request
+already admitted keeps the rules it was admitted with. The classes shape every part of the
+scheduler (queues, timers, windows), so a file whose classes differ is refused whole and the
+running config is kept; every other section that differs (upstreams, the engine, the server's
+listeners, Redis, ...) is kept as it runs until a restart, and the reload says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qosgate.config import QosConfig
+from qosgate.settings import GatewaySettings
+
+# the QoS sections a reload applies; every other one needs a restart
+APPLIED = frozenset(("tenants", "tiers", "default_tenant"))
+
+
+class ReloadRefused(Exception):
+    """The new file is not applied (invalid, or it changes what needs a restart); the running
+    config is kept. The message says why."""
+
+
+@dataclass(frozen=True)
+class Changes:
+    tenants_added: tuple[str, ...] = ()
+    tenants_removed: tuple[str, ...] = ()
+    tenants_changed: tuple[str, ...] = ()  # keys, tier, weight, allowed classes or limits
+    keys_added: int = 0
+    keys_removed: int = 0
+    tiers_changed: bool = False
+    admin_keys_changed: bool = False
+    needs_restart: tuple[str, ...] = field(default=())  # sections that differ, kept as they run
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tenants": {"added": list(self.tenants_added), "removed": list(self.tenants_removed),
+                        "changed": list(self.tenants_changed)},
+            "api_keys": {"added": self.keys_added, "removed": self.keys_removed},
+            "tiers_changed": self.tiers_changed,
+            "admin_keys_changed": self.admin_keys_changed,
+            "kept_until_restart": list(self.needs_restart),
+        }
+
+    def describe(self) -> str:
+        """One log line's worth."""
+        parts = [f"tenants +{len(self.tenants_added)} -{len(self.tenants_removed)} "
+                 f"~{len(self.tenants_changed)}", f"keys +{self.keys_added} -{self.keys_removed}"]
+        if self.tiers_changed:
+            parts.append("tiers changed")
+        if self.admin_keys_changed:
+            parts.append("admin keys changed")
+        if self.needs_restart:
+            parts.append("kept until a restart: " + ", ".join(self.needs_restart))
+        return "; ".join(parts)
+
+
+def changes(old: tuple[QosConfig, GatewaySettings], new: tuple[QosConfig, GatewaySettings]
+            ) -> Changes:
+    """What applying ``new`` over ``old`` changes; ``ReloadRefused`` if its classes differ."""
+    (ocfg, oset), (ncfg, nset) = old, new
+    if ncfg.classes != ocfg.classes:
+        raise ReloadRefused(
+            "the classes differ from the running ones: they shape every queue and timer, so a "
+            "restart applies them; nothing was changed")
+    was = {t.name: t for t in ocfg.tenants}
+    now = {t.name: t for t in ncfg.tenants}
+    old_keys = {k for t in ocfg.tenants for k in t.api_keys}
+    new_keys = {k for t in ncfg.tenants for k in t.api_keys}
+    restart = [name for name in QosConfig.model_fields
+               if name not in APPLIED and name != "classes"
+               and getattr(ocfg, name) != getattr(ncfg, name)]
+    for name in GatewaySettings.model_fields:
+        o, n = getattr(oset, name), getattr(nset, name)
+        if name == "server":
+            o, n = o.model_copy(update={"admin_keys": ()}), n.model_copy(update={"admin_keys": ()})
+        if o != n:
+            restart.append(name)
+    return Changes(
+        tenants_added=tuple(sorted(now.keys() - was.keys())),
+        tenants_removed=tuple(sorted(was.keys() - now.keys())),
+        tenants_changed=tuple(sorted(n for n in now.keys() & was.keys() if now[n] != was[n])),
+        keys_added=len(new_keys - old_keys),
+        keys_removed=len(old_keys - new_keys),
+        tiers_changed=ncfg.tiers != ocfg.tiers or ncfg.default_tenant != ocfg.default_tenant,
+        admin_keys_changed=set(nset.server.admin_keys) != set(oset.server.admin_keys),
+        needs_restart=tuple(restart),
+    )

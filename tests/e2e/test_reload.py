@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -103,13 +104,18 @@ def test_a_key_added_and_a_limit_lowered_by_sighup_under_load(tmp_path: Path) ->
         with Load(gw, "sk-acme") as load:
             assert wait_until(lambda: load.seen["completed"] >= 8, 60)
             path.write_text(yaml.safe_dump(config(standin, 1, new_tenant=True)))
+            before = dict(load.seen)
+            t0 = time.monotonic()
             gw.proc.send_signal(signal.SIGHUP)
             assert wait_until(lambda: generation(gw) == 2, 10)
+            took = time.monotonic() - t0
             ask(gw, "sk-new")  # the new key serves at once
             # acme's limit is 1 a minute now: its streams are refused with Retry-After
             assert wait_until(lambda: load.seen["429"] >= 4, 60)
         assert not load.errors, load.errors
         assert set(load.seen) == {"completed", "429"}, load.seen
+        print(f"reload under load: generation 2 seen {took * 1000:.0f} ms after SIGHUP; "
+              f"acme before it {before}, in all {dict(load.seen)}")
         text = scrape(gw)
         # every request acme sent ended in one outcome, as the client saw it and as counted
         assert metric(text, "qosgate_requests_total", {"tenant": "acme", "outcome": "completed"}

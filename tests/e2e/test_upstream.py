@@ -204,9 +204,6 @@ def test_qos_inputs_reach_the_engine_in_vllm_polarity(gateway: Server, standin: 
         assert band_of(json.loads(bodies[-1])["priority"]) == prio, (kw, bodies[-1])
 
 
-STREAMED = b'"stream":true,"stream_options":{"include_usage":true}'
-
-
 def _priority_sent(body: bytes) -> int:
     """The top-level priority the engine got (qosgate's order value:
     ``core.queueing.engine_order``)."""
@@ -217,7 +214,7 @@ def _priority_sent(body: bytes) -> int:
 
 def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server) -> None:
     # odd spacing and key order; a priority inside a string must stay untouched; a client that
-    # wants its answer whole has the engine asked for a stream (inserted first), nothing else
+    # wants its answer whole gets the engine asked exactly as it asked: priority set, nothing else
     body = (
         b'{ "messages" : [ {"role":"user", "content":"keep \\"priority\\": 9 as is"} ],\n'
         b'  "max_tokens":2,   "model":"' + MODEL.encode() + b'", "priority" : 2 }'
@@ -229,8 +226,7 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
     got = recorded(standin)[-1]
     value = _priority_sent(got)  # qosgate's order value, in batch's band
     assert band_of(value) == 2, got
-    assert got == b"{" + STREAMED + b"," + body[1:].replace(
-        b'"priority" : 2', b'"priority":' + str(value).encode())
+    assert got == body.replace(b'"priority" : 2', b'"priority":' + str(value).encode())
 
     body2 = b'{"model":"' + MODEL.encode() + b'","prompt":"x y","max_tokens":1}'
     code, _, out = http("POST", gateway.url + "/v1/completions", body2,
@@ -240,7 +236,7 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
     got = recorded(standin)[-1]
     value = _priority_sent(got)
     assert band_of(value) == 0  # realtime's band
-    assert got == b"{" + STREAMED + b',"priority":' + str(value).encode() + b"," + body2[1:]
+    assert got == b'{"priority":' + str(value).encode() + b"," + body2[1:]
 
     body3 = b'{"model":"' + MODEL.encode() + b'","prompt":"x","max_tokens":1,"stream":true}'
     code, _, out = http("POST", gateway.url + "/v1/completions", body3,

@@ -43,8 +43,20 @@ class FlowLines:
 
     def __init__(self, flow: RequestFlow, cfg: QosConfig) -> None:
         self.flow = flow
-        # a tenant's first key speaks for its jobs (its limits and share are the tenant's)
-        self._keys = {t.name: t.api_keys[0] for t in cfg.tenants if t.api_keys}
+        self._cfg = cfg
+        self._keys = self._first_keys(cfg)
+
+    @staticmethod
+    def _first_keys(cfg: QosConfig) -> dict[str, str]:
+        """A tenant's first key speaks for its jobs (its limits and share are the tenant's)."""
+        return {t.name: t.api_keys[0] for t in cfg.tenants if t.api_keys}
+
+    def _key_of(self, tenant: str) -> str | None:
+        """The key a job's lines go with, from the tenants in force (a reload changes them)."""
+        cfg = self.flow.scheduler.cfg
+        if cfg is not self._cfg:
+            self._cfg, self._keys = cfg, self._first_keys(cfg)
+        return self._keys.get(tenant)
 
     def _call(self, url: str) -> Callable[[Scope, Receive, Send], Awaitable[None]]:
         route = _ROUTES.get(url, "chat")
@@ -65,7 +77,7 @@ class FlowLines:
             (b"content-type", b"application/json"),
             (b"x-qos-class", job.qos_class.encode("latin-1")),
         ]
-        key = self._keys.get(job.tenant)
+        key = self._key_of(job.tenant)
         if key is not None:
             headers.append((b"authorization", b"Bearer " + key.encode("latin-1")))
         scope: Scope = {

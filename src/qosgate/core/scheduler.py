@@ -282,8 +282,8 @@ class Scheduler:
         """The first byte of ``rid``'s response is about to reach its client: from here on it is
         never retried, nor preempted by abort. False if it may not be sent (the request was
         pulled back or ended meanwhile): the caller then sends nothing. ``token_at``: when the
-        engine's first token came, if earlier (a whole answer assembled from a stream reaches
-        its client only at the end; its TTFT and the engine's latency are the token's).
+        engine's first byte came, if earlier (a whole answer is read to its end before it
+        reaches its client; its TTFT and the engine's latency are the engine's first byte).
 
         On a pausable engine a request paused after its first byte still delivers the tokens
         of its last step, in order; that is no new first byte and is allowed. A first byte that

@@ -257,7 +257,10 @@ class Driver:
 
     def _unbegun_at_remote(self, t: Ticket) -> bool:
         """Sent to a remote engine, which sent nothing back: no first byte to the client (a
-        stream's first chunk), no first token of a whole answer."""
+        stream's first chunk), no whole answer yet. A whole answer sends nothing until it is
+        done, so one waiting in the engine's queue cannot be told from one nearly done: both
+        are taken as not begun (a drain refuses them at once, for their clients to retry on
+        another gateway, rather than hold the drain to its timeout)."""
         replica = t.req.replica
         return (t.req.state is State.DISPATCHED and t.first_token_at is None
                 and replica is not None and self.engines[replica].remote)

@@ -123,8 +123,8 @@ def prepare(
     except BadBody as exc:
         return Refusal(exc.code, str(exc), exc.param)
     if b.stream_options is not None and not b.stream:
-        # the engine is asked for a stream whatever the client asked (its answer is then
-        # assembled), so what vLLM and OpenAI refuse must be refused here
+        # what vLLM and OpenAI refuse, refused alike for every engine (the built-in ones do
+        # not read stream_options)
         return Refusal("invalid_body", "Stream options can only be defined when `stream=True`.",
                        "stream_options")
     model = _served_model(b.model, body, route, rules)

@@ -2,7 +2,7 @@
 ``openai`` client: responses and usage passed through, ``priority`` forwarded in vLLM's polarity
 and honoured by vLLM's own queue, the ``none`` polarity in front of an ``fcfs`` vLLM, vLLM's
 errors, a client disconnect aborting inside vLLM, vLLM's ``/metrics`` read as load signals, and a
-whole answer assembled from vLLM's stream equal to vLLM's own whole answer.
+whole answer through the gateway equal to vLLM's own whole answer.
 """
 
 from __future__ import annotations
@@ -378,10 +378,10 @@ WHOLE = {
 def test_a_whole_answer_through_the_gateway_is_vllms_own(
     gw_fcfs: Server, vllm_fcfs: Server, case: str
 ) -> None:
-    """The gateway asks vLLM for a stream and assembles the whole answer: the same JSON as
-    vLLM's own whole answer, member for member and in its order, apart from ``id`` and
-    ``created`` (and the last digits of log-probabilities, which vLLM's arithmetic does not
-    reproduce bit for bit from one batch to the next)."""
+    """The gateway forwards a whole request as sent: the same JSON as vLLM's own whole answer,
+    member for member and in its order, apart from ``id`` and ``created`` (and the last digits
+    of log-probabilities, which vLLM's arithmetic does not reproduce bit for bit from one batch
+    to the next)."""
     path, body = WHOLE[case]
     raw = json.dumps(body).encode()
     code, _, direct = http("POST", vllm_fcfs.url + path, raw,

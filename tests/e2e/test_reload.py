@@ -20,7 +20,7 @@ import openai
 import pytest
 import yaml
 
-from tests.support.fleet import metric, scrape
+from tests.support.fleet import metric, recorded_raw, scrape
 from tests.support.httpclient import http
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
 from tests.support.waiting import wait_until
@@ -39,10 +39,15 @@ def config(standin: Server, acme_rpm: float, new_tenant: bool) -> dict[str, Any]
             "upstreams": [{"url": standin.url, "name": "s0"}]}
 
 
-def generation(gw: Server) -> int:
+def status(gw: Server) -> dict[str, Any]:
     _, _, body = http("GET", gw.url + "/v1/qos/status", None,
                       {"authorization": f"Bearer {ADMIN}"})
-    return int(json.loads(body)["config"]["generation"])
+    doc: dict[str, Any] = json.loads(body)
+    return doc
+
+
+def generation(gw: Server) -> int:
+    return int(status(gw)["config"]["generation"])
 
 
 def ask(gw: Server, key: str, stream: bool = True) -> None:
@@ -183,3 +188,41 @@ def test_every_worker_reloads_on_sighup(tmp_path: Path) -> None:
     finally:
         gw.stop()
         standin.stop()
+
+
+def test_an_upstream_added_and_one_retired_by_a_reload(tmp_path: Path) -> None:
+    """The file names a second stand-in and drops the first: the new one is probed and takes
+    the requests that follow, the retired one takes none (the stream it runs finishes there)."""
+    old = start_standin(tmp_path, "--time-scale", "0.2")
+    new = start_standin(tmp_path, "--time-scale", "0.2")
+    path = tmp_path / "qosgate.yaml"
+    doc = config(old, 6000, new_tenant=False)
+    path.write_text(yaml.safe_dump(doc))
+    gw = start_gateway(tmp_path, "--config", str(path))
+    try:
+        c = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-acme", max_retries=0,
+                          timeout=60)
+        running = c.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                            "content": "long"}], max_tokens=200, stream=True)
+        first = next(iter(running))  # a stream begun on the old one
+        assert first.id
+        doc["upstreams"] = [{"url": new.url, "name": "s1"}]
+        path.write_text(yaml.safe_dump(doc))
+        gw.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: generation(gw) == 2, 10)
+        assert "upstreams +1 -1" in gw.log.read_text()
+
+        def swapped() -> bool:
+            reps = status(gw)["replicas"]
+            return bool(reps["s1"]["eligible"] and reps["s0"]["retired"])
+
+        assert wait_until(swapped, 10)  # the new one probed up first, then the old retired
+        assert sum(1 for _ in running) > 0  # the retired replica's stream went on to its end
+        before = len(recorded_raw(old))
+        for _ in range(5):
+            ask(gw, "sk-acme", stream=False)
+        assert len(recorded_raw(new)) == 5 and len(recorded_raw(old)) == before
+    finally:
+        gw.stop()
+        new.stop()
+        old.stop()

@@ -79,3 +79,16 @@ def test_the_admin_endpoint_reloads_or_says_why_not() -> None:
         assert json.loads(body)["config"] == {"generation": 2,
                                               "reloads": {"applied": 1, "refused": 1}}
         assert gw.client("sk-new").models.list().data  # the running config kept
+
+
+def test_upstreams_added_retired_and_changed_under_their_name() -> None:
+    def ups(*pairs: tuple[str, str]) -> dict[str, Any]:
+        return {"upstreams": [{"name": n, "url": u} for n, u in pairs]}
+
+    old = both(BASE, ups(("a", "http://a:1"), ("b", "http://b:1")))
+    new = both(BASE, ups(("a", "http://a:2"), ("c", "http://c:1")))
+    found = changes(old, new)
+    assert (found.upstreams_added, found.upstreams_retired) == (("c",), ("b",))
+    assert found.needs_restart == ("upstreams (a)",)  # changed under its name: as it runs
+    # from the built-in engine to upstreams: a restart
+    assert changes(both(BASE), new).needs_restart == ("upstreams",)

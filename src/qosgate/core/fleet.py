@@ -130,6 +130,15 @@ class Fleet:
             self.router.follow_events(spec.name)
         self.refresh(-math.inf)
 
+    def retire(self, name: str, now: float) -> None:
+        """``name`` left the config (a reload): it takes no new work, its in-flight requests
+        finish there, and its probes are no longer heard."""
+        rep = self.replicas[name]
+        rep.retired = True
+        rep.up = False
+        self.router.cache_lost(name, now)
+        self.refresh(now)
+
     def set_window(self, name: str, window: int) -> None:
         rep = self.replicas[name]
         if not isinstance(rep.window_rule, FixedWindow):
@@ -139,6 +148,8 @@ class Fleet:
     def observe(self, rep: Replica, now: float, up: bool | None,
                 models: Sequence[str] | None, signals: LoadSignals | None) -> None:
         """What a health probe or a metrics scrape found out about ``rep``."""
+        if rep.retired:
+            return
         if (up is False and rep.up) or (
                 signals is not None and rep.signals is not None
                 and _restarted(rep.signals, signals)):
@@ -253,6 +264,7 @@ class Fleet:
                 window=r.window,
                 inflight=len(r.inflight),
                 up=r.up,
+                retired=r.retired,
                 eligible=r.name in self.usable_names and r.eligible(now),
                 breaker=r.breaker.state(now),
                 ejections=r.breaker.ejections,

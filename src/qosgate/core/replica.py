@@ -74,6 +74,7 @@ class Replica:
         "pending",
         "preemptible",
         "prefill_tokens",
+        "retired",
         "signals",
         "strict_streams",
         "up",
@@ -100,6 +101,7 @@ class Replica:
         self.breaker: Breaker = breaker if breaker is not None else AlwaysClosed()
         self.inflight: dict[str, Request] = {}
         self.up = up  # the health probe's word; a refused connection also sets it False
+        self.retired = False  # taken out of the config (a reload): no new work, ever
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
         self.signals: LoadSignals | None = None
         # the engine's mean inter-token latency between its last two scrapes, the totals it
@@ -145,8 +147,9 @@ class Replica:
         return not model or not self.models or model in self.models
 
     def eligible(self, now: float) -> bool:
-        """May take new work now: up, not cooling, not ejected."""
-        return self.up and now >= self.cooled_until and self.breaker.allow(now)
+        """May take new work now: up, not cooling, not ejected, not retired."""
+        return (self.up and now >= self.cooled_until and self.breaker.allow(now)
+                and not self.retired)
 
     def next_change(self) -> float | None:
         """When ``eligible`` may turn True again by itself (a cooling or an ejection ends)."""

@@ -198,6 +198,15 @@ class Scheduler:
     def add_replica(self, spec: ReplicaSpec, window_rule: WindowRule | None = None) -> None:
         self.fleet.add(spec, window_rule)
 
+    def retire_replica(self, name: str, now: float) -> list[Decision]:
+        """``name`` left the config (a reload): no new work goes there; what runs there
+        finishes. Its queued work goes elsewhere as the other replicas take it."""
+        self.fleet.retire(name, now)
+        out: list[Decision] = []
+        self._advance(now, out)
+        self._fill(now, out)
+        return out
+
     def set_window(self, name: str, window: int, now: float) -> list[Decision]:
         """Set a fixed window (tests, operators); in-flight work is never cut."""
         self.fleet.set_window(name, window)

@@ -45,6 +45,7 @@ class ReplicaView:
     engine_itl_s: float | None = None  # the engine's mean time per token between two scrapes
     others_held: bool = False  # the TPOT guard holds the non-strict classes off it
     tpot_guard_s: float | None = None  # the time per token past which it would (None: no guard)
+    retired: bool = False  # taken out of the config by a reload: no new work
 
 
 @dataclass(frozen=True, slots=True)

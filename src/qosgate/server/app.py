@@ -44,9 +44,10 @@ from qosgate.server.flow import UNKNOWN_TENANT, RequestFlow
 from qosgate.server.metrics import GatewayMetrics
 from qosgate.server.passthrough import PassThrough
 from qosgate.server.prepare import NO_CLASS
-from qosgate.server.reload import Changes, ReloadRefused, changes
+from qosgate.server.reload import Changes, ReloadRefused, applied, changes
 from qosgate.server.routes import METHODS, PASSED, served
 from qosgate.server.status import jobs_view, status_view
+from qosgate.server.upstreams import Upstreams
 from qosgate.settings import GatewaySettings
 from qosgate.wire.errors import error_json
 from qosgate.wire.responses import models_list
@@ -84,6 +85,7 @@ class GatewayParts:
     batch_routes: BatchRoutes | None
     feeder: Feeder | None  # runs the jobs' lines through the flow
     passthrough: PassThrough  # the utility routes, to a replica
+    upstreams: Upstreams  # what a reload adds and retires
 
 
 class Gateway:
@@ -109,6 +111,7 @@ class Gateway:
         self.batch_routes = parts.batch_routes
         self.feeder = parts.feeder
         self.passthrough = parts.passthrough
+        self.upstreams = parts.upstreams
         self.admin_keys = frozenset(parts.settings.server.admin_keys)
         # where a reload reads the config again (``cli.py`` sets it: the file and the flags
         # start-up read); None: started without one, nothing to reload
@@ -145,8 +148,8 @@ class Gateway:
         self.scheduler.retenant(cfg, self.clock())
         self.cfg = self.scheduler.cfg
         self.admin_keys = frozenset(settings.server.admin_keys)
-        self.settings = self.settings.model_copy(update={"server": self.settings.server.model_copy(
-            update={"admin_keys": settings.server.admin_keys})})
+        self.upstreams.apply(found, settings.upstreams)
+        self.settings = applied(self.settings, settings, found)
         self.metrics.cap_tenants(self.settings.server.metrics_max_tenants)
         self.generation += 1
         self.reloads["applied"] += 1

@@ -16,14 +16,12 @@ import msgspec
 
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Request, Scheduler
-from qosgate.core.batching import Batcher, BatchLimits, make_controller
 from qosgate.core.ledger import LeasedLedger
 from qosgate.models.simmodel import SimEngine, load_profile
 from qosgate.runtime.batches.directory import BatchDirectory, batch_directory
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
 from qosgate.runtime.batches.store import BatchStore
-from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.embedded import llamacpp_from_settings
 from qosgate.runtime.inprocess import InProcessEngine
@@ -38,7 +36,8 @@ from qosgate.server.catalog import Catalog
 from qosgate.server.flow import RequestFlow
 from qosgate.server.metrics import BatchingCollector, BatchJobsCollector, GatewayMetrics
 from qosgate.server.passthrough import PassThrough
-from qosgate.settings import EmbeddingsSettings, GatewaySettings, RedisSettings
+from qosgate.server.upstreams import Upstreams, embeddings_batching
+from qosgate.settings import GatewaySettings, RedisSettings
 
 DEFAULT_SIM_WINDOW = 64
 Clock = Callable[[], float]
@@ -123,7 +122,7 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
     if shared is not None:
         metrics.registry.register(shared)
     metrics.registry.register(InstanceInfo(instance, "redis" if rs.url else "none"))
-    batching = _batching(settings.embeddings, engines, scheduler, clock)
+    batching = embeddings_batching(settings.embeddings, engines, scheduler, clock)
     metrics.registry.register(BatchingCollector(batching))
 
     def on_finished(req: Request) -> None:
@@ -166,6 +165,7 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
         instance=instance, scheduler=scheduler, metrics=metrics, shared=shared,
         batching=batching, driver=driver, precise=precise, flow=flow, batch_dir=batch_dir,
         batch_store=store, batch_routes=routes, feeder=feeder, passthrough=passthrough,
+        upstreams=Upstreams(engines, driver, scheduler, batching, settings.embeddings, clock),
     )
 
 
@@ -190,31 +190,6 @@ def _shared_state(rs: RedisSettings, ledger: LeasedLedger | None, scheduler: Sch
             "inflight": len(scheduler.requests) - scheduler.queued_total,
         }).decode(),
     )
-
-
-def _batching(es: EmbeddingsSettings, engines: dict[str, Engine], scheduler: Scheduler,
-              clock: Clock) -> list[BatchingEngine]:
-    """Embeddings: the calls of a replica whose engine serves batches are batched by a
-    decorator over it (runtime/batching.py), lingering per core/batching.py."""
-    return [
-        BatchingEngine(
-            e,  # type: ignore[arg-type]
-            Batcher(
-                BatchLimits(es.max_batch, es.max_batch_tokens, es.max_inflight_batches),
-                make_controller(es.linger, linger_s=es.linger_ms / 1000,
-                                floor_s=es.floor_ms / 1000, ceiling_s=es.ceiling_ms / 1000,
-                                target_s=es.target_ms / 1000, every=es.every, alpha=es.alpha),
-            ),
-            functools.partial(_room, scheduler, name), clock, es.urgent_levels,
-        )
-        for name, e in engines.items() if getattr(e, "embeds", False)
-    ]
-
-
-def _room(scheduler: Scheduler, replica: str) -> bool:
-    """May ``replica`` still take another dispatch (its batcher's question)."""
-    rep = scheduler.replicas.get(replica)
-    return rep is not None and rep.free > 0
 
 
 def _fleet_window(scheduler: Scheduler) -> int:

@@ -4,11 +4,12 @@ and its refusal (``ReloadRefused``).
 A reload (SIGHUP, or ``POST /v1/qos/reload`` with an admin key) reads the file again as start-up
 read it, flags included, and validates it whole before anything changes. What it applies, in one
 step on the event loop, is what operators change while a gateway serves: tenants (their keys,
-tiers, weights, allowed classes and limits), the tier boosts, and the admin keys. A request
-already admitted keeps the rules it was admitted with. The classes shape every part of the
-scheduler (queues, timers, windows), so a file whose classes differ is refused whole and the
-running config is kept; every other section that differs (upstreams, the engine, the server's
-listeners, Redis, ...) is kept as it runs until a restart, and the reload says which.
+tiers, weights, allowed classes and limits), the tier boosts, the admin keys, and upstreams
+added or taken out (``server/upstreams.py``). A request already admitted keeps the rules it was
+admitted with. The classes shape every part of the scheduler (queues, timers, windows), so a
+file whose classes differ is refused whole and the running config is kept; every other section
+that differs (an upstream changed under its name, the engine, the server's listeners, Redis,
+...) is kept as it runs until a restart, and the reload says which.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qosgate.config import QosConfig
-from qosgate.settings import GatewaySettings
+from qosgate.settings import GatewaySettings, UpstreamSettings
 
 # the QoS sections a reload applies; every other one needs a restart
 APPLIED = frozenset(("tenants", "tiers", "default_tenant"))
@@ -37,6 +38,8 @@ class Changes:
     keys_removed: int = 0
     tiers_changed: bool = False
     admin_keys_changed: bool = False
+    upstreams_added: tuple[str, ...] = ()  # built and probed before they take work
+    upstreams_retired: tuple[str, ...] = ()  # no new work; what runs there finishes
     needs_restart: tuple[str, ...] = field(default=())  # sections that differ, kept as they run
 
     def summary(self) -> dict[str, Any]:
@@ -46,6 +49,8 @@ class Changes:
             "api_keys": {"added": self.keys_added, "removed": self.keys_removed},
             "tiers_changed": self.tiers_changed,
             "admin_keys_changed": self.admin_keys_changed,
+            "upstreams": {"added": list(self.upstreams_added),
+                          "retired": list(self.upstreams_retired)},
             "kept_until_restart": list(self.needs_restart),
         }
 
@@ -57,6 +62,9 @@ class Changes:
             parts.append("tiers changed")
         if self.admin_keys_changed:
             parts.append("admin keys changed")
+        if self.upstreams_added or self.upstreams_retired:
+            parts.append(f"upstreams +{len(self.upstreams_added)} "
+                         f"-{len(self.upstreams_retired)}")
         if self.needs_restart:
             parts.append("kept until a restart: " + ", ".join(self.needs_restart))
         return "; ".join(parts)
@@ -77,8 +85,15 @@ def changes(old: tuple[QosConfig, GatewaySettings], new: tuple[QosConfig, Gatewa
     restart = [name for name in QosConfig.model_fields
                if name not in APPLIED and name != "classes"
                and getattr(ocfg, name) != getattr(ncfg, name)]
+    added: list[str] = []
+    retired: list[str] = []
     for name in GatewaySettings.model_fields:
         o, n = getattr(oset, name), getattr(nset, name)
+        if name == "upstreams" and oset.upstreams and nset.upstreams:
+            added, retired, kept = _upstreams(oset.upstreams, nset.upstreams)
+            if kept:
+                restart.append(f"upstreams ({', '.join(kept)})")
+            continue
         if name == "server":
             o, n = o.model_copy(update={"admin_keys": ()}), n.model_copy(update={"admin_keys": ()})
         if o != n:
@@ -91,5 +106,36 @@ def changes(old: tuple[QosConfig, GatewaySettings], new: tuple[QosConfig, Gatewa
         keys_removed=len(old_keys - new_keys),
         tiers_changed=ncfg.tiers != ocfg.tiers or ncfg.default_tenant != ocfg.default_tenant,
         admin_keys_changed=set(nset.server.admin_keys) != set(oset.server.admin_keys),
+        upstreams_added=tuple(added),
+        upstreams_retired=tuple(retired),
         needs_restart=tuple(restart),
     )
+
+
+def upstream_name(u: UpstreamSettings, index: int) -> str:
+    return u.name or f"upstream-{index}"
+
+
+def _upstreams(old: tuple[UpstreamSettings, ...], new: tuple[UpstreamSettings, ...]
+               ) -> tuple[list[str], list[str], list[str]]:
+    """(added, retired, kept until a restart) by name. Kept: one whose settings changed under
+    its name, or a new one that follows KV-cache events (its subscription is made at start-up).
+    Upstreams in place of the built-in engine, or the other way round, need a restart: the
+    caller compares the whole section then."""
+    was = {upstream_name(u, i): u for i, u in enumerate(old)}
+    now = {upstream_name(u, i): u for i, u in enumerate(new)}
+    added = [n for n in now if n not in was and now[n].kv_events is None]
+    kept = [n for n in now if n in was and now[n] != was[n]]
+    kept += [n for n in now if n not in was and now[n].kv_events is not None]
+    return added, [n for n in was if n not in now], kept
+
+
+def applied(running: GatewaySettings, new: GatewaySettings, found: Changes) -> GatewaySettings:
+    """The settings in force once ``found`` is applied: the new admin keys and upstreams (those
+    kept until a restart as they run), everything else as it runs."""
+    server = running.server.model_copy(update={"admin_keys": new.server.admin_keys})
+    if not (found.upstreams_added or found.upstreams_retired):
+        return running.model_copy(update={"server": server})
+    was = {upstream_name(u, i): u for i, u in enumerate(running.upstreams)}
+    ups = tuple(was.get(upstream_name(u, i), u) for i, u in enumerate(new.upstreams))
+    return running.model_copy(update={"server": server, "upstreams": ups})

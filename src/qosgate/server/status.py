@@ -46,6 +46,7 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
                 "models": list(r.models),
                 "up": r.up,
                 "eligible": r.eligible,
+                "retired": r.retired,
                 "breaker": r.breaker,
                 "ejections": r.ejections,
                 "cooling_s": round(r.cooling_s, 3),

@@ -36,7 +36,7 @@ from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call, Health
 from qosgate.wire.engine_request import Route, Unservable
 from qosgate.wire.errors import error_json, invalid_request
-from qosgate.wire.responses import Formatter, model_card
+from qosgate.wire.responses import formatter_for, model_card
 from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
 from qosgate.wire.textreq import TextRequest, parse_text_request
 
@@ -301,8 +301,8 @@ class InProcessEngine:
             ch = self._chans[rid] = _Channel()
             self._op(self._add, spec)
             self._kick()
-            fmt = Formatter(engine_request.route, rid, engine_request.model,
-                            engine_request.include_usage)
+            fmt = formatter_for(engine_request.route, rid, engine_request.model,
+                                engine_request.include_usage, engine_request.body)
             texts: list[str] = []
             sent = 0
             loop = asyncio.get_running_loop()
@@ -323,10 +323,11 @@ class InProcessEngine:
                     if engine_request.stream:
                         # a token with no text of its own (the start of a character or of a
                         # possible stop string, held back) sends no chunk, as llama.cpp's server
-                        out = b"".join([fmt.token(t) for t in toks if t])
+                        head = b""
                         if not sink.started:  # raises Withdrawn if pulled back meanwhile
                             await sink.start(200, SSE_HEADERS)
-                            out = fmt.opening() + out
+                            head = fmt.opening()  # (first: a Responses stream numbers events)
+                        out = head + b"".join([fmt.token(t) for t in toks if t])
                         if out:
                             await sink.send(out)
                         sent += len(toks)

@@ -138,8 +138,10 @@ class _Body(msgspec.Struct):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     priority: int = 0  # vLLM 0.32: an integer; null, a float or a string is a 400
+    max_output_tokens: int | None = None  # the Responses API's cap
     messages: msgspec.Raw = msgspec.Raw(b"")
     prompt: msgspec.Raw = msgspec.Raw(b"")
+    input: msgspec.Raw = msgspec.Raw(b"")  # the Responses API's prompt
     stream_options: _StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extra sampling parameter: generate to the cap
 
@@ -236,6 +238,8 @@ class StandIn:
             await self._generate(scope, receive, send, "chat")
         elif method == "POST" and path == "/v1/completions":
             await self._generate(scope, receive, send, "completions")
+        elif method == "POST" and path == "/v1/responses":
+            await self._generate(scope, receive, send, "responses")
         elif method == "POST" and path == "/v1/embeddings":
             await self._embeddings(receive, send)
         elif path == "/v1/models":
@@ -330,10 +334,15 @@ class StandIn:
         # vLLM 0.32 under fcfs accepts any integer priority and ignores it (HTTP 200; older vLLM
         # answered 400 "Priority scheduling is not enabled"); the fcfs queue never reads it
         priority = b.priority
-        raw = b.messages if route == "chat" else b.prompt
+        raw = {"chat": b.messages, "responses": b.input}.get(route, b.prompt)
         prompt_tokens = max(1, len(raw) // 4)
-        field = "max_completion_tokens" if b.max_completion_tokens is not None else "max_tokens"
-        asked = b.max_completion_tokens if b.max_completion_tokens is not None else b.max_tokens
+        if route == "responses":
+            field, asked = "max_output_tokens", b.max_output_tokens
+        else:
+            field = ("max_completion_tokens" if b.max_completion_tokens is not None
+                     else "max_tokens")
+            asked = (b.max_completion_tokens if b.max_completion_tokens is not None
+                     else b.max_tokens)
         if asked is not None:
             max_tokens = asked
         elif self.default_max_tokens is not None:
@@ -371,7 +380,7 @@ class StandIn:
         stall = self.faults.take_mid_stream() if self.faults.armed else None
         sink = StandInSink(send, stall, bool(b.stream))
         # no cap asked: the model stops by itself (finish_reason "stop") if that comes first
-        asked = asked if asked is not None or route == "chat" else max_tokens
+        asked = asked if asked is not None or route != "completions" else max_tokens
         spec = SeqSpec(
             seq_id=rid, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
             target_output_tokens=None if asked is not None or b.ignore_eos else self.eos_after,

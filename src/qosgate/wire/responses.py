@@ -16,6 +16,7 @@ import msgspec
 
 from qosgate.wire import sse
 from qosgate.wire.engine_request import Route
+from qosgate.wire.responses_api import ResponsesFormatter
 
 _enc = msgspec.json.Encoder().encode
 
@@ -210,3 +211,11 @@ def merge_cards(per_replica: list[list[ModelCard]]) -> list[ModelCard]:
                 have["max_model_len"] = b
     return list(merged.values())
 
+
+def formatter_for(route: Route, rid: str, model: str, include_usage: bool,
+                  body: bytes) -> Formatter | ResponsesFormatter:
+    """The answer's formatter for ``route``: chat and completions chunks, or the Responses
+    API's events (the vLLM stand-in serves it; the gateway's built-in engines refuse it)."""
+    if route == "responses":
+        return ResponsesFormatter(rid, model, body)
+    return Formatter(route, rid, model, include_usage)

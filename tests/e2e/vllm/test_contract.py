@@ -248,3 +248,57 @@ def test_a_client_abort_is_not_counted_in_request_success(engine: Server) -> Non
     assert wait_until(lambda: running() == 0, 30), "the engine did not stop the request"
     assert time.monotonic() - t < 30
     assert aborted() == before
+
+
+# the Responses API as vLLM 0.32 answers it (stream: each event's type and members, in order)
+RESPONSE_MEMBERS = [
+    "id", "created_at", "incomplete_details", "instructions", "metadata", "model", "object",
+    "output", "parallel_tool_calls", "temperature", "tool_choice", "tools", "top_p",
+    "background", "max_output_tokens", "max_tool_calls", "previous_response_id", "prompt",
+    "reasoning", "service_tier", "status", "text", "top_logprobs", "truncation", "usage", "user",
+    "presence_penalty", "frequency_penalty", "kv_transfer_params", "ec_transfer_params",
+    "input_messages", "output_messages"]
+RESPONSE_EVENTS = [
+    ("response.created", ["response", "sequence_number", "type"]),
+    ("response.in_progress", ["response", "sequence_number", "type"]),
+    ("response.output_item.added", ["item", "output_index", "sequence_number", "type"]),
+    ("response.content_part.added",
+     ["content_index", "item_id", "output_index", "part", "sequence_number", "type"]),
+    ("response.output_text.delta", ["content_index", "delta", "item_id", "logprobs",
+                                    "output_index", "sequence_number", "type"]),
+    ("response.output_text.delta", ["content_index", "delta", "item_id", "logprobs",
+                                    "output_index", "sequence_number", "type"]),
+    ("response.output_text.done", ["content_index", "item_id", "logprobs", "output_index",
+                                   "sequence_number", "text", "type"]),
+    ("response.content_part.done",
+     ["content_index", "item_id", "output_index", "part", "sequence_number", "type"]),
+    ("response.output_item.done", ["item", "output_index", "sequence_number", "type"]),
+    ("response.completed", ["response", "sequence_number", "type"]),
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_api(engine: Server, stream: bool) -> None:
+    body = {"model": MODEL, "input": "Say hi", "max_output_tokens": 2, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+    code, headers, data = http("POST", engine.url + "/v1/responses", json.dumps(body).encode(),
+                               {"Content-Type": "application/json"}, timeout=60)
+    assert code == 200, data
+    if stream:
+        assert headers["content-type"].startswith("text/event-stream")
+        lines = data.decode().split("\n")
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+        named = [line[7:] for line in lines if line.startswith("event: ")]
+        assert [(e["type"], list(e)) for e in events] == RESPONSE_EVENTS
+        assert named == [e["type"] for e in events]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        doc = events[-1]["response"]
+        assert "".join(e["delta"] for e in events if "delta" in e) == (
+            doc["output"][0]["content"][0]["text"])
+    else:
+        doc = json.loads(data)
+    assert list(doc) == RESPONSE_MEMBERS
+    assert doc["status"] == "incomplete"
+    assert doc["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert doc["usage"]["output_tokens"] == 2
+    assert doc["max_output_tokens"] == 2 and doc["temperature"] == 0

@@ -56,8 +56,6 @@ from qosgate.wire.sse import JSON_HEADERS
 log = logging.getLogger("qosgate.gateway")
 
 
-
-
 def _local_port(scope: Scope) -> int | None:
     server = scope.get("server")
     return int(server[1]) if server and server[1] is not None else None

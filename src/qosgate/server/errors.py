@@ -99,6 +99,12 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "internal_error": (500, "server_error", "The gateway failed on this request."),
 }
 
+def own_statuses() -> dict[str, int]:
+    """The status of each code the gateway sends itself: the HTTP reference's errors table is
+    checked against it (``tests/server/test_error_codes_doc.py``), so the two cannot drift."""
+    return {reason: status for reason, (status, _, _) in _REASONS.items()}
+
+
 RETRY_STATUSES = frozenset({429, 503})
 TEXT_ESTIMATE = "estimated as characters / 4"  # how a text's tokens are counted
 

@@ -471,6 +471,8 @@ def show_config(config: ConfigOpt = None, upstream: UpstreamOpt = None,
     engine sections, as `serve` reads them) and print the effective settings; exit 2 on any
     error. `--upstream` and `--engine` (and their environment variables) choose the engines as
     they do for `serve`, so what is printed is what `serve` would run with the same file."""
+    from qosgate.settings import upstream_name
+
     values = {"upstream": upstream, "engine": engine}
     cfg, settings = _load_both(config, flag_keys(SERVE_FLAGS, values))
     _check_gateway(cfg, settings)
@@ -525,7 +527,7 @@ def show_config(config: ConfigOpt = None, upstream: UpstreamOpt = None,
     )
     if settings.upstreams:
         for i, u in enumerate(settings.upstreams):
-            console.print(f"upstream {u.name or f'upstream-{i}'}: {u.url}, window {u.max_window}, "
+            console.print(f"upstream {upstream_name(u, i)}: {u.url}, window {u.max_window}, "
                           f"priority polarity {u.priority_polarity}"
                           + (f" ({u.priority_order} order)" if u.priority_polarity != "none"
                              else ""))

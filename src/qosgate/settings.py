@@ -409,6 +409,11 @@ class RequestLogSettings(Strict):
         "appended to")
 
 
+def upstream_name(u: UpstreamSettings, index: int) -> str:
+    """An upstream's replica name: its own, or its place in the list."""
+    return u.name or f"upstream-{index}"
+
+
 class GatewaySettings(Strict):
     server: ServerSettings = ServerSettings()
     upstreams: tuple[UpstreamSettings, ...] = ()
@@ -448,7 +453,7 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
     srv = settings.server
     if srv.metrics_auth and not srv.admin_keys:
         problems.append("server.metrics_auth needs server.admin_keys: nobody could read /metrics")
-    names = [u.name or f"upstream-{i}" for i, u in enumerate(settings.upstreams)]
+    names = [upstream_name(u, i) for i, u in enumerate(settings.upstreams)]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         problems.append(f"upstreams: two or more are named {', '.join(map(repr, dups))}")

@@ -14,11 +14,11 @@ that differs (an upstream changed under its name, the engine, the server's liste
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from qosgate.config import QosConfig
-from qosgate.settings import GatewaySettings, UpstreamSettings
+from qosgate.settings import GatewaySettings, UpstreamSettings, upstream_name
 
 # the QoS sections a reload applies; every other one needs a restart
 APPLIED = frozenset(("tenants", "tiers", "default_tenant"))
@@ -40,7 +40,7 @@ class Changes:
     admin_keys_changed: bool = False
     upstreams_added: tuple[str, ...] = ()  # built and probed before they take work
     upstreams_retired: tuple[str, ...] = ()  # no new work; what runs there finishes
-    needs_restart: tuple[str, ...] = field(default=())  # sections that differ, kept as they run
+    needs_restart: tuple[str, ...] = ()  # sections that differ, kept as they run
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -110,10 +110,6 @@ def changes(old: tuple[QosConfig, GatewaySettings], new: tuple[QosConfig, Gatewa
         upstreams_retired=tuple(retired),
         needs_restart=tuple(restart),
     )
-
-
-def upstream_name(u: UpstreamSettings, index: int) -> str:
-    return u.name or f"upstream-{index}"
 
 
 def _upstreams(old: tuple[UpstreamSettings, ...], new: tuple[UpstreamSettings, ...]

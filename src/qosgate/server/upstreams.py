@@ -21,8 +21,8 @@ from qosgate.runtime.batching import BatchingEngine
 from qosgate.runtime.driver import Driver
 from qosgate.runtime.ports import Engine
 from qosgate.runtime.upstream.replica import OpenAIUpstream
-from qosgate.server.reload import Changes, upstream_name
-from qosgate.settings import EmbeddingsSettings, UpstreamSettings
+from qosgate.server.reload import Changes
+from qosgate.settings import EmbeddingsSettings, UpstreamSettings, upstream_name
 
 log = logging.getLogger("qosgate.gateway")
 Clock = Callable[[], float]

@@ -17,14 +17,13 @@ from typing import Any
 from qosgate.runtime.ports import Call
 from qosgate.runtime.upstream.transport import Connection, UpstreamError
 from qosgate.runtime.upstream.watchdog import Watchdog
+from qosgate.wire.engine_request import Route
 from qosgate.wire.sse import DONE_LINE
 
 # chat's and completions' usage, or the Responses API's (output_tokens, input_tokens)
 _COMPLETION_TOKENS = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
 _PROMPT_TOKENS = re.compile(rb'"(?:prompt|input)_tokens"\s*:\s*(\d+)')
-_RESPONSE_EVENT = b'"type":"response.'  # a Responses API stream's events (vLLM writes no spaces)
-_TEXT_DELTA = b'"type":"response.output_text.delta"'
-_USAGE_KEYS = (b'"completion_tokens"', b'"output_tokens"')
+_TEXT_DELTA = b'"type":"response.output_text.delta"'  # (vLLM writes no spaces)
 _CACHED_TOKENS = re.compile(rb'"cached_tokens"\s*:\s*(\d+)')
 # (completion, prompt, cached prompt) tokens of an answer's usage; None where it did not say
 Usage = tuple[int, int | None, int | None]
@@ -105,6 +104,10 @@ class Relay:
     def __init__(self, call: Call, dog: Watchdog) -> None:
         self.call = call
         self.dog = dog
+        # how its route's events carry tokens and usage: decided once, not per chunk
+        route = call.engine_request.route
+        self.tokens_in = response_deltas if route == "responses" else token_events
+        self.usage_key = usage_key(route)
         self.sink = call.sink
         self.task: asyncio.Task[Any] | None = None
         self.conn: Connection | None = None
@@ -223,11 +226,11 @@ class Relay:
 
     def _count(self, data: bytes) -> None:
         self.dog.last = self.dog.loop.time()
-        events = token_events(data)
+        events = self.tokens_in(data)
         if events > 0:
             self.tokens += events
             self.call.progress(self.tokens)
-        if has_usage(data):
+        if self.usage_key in data:
             self.usage = usage_counts(data) or self.usage
 
     def _end(self) -> None:
@@ -241,21 +244,24 @@ class Relay:
 def token_events(data: bytes) -> int:
     """The events in ``data`` that carry a token: every ``data:`` line but the role chunk
     (chat), a finish chunk of its own (empty delta or text), the usage chunk (no choices) and
-    ``[DONE]``; counted as tokens they over-charged every stream by up to four. In a Responses
-    API stream, its text deltas alone (its other events say where the answer is)."""
+    ``[DONE]``; counted as tokens they over-charged every stream by up to four."""
     events = data.count(b"data:")
     if not events:
         return 0
-    if _RESPONSE_EVENT in data:
-        return data.count(_TEXT_DELTA)
     return events - (data.count(b'"role":"assistant"') + data.count(b'"delta":{}')
                      + data.count(b'"text":""') + data.count(b'"choices":[]')
                      + data.count(DONE_LINE))
 
 
-def has_usage(data: bytes) -> bool:
-    """Whether ``data`` may carry an answer's usage (chat's, completions' or responses')."""
-    return _USAGE_KEYS[0] in data or _USAGE_KEYS[1] in data
+def response_deltas(data: bytes) -> int:
+    """The events in a Responses API stream's ``data`` that carry a token: its text deltas (its
+    other events say where the answer is)."""
+    return data.count(_TEXT_DELTA)
+
+
+def usage_key(route: Route) -> bytes:
+    """The member whose presence says an answer of ``route`` may carry its usage."""
+    return b'"output_tokens"' if route == "responses" else b'"completion_tokens"'
 
 
 def usage_counts(data: bytes) -> Usage | None:

@@ -40,7 +40,7 @@ from qosgate.core.signals import LoadSignals
 from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
 from qosgate.runtime.upstream.errors import error_status
-from qosgate.runtime.upstream.relay import Gather, Relay, has_usage, usage_counts
+from qosgate.runtime.upstream.relay import Gather, Relay, usage_counts, usage_key
 from qosgate.runtime.upstream.transport import (
     Connection,
     Pool,
@@ -49,7 +49,7 @@ from qosgate.runtime.upstream.transport import (
     with_request_id,
 )
 from qosgate.runtime.upstream.watchdog import Watchdog
-from qosgate.settings import UpstreamSettings
+from qosgate.settings import UpstreamSettings, upstream_name
 from qosgate.wire.engine_metrics import parse_engine_metrics
 from qosgate.wire.engine_request import EngineRequest, Route, Unservable
 from qosgate.wire.responses import model_card
@@ -70,7 +70,7 @@ class OpenAIUpstream:
 
     def __init__(self, cfg: UpstreamSettings, index: int = 0) -> None:
         self.cfg = cfg
-        self.name = cfg.name or f"upstream-{index}"
+        self.name = upstream_name(cfg, index)
         self.max_window = cfg.max_window
         self.polarity: Polarity = cfg.priority_polarity
         self.priority_order: PriorityOrder = cfg.priority_order
@@ -289,7 +289,8 @@ class OpenAIUpstream:
         can be pulled back: nothing reached its client."""
         parts = await Gather(call, dog, conn).wait()
         data = parts[0] if len(parts) == 1 else b"".join(parts)
-        usage = usage_counts(data) if has_usage(data) else None
+        usage = (usage_counts(data) if usage_key(call.engine_request.route) in data
+                 else None)
         sink = call.sink
         # the core's first byte: raises Withdrawn if the request was pulled back meanwhile
         await sink.start(conn.status, [(b"content-type", conn.content_type

@@ -34,9 +34,9 @@ from typing import Any
 from qosgate.models.step import BadTextRequest, FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call, Health
+from qosgate.wire.answers import formatter_for, model_card
 from qosgate.wire.engine_request import Route, Unservable
 from qosgate.wire.errors import error_json, invalid_request
-from qosgate.wire.responses import formatter_for, model_card
 from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
 from qosgate.wire.textreq import TextRequest, parse_text_request
 

@@ -49,8 +49,8 @@ from qosgate.server.routes import METHODS, PASSED, served
 from qosgate.server.status import jobs_view, status_view
 from qosgate.server.upstreams import Upstreams
 from qosgate.settings import GatewaySettings
+from qosgate.wire.answers import models_list
 from qosgate.wire.errors import error_json
-from qosgate.wire.responses import models_list
 from qosgate.wire.sse import JSON_HEADERS
 
 log = logging.getLogger("qosgate.gateway")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from qosgate.runtime.ports import Engine
-from qosgate.wire.responses import context_of, merge_cards
+from qosgate.wire.answers import context_of, merge_cards
 
 
 class Catalog:

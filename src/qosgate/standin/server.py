@@ -103,6 +103,7 @@ from qosgate.standin.faults import (
     Listener,
     fault_from_json,
 )
+from qosgate.wire.answers import model_card, models_list
 from qosgate.wire.embeddings import (
     BadEmbeddings,
     estimate_tokens,
@@ -114,7 +115,6 @@ from qosgate.wire.engine_request import EngineRequest, Route
 from qosgate.wire.errors import error_object
 from qosgate.wire.parse import CHARS_PER_TOKEN
 from qosgate.wire.prefix import body_context, request_prefix
-from qosgate.wire.responses import model_card, models_list
 
 log = logging.getLogger("qosgate.standin")
 

@@ -1,6 +1,6 @@
 """The Responses API's answers (``/v1/responses``) as vLLM 0.32 writes them, for the vLLM
 stand-in: a ``response`` object whole, or its events streamed (``event: <type>`` then its
-``data:``), with the same interface as ``responses.Formatter`` (``opening``, ``token``,
+``data:``), with the same interface as ``answers.Formatter`` (``opening``, ``token``,
 ``closing``, ``whole``) so that the engines that write chat and completions write these too.
 
 The shapes, member for member, are those a real vLLM 0.32 answered for SmolLM2 (a message

@@ -50,9 +50,9 @@ from qosgate.runtime.upstream.transport import (
 )
 from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.settings import UpstreamSettings, upstream_name
+from qosgate.wire.answers import model_card
 from qosgate.wire.engine_metrics import parse_engine_metrics
 from qosgate.wire.engine_request import EngineRequest, Route, Unservable
-from qosgate.wire.responses import model_card
 from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority
 from qosgate.wire.tokenize import token_ids
 

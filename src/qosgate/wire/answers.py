@@ -1,6 +1,7 @@
-"""OpenAI response objects for engines that generate in-process (the gateway's in-process path and
+"""OpenAI answer objects for engines that generate in-process (the gateway's in-process path and
 the vLLM stand-in share this): ``chat.completion``, ``chat.completion.chunk`` and
-``text_completion``, with ``usage``, ``finish_reason`` and the closing ``data: [DONE]``.
+``text_completion``, with ``usage``, ``finish_reason`` and the closing ``data: [DONE]``; the
+Responses API's are ``responses_api.py`` (the module's name keeps "responses" for that API).
 
 Per-token chunks are built from a precomputed prefix and suffix around the JSON-encoded text, so a
 token costs one small encode and one concatenation.

@@ -80,7 +80,8 @@ class ServerSettings(Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     admin_keys: tuple[str, ...] = Field(
-        default=(), description="keys that see every tenant in /v1/qos/status"
+        default=(), description="keys that see every tenant in /v1/qos/status and may reload "
+        "the config (POST /v1/qos/reload)"
     )
     max_body_bytes: int = Field(default=32 << 20, ge=1024)
     shutdown_timeout_s: float = Field(

@@ -55,6 +55,12 @@ class ServiceClass(Strict):
         default=False, description="may be pulled back before its first token to make room"
     )
     can_preempt: bool = Field(default=False, description="may pull back preemptible requests")
+    resume: bool = Field(
+        default=False, description="a preemptible request that has begun streaming may be "
+        "evicted too: its engine call is closed (the engine frees its slot), the tokens it "
+        "delivered are kept, and it continues later on any replica of its model from there "
+        "(its client sees a pause). Without it, a preemptible request is pulled back only "
+        "before its first byte")
     reserved_share: float = Field(
         default=0.0, ge=0, lt=1, description="share of each replica's window kept for this "
         "class and the ones above; classes below that can be preempted may borrow it while "
@@ -71,6 +77,13 @@ class ServiceClass(Strict):
         "elsewhere); None = max(30 s, 10 x the TTFT budget): a slow first byte from a busy "
         "engine is load, not a fault",
     )
+
+    @model_validator(mode="after")
+    def _resume_ok(self) -> ServiceClass:
+        if self.resume and not self.preemptible:
+            raise ValueError(f"class {self.name!r}: resume needs preemptible: true (only a "
+                             "request that may be pulled back can be evicted)")
+        return self
 
     @property
     def first_byte_timeout(self) -> float:
@@ -179,8 +192,24 @@ class Retries(Strict):
     floor) and a cap on attempts per request."""
 
     max_attempts: int = Field(default=3, ge=1, description="dispatches per request at most")
+    max_moves: int = Field(
+        default=2, ge=0, description="times a stream whose replica failed after its first byte "
+        "(died, hung, broke the stream) continues on another replica from the last token "
+        "delivered, at most; 0: it ends with an error event, as before")
     budget_percent: float = Field(default=20.0, ge=0, le=100)
     min_retries: int = Field(default=3, ge=0, description="retries allowed whatever the budget")
+
+
+class Preemption(Strict):
+    """Bounds on evicting a running stream for a more urgent request (classes with ``resume``)."""
+
+    min_run_s: float = Field(
+        default=2.0, ge=0, description="a stream resumed (or started) this recently is not "
+        "evicted again: each eviction costs a recompute, and a stream evicted at once after "
+        "each resume would make no progress")
+    max_evictions: int = Field(
+        default=3, ge=0, description="evictions per request at most; after that it runs to "
+        "its end where it is")
 
 
 class Outlier(Strict):
@@ -330,6 +359,7 @@ class QosConfig(Strict):
     aging: Aging = Aging()
     admission: Admission = Admission()
     fleet: Fleet = Fleet()
+    preemption: Preemption = Preemption()
 
     @field_validator("classes")
     @classmethod
@@ -419,6 +449,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             max_queue=40_000,
             aging_after_s=30,
             preemptible=True,
+            resume=True,
         ),
         ServiceClass(
             name="offline",
@@ -430,6 +461,7 @@ def _default_classes() -> tuple[ServiceClass, ...]:
             max_queue=100_000,
             aging_after_s=60,
             preemptible=True,
+            resume=True,
         ),
     )
 

@@ -95,6 +95,20 @@ QUEUE_OLDEST = _f("qosgate_queue_oldest_wait_seconds", "gauge", "seconds", C,
 INFLIGHT = _f("qosgate_inflight", "gauge", "", C, "Requests at an engine.")
 PREEMPTIONS = _f("qosgate_preemptions_total", "counter", "", C,
                  "Requests pulled back for a more urgent one.")
+EVICTIONS = _f("qosgate_evictions_total", "counter", "", C,
+               "Streams pulled back after their first byte for a more urgent request (their "
+               "engine call closed; they continue later from the tokens delivered).")
+MOVES = _f("qosgate_moves_total", "counter", "", (*C, "reason"),
+           "Streams continued on another replica after theirs failed mid-stream (reason: how "
+           "it failed).")
+RESUMES = _f("qosgate_resumes_total", "counter", "", C,
+             "Streams continued by a new engine call, after an eviction or a move.")
+RESENT_TOKENS = _f("qosgate_resume_prompt_tokens_total", "counter", "tokens", C,
+                   "Prompt tokens sent again to continue streams (the prompt and the tokens "
+                   "already produced).")
+RESENT_CACHED = _f("qosgate_resume_cached_tokens_total", "counter", "tokens", C,
+                   "Of the prompt tokens sent again, those the engine took from its prefix "
+                   "cache (as its usage said; engines that do not say count none).")
 CLASS_TTFT_BUDGET = _f("qosgate_class_ttft_budget_seconds", "gauge", "seconds", C,
                        "The class's configured TTFT budget (ttft_budget_ms), for alerts and "
                        "panels to compare against.")

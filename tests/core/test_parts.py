@@ -128,14 +128,14 @@ def test_fleet_answers_placement_queries_without_placing() -> None:
     other = _req(s, "y", model="other")
     assert not fleet.may_take(s.replicas["a"], other, 0.0)
     assert fleet.may_take(s.replicas["b"], other, 0.0)
-    assert fleet.preemption_victim(_req(s, "rt", "realtime")) is None  # nothing in flight
+    assert fleet.preemption_victim(_req(s, "rt", "realtime"), 0.0) is None  # nothing in flight
 
 
 def test_fleet_names_the_least_urgent_latest_preemptible_victim() -> None:
     s = _sched(capacity=3)
     for rid, cls, now in (("b1", "batch", 0.0), ("o1", "offline", 1.0), ("o2", "offline", 2.0)):
         s.submit(_req(s, rid, cls, now=now), now)
-    victim = s.fleet.preemption_victim(_req(s, "rt", "realtime", now=3.0))
+    victim = s.fleet.preemption_victim(_req(s, "rt", "realtime", now=3.0), 3.0)
     assert victim is not None and victim.id == "o2"
     assert s.fleet.preemptible_below(1) == 3 and s.fleet.preemptible_below(2) == 2
 

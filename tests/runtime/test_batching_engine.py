@@ -48,11 +48,20 @@ class _Call:
 
     def refused(self, status: int, body: bytes) -> None: ...
 
+    transcript = None
+
+    def moved(self, fact: AttemptFailed) -> None: ...
+
+    def unresumable(self) -> None: ...
+
+    def continued(self, prompt_tokens: int, cached_tokens: int | None) -> None: ...
+
 
 class _Inner:
     name = "e0"
     max_window = 8
     pausable = False
+    resumes = False
     ordered = False
     remote = False
     ready = True

@@ -20,6 +20,7 @@ class GatedEngine:
     name = "gated"
     max_window = 2
     pausable = False
+    resumes = False
     ordered = False
 
     def __init__(self, remote: bool) -> None:

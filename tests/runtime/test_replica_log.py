@@ -21,6 +21,7 @@ class Stub:
     name = "a"
     max_window = 1
     pausable = False
+    resumes = False
     ordered = False
     remote = False
 

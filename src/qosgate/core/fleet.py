@@ -49,6 +49,10 @@ class Fleet:
             sum(c.reserved_share for c in classes if c.level < lvl) for lvl in range(len(classes))
         ]
         self.may_borrow = [c.preemptible for c in classes]
+        # whether a class's streams may be evicted after their first byte and resumed
+        self.resume = [c.resume for c in classes]
+        self._min_run_s = cfg.preemption.min_run_s
+        self._max_evictions = cfg.preemption.max_evictions
         # the largest share of a window a class may not use (kept for the classes above it)
         self._reserve_max = max(
             (f for f, borrow in zip(self.reserve_above, self.may_borrow, strict=True)
@@ -108,6 +112,8 @@ class Fleet:
         self.free_slots = 0
         # requests in flight that may still be pulled back (preemption victims)
         self.preemptible: dict[str, Request] = {}
+        # streams in flight that may be evicted and resumed elsewhere (classes with resume)
+        self.evictable: dict[str, Request] = {}
 
     # ---------------------------------------------------------------- replicas
     def add(self, spec: ReplicaSpec, window_rule: WindowRule | None = None) -> None:
@@ -124,7 +130,7 @@ class Fleet:
         self.replicas[spec.name] = Replica(
             spec.name, window_rule, models=spec.models, pausable=spec.pausable, breaker=breaker,
             up=spec.up, guard=None if guard_mode is None else build_guard(guard_mode),
-            ordered=spec.ordered,
+            ordered=spec.ordered, resumes=spec.resumes,
         )
         if spec.cache_events:
             self.router.follow_events(spec.name)
@@ -285,6 +291,7 @@ class Fleet:
         the reserve. A request placed anew sets ``req.cached_tokens``: what the router expects
         ``rep``'s prefix cache to hold of its prompt."""
         rep.inflight[req.id] = req
+        req.ran_since = now
         if not resume:
             req.cached_tokens = self.router.placed(req, rep, now)
         strict = self.strict[req.class_level]
@@ -308,9 +315,25 @@ class Fleet:
                 if room is not None and room < 0:  # it found no room beyond: a loan
                     lent = True
                     rep.loans += 1
-            self.preemptible[req.id] = req
-            rep.preemptible += 1
+            if streaming and not rep.pausable:  # a stream continued here (it was evicted)
+                if self.may_evict(req, rep):
+                    self.evictable[req.id] = req
+            else:
+                self.preemptible[req.id] = req
+                rep.preemptible += 1
         return lent
+
+    def may_evict(self, req: Request, rep: Replica) -> bool:
+        """Whether ``req``, streaming on ``rep``, may be evicted and resumed elsewhere: its
+        class says so, its answer can continue exactly, the engine continues from token ids,
+        and it has evictions left."""
+        return (self.resume[req.class_level] and req.resumable and rep.resumes
+                and req.evictions < self._max_evictions)
+
+    def unresumable(self, req: Request) -> None:
+        """``req``'s answer turned out not to continue exactly (``Request.resumable`` is off):
+        it is no longer a victim once it streams."""
+        self.evictable.pop(req.id, None)
 
     def started(self, req: Request, rep: Replica, now: float, first: float) -> bool:
         """``req``'s first byte left ``rep``: it no longer waits for prefill. True if its slot,
@@ -329,7 +352,9 @@ class Fleet:
         streams_on_loan = False
         if not rep.pausable and self.preemptible.pop(req.id, None) is not None:
             rep.preemptible -= 1
-            if req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
+            if self.may_evict(req, rep):  # it can still give its slot back, by eviction
+                self.evictable[req.id] = req
+            elif req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
                 streams_on_loan = True
                 rep.loan_streams += 1
         if rep.failing:  # a success ends a run of failures (and a probation)
@@ -346,6 +371,8 @@ class Fleet:
         rep = self.replicas.get(req.replica or "")
         if self.preemptible.pop(req.id, None) is not None and rep is not None:
             rep.preemptible -= 1
+        elif self.evictable:
+            self.evictable.pop(req.id, None)
         if req.lent and rep is not None:  # the loan is repaid: the slot is the reserve's again
             rep.loans -= 1
             if req.lent == LENT_STREAMING:
@@ -453,25 +480,41 @@ class Fleet:
         """Some usable ordered engine holds unstarted requests of ours."""
         return any(r.ordered and r.pending for r in self.usable)
 
-    def preemption_victim(self, req: Request) -> Request | None:
-        """The least urgent, most recently dispatched preemptible request below ``req`` whose
-        slot ``req`` could use, or None."""
+    def preemption_victim(self, req: Request, now: float) -> Request | None:
+        """The request whose slot ``req`` takes, or None: of the preemptible requests of a
+        class below ``req``'s, the least urgent; among those, one that has sent nothing yet
+        before a stream (nothing to recompute), then the most recently dispatched. A stream is
+        a victim only once it has run ``preemption.min_run_s`` since it (re)started."""
         victim: Request | None = None
+        best = (0, False, 0.0)
         for cand in self.preemptible.values():
             if cand.level <= req.level:
                 continue
             if req.model and not self.replicas[cand.replica or ""].serves(req.model):
                 continue  # its slot would be of no use to req
-            if victim is None or (cand.level, cand.dispatched_at or 0.0) > (
-                victim.level,
-                victim.dispatched_at or 0.0,
-            ):
-                victim = cand
+            key = (cand.level, True, cand.dispatched_at or 0.0)
+            if victim is None or key > best:
+                victim, best = cand, key
+        if self.evictable:
+            settled = now - self._min_run_s
+            for cand in self.evictable.values():
+                if (cand.class_level <= req.class_level or cand.level <= req.level
+                        or cand.ran_since > settled):
+                    continue
+                if req.model and not self.replicas[cand.replica or ""].serves(req.model):
+                    continue
+                key = (cand.level, False, cand.ran_since)
+                if victim is None or key > best:
+                    victim, best = cand, key
         return victim
 
     def preemptible_below(self, level: int) -> int:
-        """Slots held by preemptible requests less urgent than ``level``."""
-        return sum(1 for r in self.preemptible.values() if r.level > level)
+        """Slots held by requests less urgent than ``level`` that it may pull back now
+        (evictable streams included, whatever their run time: they come back soon)."""
+        n = sum(1 for r in self.preemptible.values() if r.level > level)
+        if self.evictable:
+            n += sum(1 for r in self.evictable.values() if r.level > level)
+        return n
 
     # ---------------------------------------------------------------- isolation between classes
     def reopen_budgets(self) -> None:

@@ -36,6 +36,9 @@ class ReplicaSpec:
     name: str
     max_window: int  # the window's ceiling (adaptive) or the window (fixed)
     pausable: bool = False  # the engine can pause a running sequence and resume it (in-process)
+    # the engine continues a stream from token ids (vLLM: a token-id prompt, and the ids of
+    # what it generates): a stream evicted from it, or off it when it fails, goes on elsewhere
+    resumes: bool = False
     models: tuple[str, ...] = ()  # model ids it serves; empty = any
     up: bool = True  # until its first health probe says otherwise
     # "adaptive" or "fixed" (``max_window`` is then the window's ceiling or the window); None:
@@ -74,6 +77,7 @@ class Replica:
         "pending",
         "preemptible",
         "prefill_tokens",
+        "resumes",
         "retired",
         "signals",
         "strict_streams",
@@ -92,12 +96,14 @@ class Replica:
         up: bool = True,
         guard: TpotGuard | None = None,
         ordered: bool = False,
+        resumes: bool = False,
     ) -> None:
         self.name = name
         self.ordered = ordered  # its engine runs its waiting queue in ``Request.order``
         self.window_rule = window_rule
         self.models: frozenset[str] = frozenset(models)  # empty: serves any model
         self.pausable = pausable
+        self.resumes = resumes
         self.breaker: Breaker = breaker if breaker is not None else AlwaysClosed()
         self.inflight: dict[str, Request] = {}
         self.up = up  # the health probe's word; a refused connection also sets it False

@@ -74,6 +74,8 @@ TRANSITIONS: dict[State, frozenset[State]] = {
     State.RUNNING: frozenset(
         {State.PREEMPTED, State.COMPLETED, State.CANCELLED, State.TIMED_OUT, State.FAILED}
     ),
+    # pulled back for a more urgent request, or (a stream that can continue elsewhere) off a
+    # replica that failed mid-stream: queued again
     State.PREEMPTED: frozenset({State.QUEUED}),
 }
 # a terminal state goes nowhere: every state has its row, so ``move`` needs no default
@@ -116,6 +118,7 @@ class Request:
         "dispatched_at",
         "enqueued_at",
         "est_output_tokens",
+        "evictions",
         "expires_at",
         "failures",
         "finished_at",
@@ -126,15 +129,18 @@ class Request:
         "level",
         "max_tokens",
         "model",
+        "moves",
         "order",
         "output_tokens",
         "preemptions",
         "prefix",
         "promotions",
         "prompt_tokens",
+        "ran_since",
         "reason",
         "replica",
         "requested_class",
+        "resumable",
         "retry_after",
         "seq",
         "service_class",
@@ -214,6 +220,15 @@ class Request:
         # of its prompt, the tokens the router expected its replica to hold cached when it was
         # placed (not charged to its tenant's fair share; see ``Scheduler.complete``)
         self.cached_tokens = 0
+        # whether its answer can continue on any replica from the tokens it delivered (a
+        # stream whose body a continuation reproduces exactly: ``wire/resume.py``), set by the
+        # I/O layer; evictions (pulled back after its first byte for a more urgent request) and
+        # moves (continued elsewhere after its replica failed mid-stream) so far; and when its
+        # current engine call began (a stream just resumed is not evicted again at once)
+        self.resumable = False
+        self.evictions = 0
+        self.moves = 0
+        self.ran_since = 0.0
 
     def move(self, to: State, reason: str = "") -> None:
         if to not in TRANSITIONS[self.state]:

@@ -107,6 +107,14 @@ class Scheduler:
         self.attempt_failures: Counter[tuple[str, str, str]] = Counter()
         self.retries: Counter[tuple[str, str, str]] = Counter()
         self.preemptions: Counter[str] = Counter()
+        # streams evicted after their first byte (by class); streams moved to another replica
+        # after theirs failed mid-stream (by class, reason); streams continued (by class)
+        self.evictions: Counter[str] = Counter()
+        self.moves: Counter[tuple[str, str]] = Counter()
+        self.resumes: Counter[str] = Counter()
+        # prompt tokens sent again to continue streams, and of those the engines had cached
+        self.resent: Counter[str] = Counter()
+        self.resent_cached: Counter[str] = Counter()
         # dispatches past a full window, to overtake unstarted work in an ordered engine
         self.overtakes: Counter[str] = Counter()
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
@@ -383,6 +391,64 @@ class Scheduler:
         self._fill(now, out)
         return out
 
+    def stream_broke(self, rid: str, now: float, fact: AttemptFailed) -> list[Decision]:
+        """A stream's engine call failed after its first byte reached the client (its replica
+        died, hung or broke the stream: ``fact`` says how). A stream that can continue
+        elsewhere (``Request.resumable``, on an engine that continues from token ids) is
+        queued again in its place, to go on from its last delivered token on another replica,
+        while it has moves left (``fleet.retries.max_moves``, as Dynamo's migration limit);
+        else it ends ``failed`` (``timed_out`` for a timeout reason), its client's stream
+        closed with an error event. The replica learns of the failure either way."""
+        out: list[Decision] = []
+        self._advance(now, out)
+        req = self.requests.get(rid)
+        if req is None or req.state is not RUNNING:
+            self._fill(now, out)
+            return out
+        reason = fact.reason
+        name = req.replica or ""
+        rep = self.replicas.get(name)
+        if rep is not None:
+            self.attempt_failures[(req.service_class, name, reason)] += 1
+            self.fleet.attempt_failed(rep, now, now - (req.dispatched_at or now), fact)
+        if not (req.resumable and rep is not None and rep.resumes
+                and req.moves < self.cfg.fleet.retries.max_moves):
+            return self._end_running(rid, now, TIMED_OUT if is_timeout(reason) else FAILED,
+                                     reason, 0, None)
+        self._release_slot(req)
+        self.fleet.refresh(now)
+        self.policy.settle(req, -req.cost)  # charged again when it goes on
+        req.moves += 1
+        self.moves[(req.service_class, reason)] += 1
+        req.move(PREEMPTED, reason)
+        req.replica = None
+        if req.avoid is None:
+            self._retrying += 1
+        req.avoid = name  # another replica while the model has one
+        self._enqueue(req, now)
+        self._fill(now, out)
+        return out
+
+    def continued(self, rid: str, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """A continuation of ``rid`` sent ``prompt_tokens`` again (its prompt and the tokens it
+        had produced), of which its engine said it had ``cached_tokens`` in its prefix cache
+        (None: it did not say): what an eviction or a move cost."""
+        req = self.requests.get(rid)
+        if req is None:
+            return
+        self.resent[req.service_class] += prompt_tokens
+        if cached_tokens:
+            self.resent_cached[req.service_class] += cached_tokens
+
+    def unresumable(self, rid: str) -> None:
+        """``rid``'s answer turned out not to continue exactly (the engine returned no token
+        ids, or a delta a continuation cannot write): it is no longer evicted after its first
+        byte, nor moved when its replica fails."""
+        req = self.requests.get(rid)
+        if req is not None and req.resumable:
+            req.resumable = False
+            self.fleet.unresumable(req)
+
     def engine_refused(self, rid: str, now: float, reason: str) -> list[Decision]:
         """The engine judged the request itself unservable (a 4xx, before any byte reached the
         client): it ends ``rejected``, as a bad request refused by the gateway would. Not the
@@ -471,7 +537,7 @@ class Scheduler:
         out: list[Decision] = []
         for bucket in self.backlog.by_class:
             for req in list(bucket.values()):
-                if req.replica is not None and req.first_token_at is not None:
+                if req.first_token_at is not None:  # paused or evicted mid-stream
                     continue
                 self._unqueue(req)
                 req.retry_after = self.admission.clamp_retry(0.0)
@@ -514,6 +580,10 @@ class Scheduler:
             tenants=rows,
             replica_tenants=per_replica,
             preemptions=tuple(sorted(self.preemptions.items())),
+            evictions=tuple(sorted(self.evictions.items())),
+            moves=tuple(sorted((c, r, n) for (c, r), n in self.moves.items())),
+            resumes=tuple(sorted(self.resumes.items())),
+            resent=tuple(sorted((c, n, self.resent_cached[c]) for c, n in self.resent.items())),
             attempt_failures=tuple((*k, v) for k, v in sorted(self.attempt_failures.items())),
             retries=tuple((*k, v) for k, v in sorted(self.retries.items())),
             overtakes=tuple(sorted(self.overtakes.items())),
@@ -633,25 +703,33 @@ class Scheduler:
     def _dispatch(self, req: Request, rep: Replica, now: float, out: list[Decision],
                   over: bool = False) -> None:
         self.backlog.remove(req)
-        resume = req.replica is not None
-        if resume:
+        paused = req.replica is not None
+        if paused:
             self.backlog.paused -= 1
+        # paused in an engine, or a stream that continues from the tokens it delivered
+        resume = paused or req.first_token_at is not None
         req.move(DISPATCHED)
         req.replica = rep.name
         req.dispatched_at = now
         order = self.policy.order(req)
         if req.order is None or order < req.order:  # a retry or an aged request keeps its place
             req.order = order
-        streaming = resume and req.first_token_at is not None
+        streaming = req.first_token_at is not None
         if streaming:
-            # a stream paused after its first byte goes on: no new first byte will come
+            # a stream paused or evicted after its first byte goes on: no new first byte will
+            # come
             req.move(RUNNING)
             self.policy.started(req)
+            if not paused:
+                self.resumes[req.service_class] += 1
+                if req.avoid is not None:  # moved off a failed replica: it has another now
+                    self._retrying -= 1
+                    req.avoid = None
         elif self._class_aware:  # (only a class-aware admission reads the served rates)
             self.admission.served(req, now)
         if over:
             self.overtakes[rep.name] += 1
-        if self.fleet.place(req, rep, now, resume, streaming, over):
+        if self.fleet.place(req, rep, now, paused, streaming, over):
             req.lent = LENT_PREEMPTIBLE
         if req.cached_tokens:  # what its replica is expected to hold is not charged
             credit = self.pricing.prompt_weight * req.cached_tokens
@@ -689,13 +767,17 @@ class Scheduler:
         """Make room for ``req`` by pulling back the least urgent, most recently dispatched
         preemptible request below it that has sent nothing to its client yet (or, on a pausable
         engine, one that can pause at a token boundary)."""
-        victim = self.fleet.preemption_victim(req)
+        victim = self.fleet.preemption_victim(req, now)
         if victim is None:
             return
         rep = self.replicas[victim.replica or ""]
         # a pausable engine keeps what the victim computed so far (even a partial prefill), so
         # pausing loses no work; elsewhere the engine call is aborted and its prefill redone
+        # (a stream evicted after its first byte continues later from the tokens it delivered)
         pause = rep.pausable
+        if not pause and victim.state is RUNNING:
+            victim.evictions += 1
+            self.evictions[victim.service_class] += 1
         self._release_slot(victim)
         victim.move(PREEMPTED, Reason.PREEMPTED)
         victim.preemptions += 1

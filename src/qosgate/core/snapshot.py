@@ -62,3 +62,8 @@ class Snapshot:
     attempt_failures: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)
     retries: tuple[tuple[str, str, str, int], ...]  # (class, replica, reason, count)
     overtakes: tuple[tuple[str, int], ...] = ()  # (replica, dispatches past a full window)
+    evictions: tuple[tuple[str, int], ...] = ()  # (class, streams evicted after a first byte)
+    moves: tuple[tuple[str, str, int], ...] = ()  # (class, reason, streams moved mid-stream)
+    resumes: tuple[tuple[str, int], ...] = ()  # (class, streams continued by a new call)
+    # (class, prompt tokens sent again to continue streams, of those the engine had cached)
+    resent: tuple[tuple[str, int, int], ...] = ()

@@ -96,6 +96,7 @@ class BatchingEngine:
         self.name = inner.name
         self.max_window = inner.max_window
         self.pausable = inner.pausable
+        self.resumes = inner.resumes
         self.ordered = inner.ordered
         self.remote = inner.remote
         # the inner engine's own ``start_call``, if it has one (the driver's convention)

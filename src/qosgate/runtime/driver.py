@@ -9,7 +9,8 @@ Every decision the core returns is carried out here:
 
 - ``Dispatch``: start the engine call on that replica (a task), or resume a paused one;
 - ``Preempt``: pause the sequence in an in-process engine, or cancel the engine call (which aborts
-  it upstream; nothing reached the client yet) -- the client keeps waiting, its request re-queued;
+  it upstream) -- the client keeps waiting, its request re-queued; a stream evicted after its
+  first byte keeps its transcript on the ticket, and its next call continues from there;
 - ``Finished``: resolve the client's ticket; if an engine call is still going, it is cancelled.
 
 Everything runs on the event loop thread, so the core needs no locks.
@@ -33,6 +34,7 @@ from qosgate.runtime.ports import Engine, Health, SendFn, Sink, Withdrawn
 from qosgate.runtime.replica_log import ReplicaLog
 from qosgate.runtime.timer import DeadlineTimer
 from qosgate.wire.engine_request import EngineRequest
+from qosgate.wire.resume import transcript_for
 
 log = logging.getLogger("qosgate.runtime")
 
@@ -83,6 +85,7 @@ class Ticket:
         "req",
         "sink",
         "task",
+        "transcript",
     )
 
     def __init__(self, driver: Driver, req: Request, engine_request: EngineRequest,
@@ -95,6 +98,11 @@ class Ticket:
         self.task: asyncio.Task[None] | None = None
         self.answer: tuple[int, bytes] | None = None  # an engine's refusal, for the client
         self.first_token_at: float | None = None  # the engine's, for a whole answer
+        # a stream that can continue on another call (after an eviction or a failed replica)
+        self.transcript = (transcript_for(engine_request.route, True, engine_request.body,
+                                          engine_request.include_usage)
+                           if engine_request.stream else None)
+        req.resumable = self.transcript is not None
         # resolved once the request reached its terminal state (req.state / req.reason)
         self.finished: asyncio.Future[None] = driver.loop().create_future()
 
@@ -147,6 +155,17 @@ class Ticket:
         d = self._driver
         self.task = None
         d.apply(d.scheduler.timed_out(self.req.id, d.clock(), reason))
+
+    def moved(self, fact: AttemptFailed) -> None:
+        d = self._driver
+        self.task = None  # a continuation starts a call of its own
+        d.apply(d.scheduler.stream_broke(self.req.id, d.clock(), fact))
+
+    def unresumable(self) -> None:
+        self._driver.scheduler.unresumable(self.req.id)
+
+    def continued(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        self._driver.scheduler.continued(self.req.id, prompt_tokens, cached_tokens)
 
     def refused(self, status: int, body: bytes) -> None:
         d = self._driver

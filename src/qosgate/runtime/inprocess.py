@@ -97,6 +97,7 @@ class InProcessEngine:
         # False: the core never pauses here; it pulls a request back only before its first token
         # (by cancelling the call), as it would in front of an external engine
         self.pausable = pausable
+        self.resumes = False  # it pauses instead: its sequences keep their state here
         self.ordered = engine.ordered
         self.remote = False
         self._chans: dict[str, _Channel] = {}

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from qosgate.core.facts import AttemptFailed
 from qosgate.core.signals import LoadSignals
 from qosgate.wire.engine_request import EngineRequest, Route, Unservable
+from qosgate.wire.resume import Transcript
 
 
 class Withdrawn(Exception):
@@ -59,6 +60,9 @@ class Sink(Protocol):
 
 class Call(Protocol):
     engine_request: EngineRequest
+    # what a stream delivered so far, for an answer that can continue on another engine call
+    # (``wire/resume.py``); None for the others
+    transcript: Transcript | None
 
     @property
     def sink(self) -> Sink: ...
@@ -116,6 +120,20 @@ class Call(Protocol):
         """A bound ran out after the first byte (idle between chunks, total time)."""
         ...
 
+    def moved(self, fact: AttemptFailed) -> None:
+        """The call failed after the first byte (``fact`` says how) while its ``transcript``
+        can continue: the core may continue it on another replica, or end it."""
+        ...
+
+    def unresumable(self) -> None:
+        """The answer turned out not to continue exactly (its ``transcript`` says why)."""
+        ...
+
+    def continued(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        """A continuation sent ``prompt_tokens`` again; the engine had ``cached_tokens`` of
+        them (None: not said yet)."""
+        ...
+
     def refused(self, status: int, body: bytes) -> None:
         """The engine refused the request itself (a 4xx) before anything reached the client:
         the request ends ``rejected`` and the client gets ``body`` (OpenAI's error format)."""
@@ -126,6 +144,9 @@ class Engine(Protocol):
     name: str
     max_window: int
     pausable: bool
+    # it continues a stream from token ids (``Call.transcript``): a stream evicted from it, or
+    # off it when it fails, goes on on another call
+    resumes: bool
     # whether it runs its waiting queue in the order sent (``Call.order``): an engine-side
     # priority it honours
     ordered: bool

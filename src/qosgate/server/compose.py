@@ -112,7 +112,8 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
             # an in-process engine's window is its batch (it is scheduled here, token by
             # token); an upstream's adapts to what the engine reports of its own load
             ReplicaSpec(name, e.max_window, e.pausable, models=tuple(e.models()),
-                        ordered=e.ordered, cache_events=name in with_events)
+                        ordered=e.ordered, cache_events=name in with_events,
+                        resumes=e.resumes)
             for name, e in engines.items()
         ],
         ledger=ledger,

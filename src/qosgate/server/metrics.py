@@ -230,6 +230,25 @@ class _StateCollector:
         for cls, n in snap.preemptions:
             pre.add_metric([cls], n)
         yield pre
+        evicted = mn.EVICTIONS.counter()
+        for cls, n in snap.evictions:
+            evicted.add_metric([cls], n)
+        yield evicted
+        moved = mn.MOVES.counter()
+        for cls, reason, n in snap.moves:
+            moved.add_metric([cls, reason], n)
+        yield moved
+        resumed = mn.RESUMES.counter()
+        for cls, n in snap.resumes:
+            resumed.add_metric([cls], n)
+        yield resumed
+        resent = mn.RESENT_TOKENS.counter()
+        cached = mn.RESENT_CACHED.counter()
+        for cls, n, hit in snap.resent:
+            resent.add_metric([cls], n)
+            cached.add_metric([cls], hit)
+        yield resent
+        yield cached
         over = mn.REPLICA_OVERTAKES.counter()
         for name, n in snap.overtakes:
             over.add_metric([name], n)

@@ -106,6 +106,7 @@ class Upstreams:
         # down until the driver's next probe round finds it up
         self.scheduler.add_replica(ReplicaSpec(name, engine.max_window, engine.pausable,
                                                models=tuple(engine.models()),
-                                               ordered=engine.ordered, up=False))
+                                               ordered=engine.ordered, up=False,
+                                               resumes=engine.resumes))
         for b in batched:
             self.driver.loop().create_task(b.start())

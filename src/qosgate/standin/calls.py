@@ -10,6 +10,7 @@ from qosgate.core.facts import AttemptFailed
 from qosgate.runtime.ports import Sink
 from qosgate.server.asgi import Send
 from qosgate.wire.engine_request import EngineRequest
+from qosgate.wire.resume import Transcript
 from qosgate.wire.sse import EVENT_END
 
 
@@ -17,6 +18,7 @@ class StandInCall:
     """The stand-in serves a request directly: no scheduler above the engine."""
 
     __slots__ = ("engine_request", "finished", "sink", "success")
+    transcript: Transcript | None = None  # (the engine's own answer: nothing continues it)
 
     def __init__(
         self, engine_request: EngineRequest, sink: Sink, finished: dict[str, int],
@@ -65,6 +67,15 @@ class StandInCall:
         pass
 
     def refused(self, status: int, body: bytes) -> None:
+        pass
+
+    def moved(self, fact: AttemptFailed) -> None:
+        pass
+
+    def unresumable(self) -> None:
+        pass
+
+    def continued(self, prompt_tokens: int, cached_tokens: int | None) -> None:
         pass
 
 

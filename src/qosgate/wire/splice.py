@@ -71,9 +71,9 @@ def _member(key: str) -> tuple[bytes, re.Pattern[bytes]]:
     return m
 
 
-def set_member(body: bytes, key: str, value: int | None, present: bool) -> bytes:
-    """``body`` with its top-level member ``key`` set to ``value`` (removed when None), every other
-    byte unchanged.
+def set_member(body: bytes, key: str, value: int | bytes | None, present: bool) -> bytes:
+    """``body`` with its top-level member ``key`` set to ``value`` (an integer, or raw JSON
+    bytes; removed when None), every other byte unchanged.
 
     ``present`` says whether the body has a top-level ``key`` (the decoder knows). Absent: the
     member is inserted right after the opening brace (one copy of the body). Present: if the bytes
@@ -93,7 +93,7 @@ def set_member(body: bytes, key: str, value: int | None, present: bool) -> bytes
             raise ValueError("The request body must be a JSON object.")
         end = m.start(1) if m.group(1) else m.end()
         sep = b"" if m.group(1) else b","
-        return body[:end] + quoted + b":" + str(value).encode() + sep + body[end:]
+        return body[:end] + quoted + b":" + _raw(value) + sep + body[end:]
     i = body.find(quoted)
     if (
         i >= 0
@@ -103,14 +103,18 @@ def set_member(body: bytes, key: str, value: int | None, present: bool) -> bytes
         m = pattern.match(body, i)
         if m is not None:
             if value is not None:
-                return body[:i] + quoted + b":" + str(value).encode() + body[m.end() :]
+                return body[:i] + quoted + b":" + _raw(value) + body[m.end() :]
             return _remove_member(body, i, m.end())
     obj = _top_decoder.decode(body)  # duplicates collapse: the last one, as engines read them
     if value is None:
         obj.pop(key, None)
     else:
-        obj[key] = msgspec.Raw(str(value).encode())
+        obj[key] = msgspec.Raw(_raw(value))
     return _encode(obj)
+
+
+def _raw(value: int | bytes) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
 
 
 def set_priority(body: bytes, value: int | None, present: bool) -> bytes:

@@ -17,6 +17,7 @@ from qosgate.runtime.upstream.replica import OpenAIUpstream
 from qosgate.runtime.upstream.transport import Pool, UpstreamError
 from qosgate.settings import UpstreamSettings
 from qosgate.wire.engine_request import EngineRequest
+from qosgate.wire.resume import Transcript
 
 Script = Callable[["Scripted", asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -273,6 +274,17 @@ class FakeCall:
 
     def refused(self, status: int, body: bytes) -> None:
         self.outcome = ("refused", (status, body))
+
+    transcript: Transcript | None = None
+
+    def moved(self, fact: AttemptFailed) -> None:
+        self.outcome = ("moved", fact.reason)
+
+    def unresumable(self) -> None:
+        self.outcome = ("unresumable", None)
+
+    def continued(self, prompt_tokens: int, cached_tokens: int | None) -> None:
+        pass
 
 
 def _engine(url: str) -> OpenAIUpstream:

@@ -18,6 +18,7 @@ from qosgate.runtime.ports import Call
 from qosgate.runtime.upstream.transport import Connection, UpstreamError
 from qosgate.runtime.upstream.watchdog import Watchdog
 from qosgate.wire.engine_request import Route
+from qosgate.wire.resume import Transcript
 from qosgate.wire.sse import DONE_LINE
 
 # chat's and completions' usage, or the Responses API's (output_tokens, input_tokens)
@@ -101,9 +102,12 @@ class Relay:
     task too (``outcome == "status"``).
     """
 
-    def __init__(self, call: Call, dog: Watchdog) -> None:
+    def __init__(self, call: Call, dog: Watchdog, transcript: Transcript | None = None) -> None:
         self.call = call
         self.dog = dog
+        # an answer that can continue on another call: its events go through its transcript
+        # (token ids noted, and written as the client expects them), whole events at a time
+        self.transcript = transcript
         # how its route's events carry tokens and usage: decided once, not per chunk
         route = call.engine_request.route
         self.tokens_in = response_deltas if route == "responses" else token_events
@@ -113,6 +117,9 @@ class Relay:
         self.conn: Connection | None = None
 
     def counts(self) -> Usage:
+        tr = self.transcript
+        if tr is not None and tr.segment:  # continued: the client's prompt, every token
+            return len(tr.ids), len(tr.prompt_ids or ()), None
         if self.usage is not None:
             return self.usage
         return self.tokens, None, None
@@ -122,6 +129,8 @@ class Relay:
         self.conn = conn
         self.task = asyncio.current_task(conn.loop)
         self.first = True
+        # a continuation: its client has had the answer's head and first part already
+        self.resumed = self.sink.started
         self.tokens = 0  # data events that carry a token (see _count)
         self.usage: Usage | None = None
         self.outcome: str | None = None  # "complete" | "status"
@@ -191,6 +200,7 @@ class Relay:
                     self.outcome = "status"
                     self._yield_turn()
                     return
+            tr = self.transcript
             while True:
                 data = conn.take()
                 last = conn.complete and not conn.parts
@@ -198,7 +208,17 @@ class Relay:
                     if conn.error is not None:
                         self._yield_turn()
                     return
-                if self.first:
+                if tr is not None:
+                    exact = tr.exact
+                    data = tr.feed(data)
+                    if exact and not tr.exact:
+                        self.call.unresumable()
+                    if not data and not last:
+                        continue  # the rest of an event is still to come
+                if self.first and self.resumed:
+                    self.first = False
+                    self.dog.delivered = True
+                elif self.first:
                     self.first = False
                     headers = [(b"content-type", conn.content_type or b"application/json")]
                     if data:
@@ -226,6 +246,14 @@ class Relay:
 
     def _count(self, data: bytes) -> None:
         self.dog.last = self.dog.loop.time()
+        tr = self.transcript
+        if tr is not None:
+            if len(tr.ids) > self.tokens:
+                self.tokens = len(tr.ids)
+                self.call.progress(self.tokens)
+            if not tr.segment and self.usage_key in data:
+                self.usage = usage_counts(data) or self.usage
+            return
         events = self.tokens_in(data)
         if events > 0:
             self.tokens += events

@@ -36,6 +36,7 @@ import msgspec
 
 from qosgate.core.facts import AttemptFailed
 from qosgate.core.progress import StallWatch, whole_answer_s
+from qosgate.core.reasons import upstream
 from qosgate.core.signals import LoadSignals
 from qosgate.runtime.ports import Call, Health, Withdrawn
 from qosgate.runtime.upstream.embeddings import UpstreamEmbeddings
@@ -53,6 +54,7 @@ from qosgate.settings import UpstreamSettings, upstream_name
 from qosgate.wire.answers import model_card
 from qosgate.wire.engine_metrics import parse_engine_metrics
 from qosgate.wire.engine_request import EngineRequest, Route, Unservable
+from qosgate.wire.resume import Transcript, continuation
 from qosgate.wire.splice import Polarity, PriorityOrder, engine_priority, set_priority
 from qosgate.wire.tokenize import token_ids
 
@@ -76,6 +78,10 @@ class OpenAIUpstream:
         self.priority_order: PriorityOrder = cfg.priority_order
         # its queue runs in the order sent only where a polarity is sent, and only in full
         self.ordered = self.polarity != "none" and self.priority_order == "full"
+        # it continues a stream from token ids (vLLM's token-id prompts and returned ids; an
+        # engine not named is taken for vLLM, and a stream it answers without ids is not
+        # continued)
+        self.resumes = cfg.engine in (None, "vllm")
         self.base = cfg.url
         self._models: list[str] = list(cfg.models)
         self._pool = Pool(cfg.url, cfg.connect_timeout_s, cfg.api_key)
@@ -236,16 +242,29 @@ class OpenAIUpstream:
         return (await self.probe()).up
 
     # ------------------------------------------------------------------ one call
-    def body_for(self, call: Call) -> bytes:
-        """The body sent to the engine: the client's, with the engine-side ``priority`` and
-        nothing else changed (a stream for a stream, a whole answer for a whole answer)."""
+    def _request_for(self, call: Call) -> tuple[bytes, bytes]:
+        """The call's head and body. A stream whose client has had part of its answer already
+        (evicted, or moved off a failed replica) continues: ``/v1/completions`` from its
+        prompt's token ids and those it delivered (``wire/resume.py``), named to the engine
+        apart from its earlier calls (vLLM may not have dropped the aborted one yet)."""
         engine_request: EngineRequest = call.engine_request
         value = engine_priority(self.polarity, call.order(), call.levels(), self.priority_order)
-        return set_priority(engine_request.body, value, engine_request.has_priority)
+        tr = self._transcript(call)
+        if tr is not None and call.sink.started:
+            tr.next_segment()
+            prompt = tr.prompt_ids or []
+            body = continuation(engine_request.body, prompt, tr.ids, call.output_cap())
+            call.continued(len(prompt) + len(tr.ids), None)
+            head = with_request_id(self._heads["completions"],
+                                   f"{engine_request.rid}-{tr.segment}")
+            return head, set_priority(body, value, False)
+        body = engine_request.body if tr is None else tr.engine_body(engine_request.body)
+        return (with_request_id(self._heads[engine_request.route], engine_request.rid),
+                set_priority(body, value, engine_request.has_priority))
 
-    def _head_for(self, engine_request: EngineRequest) -> bytes:
-        """The request's head: its route's, naming it to the engine (``X-Request-Id``)."""
-        return with_request_id(self._heads[engine_request.route], engine_request.rid)
+    def _transcript(self, call: Call) -> Transcript | None:
+        """The call's transcript where this engine continues streams from token ids."""
+        return call.transcript if self.resumes else None
 
     def pause(self, rid: str) -> None:  # pragma: no cover - not pausable: never asked
         raise NotImplementedError
@@ -266,13 +285,13 @@ class OpenAIUpstream:
         ever ran (``_SentCall``): the engine aborts.
         """
         sent: Connection | None = None
-        body: bytes | None = None
+        request: tuple[bytes, bytes] | None = None
         try:
-            body = self.body_for(call)
-            sent = self._pool.send_now(self._head_for(call.engine_request), body)
+            request = self._request_for(call)
+            sent = self._pool.send_now(*request)
         except Exception:  # raised again by the task, where it is reported as before
-            body = None
-        coro = self._run(call, body, sent)
+            request = None
+        coro = self._run(call, request, sent)
         return coro if sent is None else _SentCall(coro, sent)
 
     async def run_batch(self, calls: list[Call]) -> None:
@@ -298,7 +317,8 @@ class OpenAIUpstream:
         await sink.send(data, False)
         call.done(*(usage or (0, None, None)))
 
-    async def _run(self, call: Call, body: bytes | None, sent: Connection | None) -> None:
+    async def _run(self, call: Call, request: tuple[bytes, bytes] | None,
+                   sent: Connection | None) -> None:
         engine_request = call.engine_request
         sink = call.sink
         conn: Connection | None = sent
@@ -314,24 +334,31 @@ class OpenAIUpstream:
         dog = Watchdog(loop, task, first_byte_s, cfg.idle_timeout_s, cfg.total_timeout_s)
         self._live[engine_request.rid] = dog
         relay: Relay | None = None
+        tr = self._transcript(call)
         try:
-            if body is None:
-                body = self.body_for(call)
+            head, body = request if request is not None else self._request_for(call)
             if engine_request.stream:
-                relay = Relay(call, dog)
-                conn = await self._pool.request(self._head_for(engine_request), body, relay.run,
-                                                sent)
+                relay = Relay(call, dog, tr)
+                conn = await self._pool.request(head, body, relay.run, sent)
                 if relay.outcome == "complete":
                     conn = None  # back in the pool (or closed) already
+                    if tr is not None and tr.segment:
+                        call.continued(0, tr.cached)
                     call.done(*relay.counts())
                     return
                 # an error status: handled below
             else:
-                conn = await self._pool.request(self._head_for(engine_request), body, None, sent)
+                conn = await self._pool.request(head, body, None, sent)
             status = conn.status
             ctype = conn.content_type or b"application/json"
             if status >= 400:
-                error_status(call, status, await conn.read_all(), ctype, conn.retry_after)
+                data = await conn.read_all()
+                if sink.started:  # a continuation the engine would not take
+                    log.warning("upstream %s: continuing %s: %s %r", self.base,
+                                engine_request.rid, status, data[:200])
+                    self._broke(call, tr, upstream(status), status < 500 and status != 429)
+                    return
+                error_status(call, status, data, ctype, conn.retry_after)
                 return
             if not engine_request.stream:
                 await self._whole(call, conn, dog)
@@ -347,7 +374,7 @@ class OpenAIUpstream:
                 conn.close()
                 conn = None
             if sink.started:
-                call.timed_out(reason)
+                self._broke(call, tr, reason, False, timeout=True)
             else:
                 call.attempt_failed(AttemptFailed(reason))
         except (TimeoutError, OSError) as exc:
@@ -357,7 +384,7 @@ class OpenAIUpstream:
                 conn.close()
                 conn = None
             if sink.started:
-                call.failed("upstream_disconnected")
+                self._broke(call, tr, "upstream_disconnected", False)
             else:
                 refused = refused_connection(exc)
                 if refused or not got:
@@ -377,6 +404,20 @@ class OpenAIUpstream:
                     self._pool.release(conn)
                 else:
                     conn.close()
+
+
+    @staticmethod
+    def _broke(call: Call, tr: Transcript | None, reason: str, final: bool,
+               timeout: bool = False) -> None:
+        """The call failed after its client had part of the answer: a stream that can
+        continue is handed to the core to go on elsewhere (``Call.moved``); else, or where the
+        failure would recur anywhere (``final``: the engine judged the request), it ends."""
+        if not final and tr is not None and tr.continuable:
+            call.moved(AttemptFailed(reason))
+        elif timeout:
+            call.timed_out(reason)
+        else:
+            call.failed(reason)
 
 
 class _SentCall(Coroutine[Any, Any, None]):

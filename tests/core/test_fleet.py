@@ -17,6 +17,13 @@ from qosgate.core.breakers import OutlierDetector
 from qosgate.core.decisions import Decision
 from qosgate.core.request import LENT_PREEMPTIBLE
 from qosgate.core.signals import LoadSignals
+from tests.support.classes import with_reserve
+
+
+def _sched_small(*specs: ReplicaSpec, **cfg: object) -> Scheduler:
+    """``_sched`` for a test of another rule on windows so small that the default reserve
+    (one slot kept for realtime) would change what it tests: no reserve."""
+    return _sched(*specs, classes=with_reserve(0.0), **cfg)
 
 
 def _sched(*specs: ReplicaSpec, **cfg: object) -> Scheduler:
@@ -42,7 +49,7 @@ def _finished(ds: list[Decision]) -> dict[str, tuple[str, str]]:
 
 
 def test_requests_go_only_to_replicas_serving_their_model() -> None:
-    s = _sched(ReplicaSpec("a", 4, models=("m-a",)), ReplicaSpec("b", 4, models=("m-b",)))
+    s = _sched_small(ReplicaSpec("a", 4, models=("m-a",)), ReplicaSpec("b", 4, models=("m-b",)))
     got: dict[str, str] = {}
     for i in range(6):
         got |= _dispatched(_submit(s, f"x{i}", model="m-a" if i % 2 else "m-b"))
@@ -92,7 +99,7 @@ def test_retry_cap_and_non_retryable_failures_end_the_request() -> None:
 def test_a_replica_is_ejected_after_consecutive_failures_and_comes_back_on_probation() -> None:
     out_cfg = Fleet(outlier=Outlier(consecutive_failures=3, base_ejection_s=30, jitter=0),
                     retries=Retries(max_attempts=10, min_retries=100))
-    s = _sched(ReplicaSpec("a", 4, models=("m",)), ReplicaSpec("b", 4, models=("x",)),
+    s = _sched_small(ReplicaSpec("a", 4, models=("m",)), ReplicaSpec("b", 4, models=("x",)),
                fleet=out_cfg)
     _submit(s, "r1", model="m")
     for i in range(3):
@@ -114,7 +121,7 @@ def test_a_replica_is_ejected_after_consecutive_failures_and_comes_back_on_proba
 
 
 def test_one_failure_on_probation_ejects_again() -> None:
-    s = _sched(ReplicaSpec("a", 4, models=("m",)),
+    s = _sched_small(ReplicaSpec("a", 4, models=("m",)),
                fleet=Fleet(outlier=Outlier(consecutive_failures=2, base_ejection_s=10, jitter=0),
                            retries=Retries(max_attempts=10, min_retries=100)))
     _submit(s, "r1", model="m")
@@ -450,7 +457,7 @@ def test_a_spent_prefill_budget_leaves_the_queue_alone() -> None:
     """While the budget is spent on every replica with room, a fill pops nothing (each pop
     and re-queue cost a fill under load up to 32 of them); once a prompt is answered, the
     queue moves again."""
-    s = _sched(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=1000))
+    s = _sched_small(ReplicaSpec("a", 8), fleet=Fleet(prefill_budget_tokens=1000))
     _submit(s, "rt", cls="realtime")
     s.first_token("rt", 0.1)
     assert _dispatched(_submit(s, "long", now=0.2, prompt=1500)) == {"long": "a"}
@@ -558,7 +565,7 @@ def test_an_adaptive_window_grows_when_the_queue_fills_all_but_the_reserved_shar
 def test_a_suspect_replica_gets_one_unanswered_request_at_a_time() -> None:
     """A replica whose calls just broke (it may have died) is not handed the whole queue before
     a refused connection can say so: one request at a time until a call there succeeds."""
-    s = _sched(ReplicaSpec("a", 8, models=("m",)), ReplicaSpec("b", 2, models=("m",)),
+    s = _sched_small(ReplicaSpec("a", 8, models=("m",)), ReplicaSpec("b", 2, models=("m",)),
                fleet=Fleet(router="most-free"))
     for i in range(30):
         _submit(s, f"r{i}", model="m")

@@ -19,7 +19,6 @@ from qosgate.config import (
     Aging,
     Fairness,
     Fleet,
-    ServiceClass,
     Tenant,
     TenantLimits,
     default_config,
@@ -27,6 +26,7 @@ from qosgate.config import (
 from qosgate.core import POLICY_NAMES, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.prefix import Prefix
 from qosgate.core.signals import LoadSignals
+from tests.support.classes import with_reserve
 from tests.support.scheduler import Harness
 
 
@@ -100,12 +100,6 @@ def test_every_request_ends_exactly_once_and_books_balance(
     assert set(states) <= {State.COMPLETED, State.REJECTED, State.TIMED_OUT, State.CANCELLED}
 
 
-def _with_reserve(share: float) -> tuple[ServiceClass, ...]:
-    """The default classes with realtime's reserved share set to ``share``."""
-    return tuple(c.model_copy(update={"reserved_share": share}) if c.name == "realtime" else c
-                 for c in default_config().classes)
-
-
 def _saturated_run(
     policy: str, seed: int, completions: int, tenants: int = 1, capacity: int = 8,
     rules: bool = False,
@@ -118,7 +112,7 @@ def _saturated_run(
     rng = random.Random(seed)
     extra: dict[str, object] = {}
     if rules:
-        extra = {"classes": _with_reserve(0.25),
+        extra = {"classes": with_reserve(0.25),
                  "fleet": Fleet(prefill_budget_tokens=600, tpot_guard=0.5)}
     cfg = default_config(
         policy=policy,
@@ -498,7 +492,7 @@ def _run_fleet_ops(policy: str, router: str, ops: list[tuple[object, ...]], rule
                                        prefill_tokens_per_s=2000.0),
                     **extra),  # type: ignore[arg-type]
         # a slot of the windows of 3 and 4 kept for realtime
-        classes=_with_reserve(0.34 if rules else 0.0),
+        classes=with_reserve(0.34 if rules else 0.0),
     )
     names = ["r0", "r1", "r2", "r3"]
     sched = Scheduler(

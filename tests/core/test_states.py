@@ -16,6 +16,7 @@ import pytest
 from qosgate.config import Admission, default_config
 from qosgate.core import QosInputs, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.request import TERMINAL, TRANSITIONS
+from tests.support.classes import with_reserve
 from tests.support.scheduler import Harness
 
 Move = tuple[State, State]
@@ -35,7 +36,7 @@ def _served_to_the_end() -> None:
 
 def _ended_before_the_first_byte() -> None:
     """Every way a dispatched request ends before it has streamed anything."""
-    h = _harness(capacity=5)
+    h = _harness(capacity=5, classes=with_reserve(0.0))  # (api takes every slot)
     done, cancelled, late, failed, refused = (h.submit("api") for _ in range(5))
     h.apply(h.sched.complete(done.id, h.now, 0))
     h.cancel(cancelled.id)
@@ -45,7 +46,7 @@ def _ended_before_the_first_byte() -> None:
 
 
 def _ended_while_streaming() -> None:
-    h = _harness(capacity=3)
+    h = _harness(capacity=3, classes=with_reserve(0.0))
     cancelled, late, failed = (h.submit("api", output=10**4) for _ in range(3))
     h.run_until(0.1)  # each has its first token
     h.cancel(cancelled.id)

@@ -11,6 +11,7 @@ from qosgate.core import QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.runtime.driver import Driver, Ticket
 from qosgate.runtime.ports import Call, Health
 from qosgate.wire.engine_request import EngineRequest
+from tests.support.classes import with_reserve
 
 
 class GatedEngine:
@@ -99,7 +100,9 @@ def _drained(remote: bool) -> tuple[dict[str, Ticket], GatedEngine, tuple[int, i
 
     async def run() -> tuple[dict[str, Ticket], GatedEngine, tuple[int, int], bool]:
         eng = GatedEngine(remote)
-        sched = Scheduler(default_config(), None, [ReplicaSpec("gated", 2)])
+        # (no reserve: api takes both slots)
+        sched = Scheduler(default_config(classes=with_reserve(0.0)), None,
+                          [ReplicaSpec("gated", 2)])
         drv = Driver(sched, {"gated": eng})
         await drv.start()
         tickets: dict[str, Ticket] = {}

@@ -10,6 +10,7 @@ import pytest
 from qosgate.config import config_from_mapping, default_config
 from qosgate.sim.results import RequestRecord, RunResult
 from qosgate.sim.setup import SIM_POLICIES, policy_setup
+from tests.support.classes import with_reserve
 from tests.support.sim import simulate, toy
 
 
@@ -159,8 +160,9 @@ def test_engine_priority_passes_everything_through() -> None:
 
 def test_two_replicas_share_the_load() -> None:
     reqs = [(0.0, "api", 16, 40) for _ in range(8)]
-    one = simulate(reqs, window=4, replicas=1)
-    two = simulate(reqs, window=4, replicas=2)
+    cfg = default_config(classes=with_reserve(0.0))  # (api takes every slot of the 4)
+    one = simulate(reqs, window=4, replicas=1, cfg=cfg)
+    two = simulate(reqs, window=4, replicas=2, cfg=cfg)
     ledger_balances(two)
     assert two.makespan < one.makespan
     assert max(s.inflight for s in two.samples) == 8

@@ -9,11 +9,13 @@ from qosgate.config import default_config
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, retry_stats
 from qosgate.sim.setup import SimSetup
+from tests.support.classes import with_reserve
 from tests.support.sim import TOY, workload
 
 
 def _setup(retries: int) -> SimSetup:
-    cfg = default_config()
+    # (no reserve: api takes every slot of the toy engine's small window)
+    cfg = default_config(classes=with_reserve(0.0))
     classes = [c.model_copy(update={"max_queue": 2}) if c.name == "api" else c
                for c in cfg.classes]
     return SimSetup(

@@ -35,6 +35,15 @@ from qosgate.core.tpot_guard import build_guard
 from qosgate.core.windows import FixedWindow, WindowRule, build_window
 
 
+def reserved_slots(share: float, window: int) -> int:
+    """The slots a reserved ``share`` of a ``window`` keeps: its whole part, but never none
+    for a positive share (a tenth of 8 slots is one slot, not zero) and never the whole
+    window (a one-slot engine keeps none: the classes below would never run)."""
+    if share <= 0 or window < 2:
+        return 0
+    return min(window - 1, max(1, int(share * window)))
+
+
 class Fleet:
     def __init__(self, cfg: QosConfig, classes: Sequence[ServiceClass], class_aware: bool,
                  ceiling: int, backlog: Backlog, router: Router | None = None) -> None:
@@ -49,6 +58,8 @@ class Fleet:
             sum(c.reserved_share for c in classes if c.level < lvl) for lvl in range(len(classes))
         ]
         self.may_borrow = [c.preemptible for c in classes]
+        # the classes no reserve holds back (the ones a reserve is kept for, at the top)
+        self._reserve_levels = [c.level for c in classes if not self.reserve_above[c.level]]
         # whether a class's streams may be evicted after their first byte and resumed
         self.resume = [c.resume for c in classes]
         self._min_run_s = cfg.preemption.min_run_s
@@ -112,8 +123,10 @@ class Fleet:
         self.free_slots = 0
         # requests in flight that may still be pulled back (preemption victims)
         self.preemptible: dict[str, Request] = {}
-        # streams in flight that may be evicted and resumed elsewhere (classes with resume)
+        # streams in flight that may be evicted and resumed elsewhere (classes with resume),
+        # and when the first one the last search found too fresh may be (its minimum run done)
         self.evictable: dict[str, Request] = {}
+        self.victim_at = math.inf
 
     # ---------------------------------------------------------------- replicas
     def add(self, spec: ReplicaSpec, window_rule: WindowRule | None = None) -> None:
@@ -206,7 +219,7 @@ class Fleet:
         """What a window counts as in use: the requests in flight and the free room kept for
         the classes above (the reserved share), which the queue may not fill. Without the
         latter a window of 20 or more never counted as full under api traffic and never grew."""
-        reserved = int(self._reserve_max * rep.window_rule.window)
+        reserved = reserved_slots(self._reserve_max, rep.window_rule.window)
         return len(rep.inflight) + (min(reserved, rep.free) if reserved else 0)
 
     def refresh(self, now: float) -> None:
@@ -495,11 +508,16 @@ class Fleet:
             key = (cand.level, True, cand.dispatched_at or 0.0)
             if victim is None or key > best:
                 victim, best = cand, key
+        self.victim_at = math.inf
         if self.evictable:
             settled = now - self._min_run_s
             for cand in self.evictable.values():
-                if (cand.class_level <= req.class_level or cand.level <= req.level
-                        or cand.ran_since > settled):
+                if cand.class_level <= req.class_level or cand.level <= req.level:
+                    continue
+                if cand.ran_since > settled:
+                    at = cand.ran_since + self._min_run_s
+                    if at < self.victim_at:
+                        self.victim_at = at
                     continue
                 if req.model and not self.replicas[cand.replica or ""].serves(req.model):
                     continue
@@ -507,6 +525,15 @@ class Fleet:
                 if victim is None or key > best:
                     victim, best = cand, key
         return victim
+
+    def reserve_waits(self) -> bool:
+        """A request a reserve is kept for waits (of a class no reserve holds back): a fill
+        that set many aside must go on to it while a reserved slot is free, whatever order
+        the policy pops in (under ``wfq`` a realtime request may come after many others)."""
+        if not self._reserve_max:
+            return False
+        queued = self._backlog.by_class
+        return any(queued[lv] for lv in self._reserve_levels)
 
     def preemptible_below(self, level: int) -> int:
         """Slots held by requests less urgent than ``level`` that it may pull back now
@@ -583,7 +610,7 @@ class Fleet:
         its borrower ends: the borrower's debt, not the other classes'). On an engine that
         pauses, every request of a class that may be pulled back counts as free room too: the
         classes above can have its slot back at any time."""
-        reserved = int(frac * rep.window_rule.window)
+        reserved = reserved_slots(frac, rep.window_rule.window)
         if not reserved:
             return None
         return rep.free + (rep.preemptible if rep.pausable else rep.loans) - reserved

@@ -115,6 +115,8 @@ class Scheduler:
         # prompt tokens sent again to continue streams, and of those the engines had cached
         self.resent: Counter[str] = Counter()
         self.resent_cached: Counter[str] = Counter()
+        # when a stream too fresh to evict for a waiting request may be (see ``tick``)
+        self._evict_at = math.inf
         # dispatches past a full window, to overtake unstarted work in an ordered engine
         self.overtakes: Counter[str] = Counter()
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
@@ -549,8 +551,28 @@ class Scheduler:
     def tick(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         self._advance(now, out)
+        if now >= self._evict_at:
+            self._evict_at = math.inf
+            self._preempt_for_waiting(now, out)
         self._fill(now, out)
         return out
+
+    def _preempt_for_waiting(self, now: float, out: list[Decision]) -> None:
+        """A stream too fresh to evict when a more urgent request came has run its minimum
+        now: each request of a class that may preempt still waiting takes a slot, as it would
+        have on arrival."""
+        by_class = self.backlog.by_class
+        for level, may in enumerate(self._preempts):
+            if not may or not by_class[level]:
+                continue
+            for req in list(by_class[level].values()):
+                if req.state is not QUEUED:
+                    continue  # (dispatched by the fill below, for an earlier one's victim)
+                if not self.fleet.free_slots:
+                    self._preempt_for(req, now, out)
+                    if not self.fleet.free_slots:
+                        return  # no victim now (a later one may be due: ``_evict_at``)
+                self._fill(now, out)
 
     def next_timer(self) -> float | None:
         """When the driver should call ``tick`` at the latest (a timeout or a promotion is due,
@@ -687,7 +709,8 @@ class Scheduler:
                     held_above = min(held_above, req.class_level)
                     if fleet.prefill_budget is not None:
                         fleet.close_budget_below(req)
-                    if len(held) >= _HOLD_MAX or (fleet.may_stall and fleet.nothing_may_go()):
+                    if (len(held) >= _HOLD_MAX and not fleet.reserve_waits()) or (
+                            fleet.may_stall and fleet.nothing_may_go()):
                         break
                     continue
                 self._dispatch(req, rep, now, out)
@@ -767,8 +790,13 @@ class Scheduler:
         """Make room for ``req`` by pulling back the least urgent, most recently dispatched
         preemptible request below it that has sent nothing to its client yet (or, on a pausable
         engine, one that can pause at a token boundary)."""
-        victim = self.fleet.preemption_victim(req, now)
+        fleet = self.fleet
+        victim = fleet.preemption_victim(req, now)
         if victim is None:
+            if fleet.victim_at < self._evict_at:  # a stream will be evictable then: look again
+                self._evict_at = fleet.victim_at
+                if fleet.victim_at < fleet.next_change:
+                    fleet.next_change = fleet.victim_at
             return
         rep = self.replicas[victim.replica or ""]
         # a pausable engine keeps what the victim computed so far (even a partial prefill), so

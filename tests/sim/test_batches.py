@@ -223,7 +223,7 @@ def test_same_seed_same_report_with_jobs() -> None:
 NO_JOB_DIGESTS = {
     "det": "104c203b61af95831b5ed4bde5d6dd324a3aaa5e8374535e56cb07f95167ee45",
     # (re-taken when a positive reserve stopped rounding to no slot: its 8-slot replica keeps one)
-    "det-fleet": "cf828bd4001c8dd13c87be7ea3acbc03e2d8e048872a6e5b9d8f4120de155a48",
+    "det-fleet": "f038b9c407da07c87cb3dc7b81cc681d52285a70ba4e8eb57b77a4c0d976d1e7",
 }
 
 

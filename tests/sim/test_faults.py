@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from qosgate.config import QosConfig, default_config
+from qosgate.config import Fleet, QosConfig, Retries, default_config
 from qosgate.sim.driver import run_policy
 from qosgate.sim.results import RequestRecord, RunResult
 from qosgate.sim.setup import FaultPlan, ReplicaPlan, SimSetup, scaled
@@ -56,24 +56,39 @@ def one_outcome_each(res: RunResult) -> None:
     assert sum(res.outcomes.values()) == res.arrivals
 
 
-def test_a_death_fails_the_streams_and_retries_the_rest_elsewhere() -> None:
+def test_a_death_moves_the_streams_and_retries_the_rest_elsewhere() -> None:
     # r0 takes A (streaming from 0.018 s) and C (a 640-token prompt: ~10 chunked steps of
-    # prefill), r1 takes B. r0 dies at 0.1 s: A had streamed, so it fails, charged what it
-    # streamed; C had sent nothing, so the core retries it, on r1.
+    # prefill), r1 takes B. r0 dies at 0.1 s: A had streamed, so it continues on r1 from the
+    # tokens it delivered (a move); C had sent nothing, so the core retries it: r1 is full
+    # (A and B), so, no probe having told it r0 is down, once to r0 (refused), then on r1.
     res = run(
         [(0.0, "batch", 8, 300), (0.0, "batch", 8, 20), (0.0, "batch", 640, 5)],
         (FaultPlan("r0", "die", 0.1),),
     )
     one_outcome_each(res)
     a, b, c = rec(res, "r000000"), rec(res, "r000001"), rec(res, "r000002")
-    assert (a.replica, b.replica) == ("r0", "r1")
-    assert a.state == "failed" and a.reason == "upstream_disconnected"
-    assert 0 < a.output_tokens < 300 and a.first_token_at is not None
+    assert (a.replica, b.replica) == ("r1", "r1")
+    assert a.state == "completed" and a.output_tokens == 300 and a.first_token_at < 0.1
+    assert res.moves == 1 and 8 < res.resent_tokens < 8 + 300  # its prompt and what it had
     assert b.state == "completed"
-    assert c.state == "completed" and c.replica == "r1" and c.failed_attempts == 1
+    assert c.state == "completed" and c.replica == "r1" and c.failed_attempts == 2
     assert c.first_token_at is not None and c.first_token_at > 0.1
-    assert res.fleet["attempt_failures"] == {"upstream_disconnected": 1}
-    assert res.fleet["retries"] == {"upstream_disconnected": 1}
+    assert res.fleet["attempt_failures"] == {"upstream_disconnected": 2,
+                                             "upstream_unreachable": 1}
+    assert res.fleet["retries"] == {"upstream_disconnected": 1, "upstream_unreachable": 1}
+
+
+def test_without_moves_a_death_fails_the_streams() -> None:
+    res = run(
+        [(0.0, "batch", 8, 300), (0.0, "batch", 8, 20)],
+        (FaultPlan("r0", "die", 0.1),),
+        cfg=default_config(fleet=Fleet(retries=Retries(max_moves=0))),
+    )
+    one_outcome_each(res)
+    a = rec(res, "r000000")
+    assert a.replica == "r0" and a.state == "failed" and a.reason == "upstream_disconnected"
+    assert 0 < a.output_tokens < 300 and a.first_token_at is not None
+    assert res.moves == 0
 
 
 def test_a_request_sent_to_a_dead_replica_is_refused_and_tried_elsewhere() -> None:
@@ -87,7 +102,10 @@ def test_a_request_sent_to_a_dead_replica_is_refused_and_tried_elsewhere() -> No
     one_outcome_each(res)
     late = rec(res, "r000001")
     assert late.state == "completed" and late.replica == "r1" and late.failed_attempts == 1
-    assert res.fleet["attempt_failures"] == {"upstream_unreachable": 1}
+    # (the first, streaming on r0 when it died, moved to r1)
+    assert res.fleet["attempt_failures"] == {"upstream_unreachable": 1,
+                                             "upstream_disconnected": 1}
+    assert res.moves == 1
 
 
 def test_a_dead_replica_is_used_again_after_the_probe_that_finds_it_back() -> None:
@@ -96,12 +114,12 @@ def test_a_dead_replica_is_used_again_after_the_probe_that_finds_it_back() -> No
     reqs = [(0.02 * i, "batch", 8, 10) for i in range(60)]
     res = run(reqs, (FaultPlan("r0", "die", 0.05, until=0.5),), window=1, probe=0.3)
     one_outcome_each(res)
-    first = rec(res, "r000000")  # streaming on r0 when it died
-    assert (first.replica, first.state) == ("r0", "failed")
+    first = rec(res, "r000000")  # streaming on r0 when it died: it moved to r1
+    assert (first.replica, first.state) == ("r1", "completed") and res.moves == 1
     on_r0 = [r for r in res.records if r.replica == "r0" and r.state == "completed"]
     assert not [r for r in on_r0 if (r.first_token_at or 0) < 0.6]  # none while it was out
     assert len(on_r0) >= 5  # and it serves again after the probe that found it back
-    assert all(r.state == "completed" for r in res.records if r.rid != first.rid)
+    assert all(r.state == "completed" for r in res.records)
     assert [f["action"] for f in res.fleet["faults"]] == ["die", "revive"]  # type: ignore[union-attr]
     assert min(s.replicas_up for s in res.samples) == 1
 

@@ -282,20 +282,17 @@ def test_fleet_faults_short_run_accounts_every_request() -> None:
         recs = run.result.records
         fleet = run.result.fleet
         failed = [r for r in recs if r.state == "failed"]
-        # a request fails only by r0's death: cut while it streamed from r0, or never started
-        # after attempts that failed (on r0) beyond its attempts or the retry budget
-        streaming = [r for r in failed if r.first_token_at is not None]
+        # a request fails only by r0's death: never started after attempts that failed (on
+        # r0) beyond its attempts or the retry budget; the streams cut on r0 went on elsewhere
         cold = [r for r in failed if r.first_token_at is None]
-        assert streaming and all(
-            r.replica == "r0" and r.reason == "upstream_disconnected" and r.output_tokens > 0
-            for r in streaming
-        )
+        assert not [r for r in failed if r.first_token_at is not None]
+        assert run.result.moves > 0
         assert all(r.failed_attempts >= 1 and r.reason.startswith("upstream_") for r in cold)
         # the core's ledger of attempts agrees: every failed attempt was retried, or ended its
         # request (failed, never started)
         fails, retries = fleet["attempt_failures"], fleet["retries"]
         assert isinstance(fails, dict) and isinstance(retries, dict)
-        assert sum(fails.values()) - sum(retries.values()) == len(cold)
+        assert sum(fails.values()) - sum(retries.values()) - run.result.moves == len(cold)
         assert sum(retries.values()) > 0
         assert [p["fleet"] for p in run.metrics["phases"]] == [
             "all up",

@@ -400,7 +400,7 @@ class Scheduler:
         queued again in its place, to go on from its last delivered token on another replica,
         while it has moves left (``fleet.retries.max_moves``, as Dynamo's migration limit);
         else it ends ``failed`` (``timed_out`` for a timeout reason), its client's stream
-        closed with an error event. The replica learns of the failure either way."""
+        closed with an error event. A move counts as a failed attempt of that replica."""
         out: list[Decision] = []
         self._advance(now, out)
         req = self.requests.get(rid)
@@ -410,13 +410,13 @@ class Scheduler:
         reason = fact.reason
         name = req.replica or ""
         rep = self.replicas.get(name)
-        if rep is not None:
-            self.attempt_failures[(req.service_class, name, reason)] += 1
-            self.fleet.attempt_failed(rep, now, now - (req.dispatched_at or now), fact)
         if not (req.resumable and rep is not None and rep.resumes
                 and req.moves < self.cfg.fleet.retries.max_moves):
             return self._end_running(rid, now, TIMED_OUT if is_timeout(reason) else FAILED,
                                      reason, 0, None)
+        # a failed engine call the request goes on from: the replica learns of it
+        self.attempt_failures[(req.service_class, name, reason)] += 1
+        self.fleet.attempt_failed(rep, now, now - (req.dispatched_at or now), fact)
         self._release_slot(req)
         self.fleet.refresh(now)
         self.policy.settle(req, -req.cost)  # charged again when it goes on

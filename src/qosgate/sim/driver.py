@@ -162,6 +162,12 @@ class Simulation:
         self.late_finishes = 0
         self.pauses = 0
         self.aborts = 0
+        self.evicted = 0
+        self.moved = 0
+        self.resent = 0
+        # tokens a stream delivered on engine calls before its current one (evicted, or moved
+        # off a replica that died): its continuation's prompt carries them
+        self.done_before: dict[str, int] = {}
         self.calls = 0
         self.last_finish = 0.0
         self.sent = 0  # requests submitted so far, first attempts and retries
@@ -238,8 +244,17 @@ class Simulation:
         """The engine call of ``rid`` broke (its replica died): a stream that had started fails,
         charged what it streamed; an attempt that had sent nothing the core may retry."""
         self.calls += 1
-        if had_streamed:
-            return self._holder(rid).fail(rid, now, DISCONNECTED, tokens)
+        if had_streamed:  # it may continue on another replica from what it delivered
+            sched = self._holder(rid)
+            done = self.done_before.get(rid, 0) + tokens
+            self.done_before[rid] = done
+            sched.progress(rid, done)
+            req = sched.requests.get(rid)
+            moves = 0 if req is None else req.moves
+            out = sched.stream_broke(rid, now, AttemptFailed(DISCONNECTED))
+            if req is not None and req.moves > moves:
+                self.moved += 1
+            return out
         return self._holder(rid).attempt_failed(rid, now, LOST)
 
     def _dispatch(self, d: Dispatch, now: float) -> list[Decision]:
@@ -256,6 +271,8 @@ class Simulation:
                 return self._holder(rid).fail(rid, now, UNREACHABLE)
             return self._holder(rid).attempt_failed(rid, now, REFUSED)
         self._touch(rep, now)
+        if d.resume and rid not in rep.seqs and rid in self.done_before:
+            return self._continue(d, rep, now)
         if d.resume:
             if rid not in rep.seqs:  # not in this engine (cannot happen): its state is gone
                 return self._call_lost(rid, now, rid in self.started, 0)
@@ -304,6 +321,30 @@ class Simulation:
         rep.seqs[rid] = None
         return []
 
+    def _continue(self, d: Dispatch, rep: SimReplica, now: float) -> list[Decision]:
+        """A stream evicted or moved goes on here, as the gateway continues it: a sequence
+        whose prompt is the request's and the tokens it delivered (the engine computes again
+        what its prefix cache lost of it), for the rest of its output."""
+        rid = d.req.id
+        a = self.arr[rid]
+        done = self.done_before[rid]
+        prompt = a.prompt + done
+        self.resent += prompt
+        self._holder(rid).continued(rid, prompt, None)
+        spec = SeqSpec(
+            rid, prompt, None if a.max_tokens is None else max(1, a.max_tokens - done),
+            target_output_tokens=max(1, a.output - done),
+            engine_priority=d.req.order if d.req.order is not None else d.req.level,
+            prefix=a.prefix,
+        )
+        try:
+            rep.engine.add(spec)
+        except ValueError:
+            self.calls += 1
+            return self._holder(rid).fail(rid, now, "engine_rejected")
+        rep.seqs[rid] = None
+        return []
+
     def _preempt(self, d: Preempt, now: float) -> None:
         rep = self.reps[d.replica]
         rid = d.req.id
@@ -316,8 +357,12 @@ class Simulation:
                 rep.parked[rid] = under_way
             if not any(isinstance(e, FinishEvent) for e in under_way):
                 rep.engine.pause(rid)
-        else:  # no first token yet: drop it from the engine, it is re-dispatched later
-            self.aborts += 1
+        else:  # dropped from the engine: re-dispatched later (a stream continues from there)
+            if rid in self.started:
+                self.evicted += 1
+                self.done_before[rid] = self.done_before.get(rid, 0) + rep.generated(rid)
+            else:
+                self.aborts += 1
             rep.engine.abort(rid)
             rep.drop(rid)
             rep.forget(rid)
@@ -327,6 +372,7 @@ class Simulation:
         rid = req.id
         a = self.arr[rid]
         out = req.output_tokens
+        self.done_before.pop(rid, None)
         if req.state is not State.COMPLETED and req.replica is not None:
             rep = self.reps.get(req.replica)
             if rep is not None:  # e.g. timed out while paused: free its KV in the engine
@@ -467,8 +513,11 @@ class Simulation:
                 self.started.add(ev.seq_id)
                 self.apply(sched.first_token(ev.seq_id, t), t)
             else:
+                before = self.done_before.pop(ev.seq_id, 0)
                 self.apply(sched.complete(
-                    ev.seq_id, t, ev.completion_tokens, cached_tokens=ev.cached_tokens or None
+                    ev.seq_id, t, before + ev.completion_tokens,
+                    # (a continuation's cache counts its own prompt, not the request's)
+                    cached_tokens=None if before else ev.cached_tokens or None,
                 ), t)
         rep.buf = None
 
@@ -713,6 +762,7 @@ class Simulation:
         sched = self.gateways.schedulers[g]
         inputs = self.setup.workload.inputs[a.stream]
         req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens, prefix=a.prefix)
+        req.resumable = True  # a stream with nothing a continuation could not reproduce
         self.apply(sched.submit(req, now), now)
 
     def _on_sync(self, ev: SyncDue, now: float) -> None:
@@ -757,6 +807,9 @@ class Simulation:
             outcomes=dict(sorted(ledger.items())),
             pauses=self.pauses,
             aborts=self.aborts,
+            evictions=self.evicted,
+            moves=self.moved,
+            resent_tokens=self.resent,
             late_finishes=self.late_finishes,
             unfinished=unfinished,
             scheduler_calls=self.calls,

@@ -40,6 +40,9 @@ class Gateways:
                         ReplicaSpec(
                             rp.name, rp.window, pausable=rp.pausable,
                             window_mode=rp.window_mode, ordered=ps.engine_queue == "priority",
+                            # an upstream-like replica models vLLM: a stream continues from
+                            # its token ids (evicted, or moved off a replica that died)
+                            resumes=not rp.pausable,
                         )
                     )
             self.schedulers.append(sched)

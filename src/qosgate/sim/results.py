@@ -90,6 +90,9 @@ class RunResult:
     outcomes: dict[str, int] = field(default_factory=dict)
     pauses: int = 0  # core preemptions carried out as a pause (KV kept)
     aborts: int = 0  # core preemptions carried out as an abort (before the first token)
+    evictions: int = 0  # streams evicted after their first token, continued later (not paused)
+    moves: int = 0  # streams continued on another replica after theirs died mid-stream
+    resent_tokens: int = 0  # prompt tokens computed again for those continuations
     # a first token or finish produced in the step during which qosgate paused the sequence,
     # reported when it is resumed (see _preempt)
     late_finishes: int = 0

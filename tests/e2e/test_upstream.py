@@ -246,7 +246,17 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
     got = recorded(standin)[-1]
     value = _priority_sent(got)
     assert band_of(value) == 0
-    assert got == b'{"priority":' + str(value).encode() + b"," + body3[1:]  # a stream: as sent
+    # a stream that could continue on another call (evicted, or its replica failing) also
+    # asks for its token ids, which the client's answer has null as vLLM writes them unasked
+    assert got == (b'{"priority":' + str(value).encode() + b',"return_token_ids":true,'
+                   + body3[1:])
+    body4 = body3.replace(b'"prompt":"x"', b'"prompt":"x","stop":["."]')  # never continued
+    code, _, out = http("POST", gateway.url + "/v1/completions", body4,
+                        {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
+    assert code == 200, out
+    got = recorded(standin)[-1]
+    value = _priority_sent(got)
+    assert got == b'{"priority":' + str(value).encode() + b"," + body4[1:]  # as sent
 
 
 # ---------------------------------------------------------------------- errors

@@ -247,7 +247,7 @@ class Relay:
     def _count(self, data: bytes) -> None:
         self.dog.last = self.dog.loop.time()
         tr = self.transcript
-        if tr is not None:
+        if tr is not None and (tr.exact or tr.segment):  # (an engine that sent ids)
             if len(tr.ids) > self.tokens:
                 self.tokens = len(tr.ids)
                 self.call.progress(self.tokens)

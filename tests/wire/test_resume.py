@@ -6,6 +6,8 @@ them (the shapes below are captured from it)."""
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +153,19 @@ def test_what_a_continuation_cannot_reproduce_is_never_continued(event: bytes) -
     assert tr.continuable
     tr.feed(event)
     assert not tr.exact and not tr.continuable
+
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "guides" / "scheduling.md"
+ROW = re.compile(r"^\| ((?:`[^`]+`(?:, )?)+) \| (carried|rendered|adjusted|ignored|blocks) \|",
+                 re.M)
+
+
+def test_the_guide_lists_every_member_with_its_rule() -> None:
+    text = DOC.read_text()
+    table = text[text.index("<!-- resume-members"):]
+    documented: dict[str, str] = {}
+    for names, rule in ROW.findall(table):
+        for name in re.findall(r"`([^`]+)`", names):
+            assert name not in documented, f"{name} is twice in the table"
+            documented[name] = rule
+    assert documented == {name: rule for name, (rule, _, _) in MEMBERS.items()}

@@ -163,8 +163,8 @@ _PROMPT_IDS = re.compile(rb'"prompt_token_ids":\[([0-9,]*)\]')
 _HEAD = re.compile(rb'^data: \{("id":"[^"]*","object":"[^"]*","created":\d+,"model":"(?:[^"\\]|'
                    rb'\\.)*")')
 _FINISH = b'"finish_reason":"'
-# a choice event that carries output but no token ids (the engine did not return them)
-_TOKEN_EVENT = re.compile(rb'"(?:delta":\{"content|text)":(?:(?!"token_ids":\[)[^\n])*\n')
+# what begins a choice that carries output (completions, chat): each must come with its ids
+_TOKEN_EVENT = (b'"text":', b'"delta":{"content":')
 # a chat delta member a completions continuation cannot write (reasoning, tool calls, ...)
 _OTHER_DELTA = re.compile(rb'"delta":\{(?:"role":"assistant",)?"(?!content"|role")')
 _FINGERPRINT = re.compile(rb',"system_fingerprint":("(?:[^"\\]|\\.)*")')
@@ -277,13 +277,13 @@ class Transcript:
             m = _PROMPT_IDS.search(events)
             if m is not None:
                 self.prompt_ids = _ints(m.group(1))
-        found = False
+        found = 0
         for m in _IDS.finditer(events):
             self.ids.extend(_ints(m.group(1)))
-            found = True
-        if self.exact and (_OTHER_DELTA.search(events) is not None
-                           or _TOKEN_EVENT.search(events) is not None):
-            self.exact = False  # an event a continuation cannot write, or a token without ids
+            found += 1
+        if self.exact and (found < events.count(_TOKEN_EVENT[self.route == "chat"])
+                           or _OTHER_DELTA.search(events) is not None):
+            self.exact = False  # a token without ids, or an event a continuation cannot write
         if _FINISH in events:
             self.ended = True
         if self.wants_ids:

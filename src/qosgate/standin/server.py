@@ -78,6 +78,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
+from qosgate.models.filler import text_ids
 from qosgate.models.simmodel import Policy, SimEngine, load_profile, with_host_tier
 from qosgate.models.step import SeqSpec
 from qosgate.runtime.inprocess import InProcessEngine
@@ -144,9 +145,28 @@ class _Body(msgspec.Struct):
     input: msgspec.Raw = msgspec.Raw(b"")  # the Responses API's prompt
     stream_options: _StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extra sampling parameter: generate to the cap
+    return_token_ids: bool | None = None  # vLLM's: the prompt's and the answer's token ids
 
 
 _decode = msgspec.json.Decoder(_Body).decode
+_decode_ids = msgspec.json.Decoder(list[int] | list[list[int]]).decode
+
+
+def prompt_ids(route: Route, raw: bytes) -> tuple[int, ...]:
+    """The prompt's token ids: a completions prompt given as ids (a list of ints, or a list of
+    one such list) as it is, any other prompt as the filler model reads text
+    (``filler.text_ids``: one id per 4 characters of its JSON)."""
+    if route == "completions" and raw[:1] == b"[":
+        try:
+            ids = _decode_ids(raw)
+        except msgspec.DecodeError:
+            return text_ids(raw)  # a list of strings: read as text
+        if ids and isinstance(ids[0], list):
+            if len(ids) == 1:
+                return tuple(ids[0])
+            return text_ids(raw)  # several prompts: not served one by one here
+        return tuple(ids)
+    return text_ids(raw)
 
 
 
@@ -335,7 +355,8 @@ class StandIn:
         # answered 400 "Priority scheduling is not enabled"); the fcfs queue never reads it
         priority = b.priority
         raw = {"chat": b.messages, "responses": b.input}.get(route, b.prompt)
-        prompt_tokens = max(1, len(raw) // 4)
+        context_ids = prompt_ids(route, bytes(raw))
+        prompt_tokens = max(1, len(context_ids))
         if route == "responses":
             field, asked = "max_output_tokens", b.max_output_tokens
         else:
@@ -391,9 +412,11 @@ class StandIn:
                 body_context(body), block_chars=self.block_size * CHARS_PER_TOKEN,
                 token_block=self.block_size,
             ) if self.prefix_caching else None,
+            context_ids=context_ids,
         )
         call = StandInCall(engine_request, sink, self.finished, self.success)
-        gen = asyncio.ensure_future(self.engine.generate(call, spec))
+        gen = asyncio.ensure_future(
+            self.engine.generate(call, spec, bool(b.return_token_ids)))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
         if gen.done():

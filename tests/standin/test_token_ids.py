@@ -49,6 +49,14 @@ def word_of(token_id: int) -> str:
     return " " + VOCAB[token_id]
 
 
+def check_token(text: str, ids: list[int] | None, flag: bool | None) -> None:
+    """A token chunk's ids: its own (its text is its word) with the flag, else null."""
+    if flag:
+        assert ids is not None and len(ids) == 1 and text == word_of(ids[0])
+    else:
+        assert ids is None
+
+
 @pytest.mark.parametrize("flag", [True, False, None])
 def test_chat_stream_members(flag: bool | None) -> None:
     answer = chat(stream=True, flag=flag)
@@ -70,10 +78,7 @@ def test_chat_stream_members(flag: bool | None) -> None:
         assert event == top + (
             b',"choices":[{"index":0,"delta":{"content":' + json.dumps(text).encode()
             + b'},"logprobs":null,"finish_reason":null,"token_ids":' + ids_json(ids) + b'}]}')
-        if flag:
-            assert len(ids) == 1 and text == word_of(ids[0])
-        else:
-            assert ids is None
+        check_token(text, ids, flag)
     assert events[-1] == b"data: [DONE]"
 
 
@@ -91,10 +96,7 @@ def test_completions_stream_members(flag: bool | None) -> None:
             b',"choices":[{"index":0,"text":' + json.dumps(choice["text"]).encode()
             + b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":'
             + (prompt if n == 0 else b"null") + b',"token_ids":' + ids_json(ids) + b'}]}')
-        if flag:
-            assert len(ids) == 1 and choice["text"] == word_of(ids[0])
-        else:
-            assert ids is None
+        check_token(choice["text"], ids, flag)
     usage = answer.chunks()[-1]["usage"]
     assert usage["prompt_tokens"] == len(text_ids(json.dumps(PROMPT).encode()))
     assert events[-1] == b"data: [DONE]"

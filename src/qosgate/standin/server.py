@@ -149,7 +149,7 @@ class _Body(msgspec.Struct):
 
 
 _decode = msgspec.json.Decoder(_Body).decode
-_decode_ids = msgspec.json.Decoder(list[int] | list[list[int]]).decode
+_decode_ids = msgspec.json.Decoder(list[int | list[int]]).decode
 
 
 def prompt_ids(route: Route, raw: bytes) -> tuple[int, ...]:
@@ -158,14 +158,14 @@ def prompt_ids(route: Route, raw: bytes) -> tuple[int, ...]:
     (``filler.text_ids``: one id per 4 characters of its JSON)."""
     if route == "completions" and raw[:1] == b"[":
         try:
-            ids = _decode_ids(raw)
+            items = _decode_ids(raw)
         except msgspec.DecodeError:
             return text_ids(raw)  # a list of strings: read as text
-        if ids and isinstance(ids[0], list):
-            if len(ids) == 1:
-                return tuple(ids[0])
-            return text_ids(raw)  # several prompts: not served one by one here
-        return tuple(ids)
+        flat = [i for i in items if isinstance(i, int)]
+        if len(flat) == len(items) and flat:
+            return tuple(flat)
+        if len(items) == 1 and isinstance(items[0], list) and items[0]:
+            return tuple(items[0])
     return text_ids(raw)
 
 

@@ -24,6 +24,14 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   ``--max-model-len``, in vLLM's words; 400 ``Bad Request`` for a body that does not validate
   (``param`` ``body.<field>``); 404 ``NotFoundError`` "The model `x` does not exist. Valid
   aliases: ..." (``param`` ``model``); FastAPI's ``{"detail": "Not Found"}`` for an unknown path;
+- vLLM's ``return_token_ids``: with ``true``, the prompt's ids and each token's where vLLM 0.32
+  writes them (chat: ``prompt_token_ids`` beside the role chunk's ``choices``, ``token_ids`` in
+  each token's choice; completions: both in the choice, the prompt's on the first chunk only;
+  whole answers likewise), null without it; and a ``/v1/completions`` prompt of token ids (a
+  list of ints, or a list of one such list), whose prompt tokens are its ids. The filler
+  model's ids are context-determined (``models/filler.py``: a text prompt is one id per 4
+  characters of its JSON, each generated id follows from the two before it), so a stream
+  continued from the ids it delivered goes on exactly as it would have, as on a greedy vLLM;
 - a client disconnect aborts the request in the engine at once;
 - ``GET /metrics`` with vLLM's metric names and labels (``engine``, ``model_name``):
   ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a
@@ -58,7 +66,9 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
 
 Known differences that no gateway behaviour depends on: the tokens are not a model's; a stream
 sends its ``finish_reason`` in a chunk of its own after the last token (vLLM puts it on the last
-token's chunk); fewer response fields (no ``system_fingerprint``, ``stop_reason``, ...).
+token's chunk, with its ``stop_reason`` and ``token_ids``); fewer response fields (no
+``system_fingerprint``, no ``stop_reason`` but in a completions stream's token chunks, ...); ids
+of a token-id prompt are not checked against a vocabulary.
 
 Run: ``python -m qosgate.standin --port 8001 --scheduling-policy priority``; several
 with different ``--served-model-name`` make a fleet serving several models.

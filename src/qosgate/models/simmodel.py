@@ -222,9 +222,11 @@ class _Seq:
         self.computed = 0  # tokens whose KV is in the cache (== KV slots held)
         self.gen = 0  # tokens generated (and emitted) so far
         self.state = _WAITING
+        # its first token is not the sequence's first: it has prompt ids (``filler.word``)
+        self.prompted = spec.context_ids is not None
         # the two last ids of the sequence, the next token's context (``filler``): the prompt's
-        # ids when it has them, else seeded from its id; it follows the tokens reported only
-        self.prompted = spec.context_ids is not None  # its first token is not the sequence's
+        # when it has ids, else seeded from its id; it moves with the tokens reported only (the
+        # simulator's closed-form stretches report none after the first, and need no ids)
         self.context = (context_of(spec.context_ids) if spec.context_ids is not None
                         else seeded_context(spec.seq_id))
         self.admitted = False  # taken from the waiting queue at least once

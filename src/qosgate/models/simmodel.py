@@ -66,7 +66,6 @@ would reach into the others' counters.
 from __future__ import annotations
 
 import math
-import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ import yaml
 from pydantic import Field
 
 from qosgate.config import Strict
+from qosgate.models.filler import context_of, next_id, seeded_context, word
 from qosgate.models.prefix_cache import PrefixCache
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, StepResult, TokenEvent
 
@@ -189,29 +189,13 @@ class Advance:
 
 _WAITING, _RUNNING, _PAUSED = 0, 1, 2
 
-_WORDS = (
-    "the of and to in is that it was for on are as with his they at be this from have or by "
-    "one had not but what all were when we there can an your which their said if do will "
-    "each about how up out them then she many some so these would other into has more her "
-    "two like him see time could no make than first been its who now people my made over did "
-    "down only way find use may water long little very after words called just where most "
-    "know"
-)
-_VOCAB = _WORDS.split()
-
-
-def token_word(seq_id: str, index: int) -> tuple[int, str]:
-    """A deterministic (token_id, text) so simulated streams read like text, across processes."""
-    tid = zlib.crc32(f"{seq_id}:{index}".encode()) % len(_VOCAB)
-    return tid, (_VOCAB[tid] if index == 0 else " " + _VOCAB[tid])
-
-
 class _Seq:
     __slots__ = (
         "admitted",
         "block",
         "cached",
         "computed",
+        "context",
         "full",
         "gen",
         "id",
@@ -222,6 +206,7 @@ class _Seq:
         "pinned",
         "prio",
         "prompt",
+        "prompted",
         "state",
     )
 
@@ -237,6 +222,13 @@ class _Seq:
         self.computed = 0  # tokens whose KV is in the cache (== KV slots held)
         self.gen = 0  # tokens generated (and emitted) so far
         self.state = _WAITING
+        # its first token is not the sequence's first: it has prompt ids (``filler.word``)
+        self.prompted = spec.context_ids is not None
+        # the two last ids of the sequence, the next token's context (``filler``): the prompt's
+        # when it has ids, else seeded from its id; it moves with the tokens reported only (the
+        # simulator's closed-form stretches report none after the first, and need no ids)
+        self.context = (context_of(spec.context_ids) if spec.context_ids is not None
+                        else seeded_context(spec.seq_id))
         self.admitted = False  # taken from the waiting queue at least once
         # prefix cache: its block keys (None: no identity, nothing cached), the tokens of one,
         # its full prompt blocks, how many leading ones it pins now, prompt tokens found cached
@@ -705,7 +697,9 @@ class SimEngine:
                 self._itl_s += dur
                 self._itl_n += 1
             if emit_all or idx == 0:
-                tid, text = token_word(s.id, idx)
+                tid = next_id(s.context)
+                s.context = (s.context[1], tid)
+                text = word(tid, first=idx == 0 and not s.prompted)
                 res.tokens.append(TokenEvent(s.id, idx, text, tid))
             if s.gen >= s.limit:
                 interesting = True

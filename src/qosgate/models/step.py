@@ -71,6 +71,9 @@ class SeqSpec:
     # the prompt's block keys (``core.prefix``): an engine model with a prefix cache computes
     # only the blocks it does not hold
     prefix: Prefix | None = None
+    # the prompt's token ids, for a simulated engine whose tokens follow from them (the vLLM
+    # stand-in: ``models/filler.py``); None: it has none
+    context_ids: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)

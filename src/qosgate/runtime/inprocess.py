@@ -34,7 +34,7 @@ from typing import Any
 from qosgate.models.step import BadTextRequest, FinishEvent, SeqSpec, StepEngine, StepResult
 from qosgate.runtime.embeddings import deliver
 from qosgate.runtime.ports import Call, Health
-from qosgate.wire.answers import formatter_for, model_card
+from qosgate.wire.answers import Formatter, formatter_for, model_card
 from qosgate.wire.engine_request import Route, Unservable
 from qosgate.wire.errors import error_json, invalid_request
 from qosgate.wire.sse import JSON_HEADERS, SSE_HEADERS
@@ -47,10 +47,11 @@ _PRUNE_PAUSED = 4096
 
 
 class _Channel:
-    __slots__ = ("error", "error_param", "finish", "tokens", "waiter")
+    __slots__ = ("error", "error_param", "finish", "ids", "tokens", "waiter")
 
     def __init__(self) -> None:
         self.tokens: list[str] = []
+        self.ids: list[int] = []  # the tokens' ids, in step with ``tokens``
         self.finish: FinishEvent | None = None
         self.error: str | None = None
         self.error_param: str | None = None  # the member at fault, if the engine named one
@@ -289,8 +290,10 @@ class InProcessEngine:
             if own:
                 self._chans.pop(rid, None)
 
-    async def generate(self, call: Call, spec: SeqSpec) -> None:
-        """Add ``spec`` to the engine and serve its tokens to ``call`` until it finishes."""
+    async def generate(self, call: Call, spec: SeqSpec, token_ids: bool | None = None) -> None:
+        """Add ``spec`` to the engine and serve its tokens to ``call`` until it finishes;
+        ``token_ids``: vLLM's ``return_token_ids`` members (``answers.Formatter``), for an
+        engine that mirrors vLLM."""
         engine_request = call.engine_request
         sink = call.sink
         rid = spec.seq_id
@@ -303,8 +306,12 @@ class InProcessEngine:
             self._op(self._add, spec)
             self._kick()
             fmt = formatter_for(engine_request.route, rid, engine_request.model,
-                                engine_request.include_usage, engine_request.body)
+                                engine_request.include_usage, engine_request.body,
+                                token_ids, spec.context_ids)
+            # the formatter that writes ids, when they are asked for
+            by_id = fmt if isinstance(fmt, Formatter) and token_ids is not None else None
             texts: list[str] = []
+            ids: list[int] = []
             sent = 0
             loop = asyncio.get_running_loop()
             while True:
@@ -320,7 +327,9 @@ class InProcessEngine:
                     return
                 toks = ch.tokens
                 if toks:
+                    tids = ch.ids
                     ch.tokens = []
+                    ch.ids = []
                     if engine_request.stream:
                         # a token with no text of its own (the start of a character or of a
                         # possible stop string, held back) sends no chunk, as llama.cpp's server
@@ -328,13 +337,18 @@ class InProcessEngine:
                         if not sink.started:  # raises Withdrawn if pulled back meanwhile
                             await sink.start(200, SSE_HEADERS)
                             head = fmt.opening()  # (first: a Responses stream numbers events)
-                        out = head + b"".join([fmt.token(t) for t in toks if t])
+                        if by_id is None:
+                            out = head + b"".join([fmt.token(t) for t in toks if t])
+                        else:
+                            out = head + b"".join(
+                                [by_id.token(t, i) for t, i in zip(toks, tids, strict=True) if t])
                         if out:
                             await sink.send(out)
                         sent += len(toks)
                         call.progress(sent)
                     else:
                         texts.extend(toks)
+                        ids.extend(tids)
                     continue
                 fin = ch.finish
                 if fin is not None:
@@ -351,10 +365,13 @@ class InProcessEngine:
                                         cached), False
                         )
                     else:
-                        body = fmt.whole(
-                            "".join(texts), reason, fin.prompt_tokens, fin.completion_tokens,
-                            cached,
-                        )
+                        text = "".join(texts)
+                        if by_id is None:
+                            body = fmt.whole(text, reason, fin.prompt_tokens,
+                                             fin.completion_tokens, cached)
+                        else:
+                            body = by_id.whole(text, reason, fin.prompt_tokens,
+                                               fin.completion_tokens, cached, ids)
                         await sink.start(200, JSON_HEADERS)
                         await sink.send(body, False)
                     # paused while the end was being written (the send waited for the client):
@@ -441,6 +458,7 @@ class InProcessEngine:
             ch = chans.get(tok.seq_id)
             if ch is not None:
                 ch.tokens.append(tok.text)
+                ch.ids.append(tok.token_id)
                 ch.wake()
         for fin in res.finished:
             ch = chans.get(fin.seq_id)

@@ -24,6 +24,14 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
   ``--max-model-len``, in vLLM's words; 400 ``Bad Request`` for a body that does not validate
   (``param`` ``body.<field>``); 404 ``NotFoundError`` "The model `x` does not exist. Valid
   aliases: ..." (``param`` ``model``); FastAPI's ``{"detail": "Not Found"}`` for an unknown path;
+- vLLM's ``return_token_ids``: with ``true``, the prompt's ids and each token's where vLLM 0.32
+  writes them (chat: ``prompt_token_ids`` beside the role chunk's ``choices``, ``token_ids`` in
+  each token's choice; completions: both in the choice, the prompt's on the first chunk only;
+  whole answers likewise), null without it; and a ``/v1/completions`` prompt of token ids (a
+  list of ints, or a list of one such list), whose prompt tokens are its ids. The filler
+  model's ids are context-determined (``models/filler.py``: a text prompt is one id per 4
+  characters of its JSON, each generated id follows from the two before it), so a stream
+  continued from the ids it delivered goes on exactly as it would have, as on a greedy vLLM;
 - a client disconnect aborts the request in the engine at once;
 - ``GET /metrics`` with vLLM's metric names and labels (``engine``, ``model_name``):
   ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a
@@ -58,7 +66,9 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
 
 Known differences that no gateway behaviour depends on: the tokens are not a model's; a stream
 sends its ``finish_reason`` in a chunk of its own after the last token (vLLM puts it on the last
-token's chunk); fewer response fields (no ``system_fingerprint``, ``stop_reason``, ...).
+token's chunk, with its ``stop_reason`` and ``token_ids``); fewer response fields (no
+``system_fingerprint``, no ``stop_reason`` but in a completions stream's token chunks, ...); ids
+of a token-id prompt are not checked against a vocabulary.
 
 Run: ``python -m qosgate.standin --port 8001 --scheduling-policy priority``; several
 with different ``--served-model-name`` make a fleet serving several models.
@@ -78,6 +88,7 @@ from urllib.parse import parse_qs
 
 import msgspec
 
+from qosgate.models.filler import text_ids
 from qosgate.models.simmodel import Policy, SimEngine, load_profile, with_host_tier
 from qosgate.models.step import SeqSpec
 from qosgate.runtime.inprocess import InProcessEngine
@@ -144,9 +155,28 @@ class _Body(msgspec.Struct):
     input: msgspec.Raw = msgspec.Raw(b"")  # the Responses API's prompt
     stream_options: _StreamOptions | None = None
     ignore_eos: bool = False  # vLLM's extra sampling parameter: generate to the cap
+    return_token_ids: bool | None = None  # vLLM's: the prompt's and the answer's token ids
 
 
 _decode = msgspec.json.Decoder(_Body).decode
+_decode_ids = msgspec.json.Decoder(list[int | list[int]]).decode
+
+
+def prompt_ids(route: Route, raw: bytes) -> tuple[int, ...]:
+    """The prompt's token ids: a completions prompt given as ids (a list of ints, or a list of
+    one such list) as it is, any other prompt as the filler model reads text
+    (``filler.text_ids``: one id per 4 characters of its JSON)."""
+    if route == "completions" and raw[:1] == b"[":
+        try:
+            items = _decode_ids(raw)
+        except msgspec.DecodeError:
+            return text_ids(raw)  # a list of strings: read as text
+        flat = [i for i in items if isinstance(i, int)]
+        if len(flat) == len(items) and flat:
+            return tuple(flat)
+        if len(items) == 1 and isinstance(items[0], list) and items[0]:
+            return tuple(items[0])
+    return text_ids(raw)
 
 
 
@@ -335,7 +365,8 @@ class StandIn:
         # answered 400 "Priority scheduling is not enabled"); the fcfs queue never reads it
         priority = b.priority
         raw = {"chat": b.messages, "responses": b.input}.get(route, b.prompt)
-        prompt_tokens = max(1, len(raw) // 4)
+        context_ids = prompt_ids(route, bytes(raw))
+        prompt_tokens = max(1, len(context_ids))
         if route == "responses":
             field, asked = "max_output_tokens", b.max_output_tokens
         else:
@@ -391,9 +422,11 @@ class StandIn:
                 body_context(body), block_chars=self.block_size * CHARS_PER_TOKEN,
                 token_block=self.block_size,
             ) if self.prefix_caching else None,
+            context_ids=context_ids,
         )
         call = StandInCall(engine_request, sink, self.finished, self.success)
-        gen = asyncio.ensure_future(self.engine.generate(call, spec))
+        gen = asyncio.ensure_future(
+            self.engine.generate(call, spec, bool(b.return_token_ids)))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
         if gen.done():

@@ -46,18 +46,28 @@ def prompt_details(cached: int | None, only_cached: bool = False) -> dict[str, o
 
 
 class Formatter:
-    """Formats one response (streamed or whole) of ``route`` for request ``rid``."""
+    """Formats one response (streamed or whole) of ``route`` for request ``rid``.
 
-    __slots__ = ("_pre", "_suf", "created", "id", "include_usage", "model", "route")
+    ``token_ids`` is vLLM's ``return_token_ids`` for an engine that mirrors vLLM (the stand-in):
+    None leaves its members out (the gateway's own engines), False writes them null (vLLM
+    without the flag), True writes the ids (``prompt_ids`` the prompt's) where vLLM 0.32 does.
+    """
+
+    __slots__ = ("_first", "_mid", "_pre", "_suf", "created", "id", "include_usage", "model",
+                 "prompt_ids", "route", "token_ids")
 
     def __init__(
-        self, route: Route, rid: str, model: str, include_usage: bool = False
+        self, route: Route, rid: str, model: str, include_usage: bool = False,
+        token_ids: bool | None = None, prompt_ids: tuple[int, ...] | None = None,
     ) -> None:
         self.route = route
         self.id = ("chatcmpl-" if route == "chat" else "cmpl-") + rid
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage
+        self.token_ids = token_ids
+        self.prompt_ids = list(prompt_ids) if token_ids and prompt_ids is not None else None
+        self._first = True  # the next token is the answer's first
         head = _enc(
             {
                 "id": self.id,
@@ -68,21 +78,39 @@ class Formatter:
         )[:-1]
         if route == "chat":
             self._pre = sse.DATA + head + b',"choices":[{"index":0,"delta":{"content":'
-            self._suf = b'},"logprobs":null,"finish_reason":null}]}' + sse.EVENT_END
+            self._mid = b'},"logprobs":null,"finish_reason":null'
         else:
             self._pre = sse.DATA + head + b',"choices":[{"index":0,"text":'
-            self._suf = b',"logprobs":null,"finish_reason":null}]}' + sse.EVENT_END
+            self._mid = b',"logprobs":null,"finish_reason":null'
+            if token_ids is not None:
+                self._mid += b',"stop_reason":null'
+        self._suf = self._mid + b"}]}" + sse.EVENT_END
 
     # ------------------------------------------------------------------ streaming
     def opening(self) -> bytes:
         """Sent with the first token: the assistant role delta (chat only)."""
         if self.route != "chat":
             return b""
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""},
-                            "logprobs": None, "finish_reason": None})
+        chunk: dict[str, object] = {**self._head(), "choices": [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}]}
+        if self.token_ids is not None:
+            chunk["prompt_token_ids"] = self.prompt_ids
+            chunk["prompt_text"] = None
+        return sse.json_event(_enc(chunk))
 
-    def token(self, text: str) -> bytes:
-        return self._pre + _enc(text) + self._suf
+    def token(self, text: str, token_id: int = -1) -> bytes:
+        """One token's chunk; ``token_id`` is written where the ids are asked for."""
+        if self.token_ids is None:
+            return self._pre + _enc(text) + self._suf
+        ids = b"null" if not self.token_ids else b"[%d]" % token_id
+        if self.route == "chat":
+            tail = b',"token_ids":' + ids
+        else:
+            prompt = _enc(self.prompt_ids) if self._first else b"null"
+            tail = b',"prompt_token_ids":' + prompt + b',"token_ids":' + ids
+        self._first = False
+        return self._pre + _enc(text) + self._mid + tail + b"}]}" + sse.EVENT_END
 
     def closing(self, finish_reason: str, prompt: int, completion: int,
                 cached: int | None = None) -> bytes:
@@ -104,7 +132,10 @@ class Formatter:
 
     # ------------------------------------------------------------------ whole responses
     def whole(self, text: str, finish_reason: str, prompt: int, completion: int,
-              cached: int | None = None) -> bytes:
+              cached: int | None = None, token_ids: list[int] | None = None) -> bytes:
+        """The whole answer; ``token_ids``: the answer's ids, written where they are asked
+        for (``self.token_ids``)."""
+        ids = token_ids if self.token_ids else None
         if self.route == "chat":
             choice: dict[str, object] = {
                 "index": 0,
@@ -116,16 +147,21 @@ class Formatter:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
             obj = "text_completion"
-        return _enc(
-            {
-                "id": self.id,
-                "object": obj,
-                "created": self.created,
-                "model": self.model,
-                "choices": [choice],
-                "usage": _usage(prompt, completion, prompt_details(cached)),
-            }
-        )
+        if self.token_ids is not None:
+            choice["token_ids"] = ids
+            if self.route != "chat":
+                choice["prompt_token_ids"] = self.prompt_ids
+        answer: dict[str, object] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": _usage(prompt, completion, prompt_details(cached)),
+        }
+        if self.token_ids is not None and self.route == "chat":
+            answer["prompt_token_ids"] = self.prompt_ids
+        return _enc(answer)
 
     # ------------------------------------------------------------------ helpers
     def _head(self) -> dict[str, object]:
@@ -214,9 +250,11 @@ def merge_cards(per_replica: list[list[ModelCard]]) -> list[ModelCard]:
 
 
 def formatter_for(route: Route, rid: str, model: str, include_usage: bool,
-                  body: bytes) -> Formatter | ResponsesFormatter:
+                  body: bytes, token_ids: bool | None = None,
+                  prompt_ids: tuple[int, ...] | None = None) -> Formatter | ResponsesFormatter:
     """The answer's formatter for ``route``: chat and completions chunks, or the Responses
-    API's events (the vLLM stand-in serves it; the gateway's built-in engines refuse it)."""
+    API's events (the vLLM stand-in serves it; the gateway's built-in engines refuse it).
+    ``token_ids``/``prompt_ids``: see ``Formatter``."""
     if route == "responses":
         return ResponsesFormatter(rid, model, body)
-    return Formatter(route, rid, model, include_usage)
+    return Formatter(route, rid, model, include_usage, token_ids, prompt_ids)

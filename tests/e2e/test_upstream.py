@@ -254,6 +254,7 @@ def test_upstream_receives_the_exact_body_bytes(gateway: Server, standin: Server
     code, _, out = http("POST", gateway.url + "/v1/completions", body4,
                         {"Authorization": "Bearer sk-acme", "x-qos-class": "realtime"})
     assert code == 200, out
+    seen("realtime", "acme", *OK)
     got = recorded(standin)[-1]
     value = _priority_sent(got)
     assert got == b'{"priority":' + str(value).encode() + b"," + body4[1:]  # as sent

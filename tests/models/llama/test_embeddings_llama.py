@@ -10,15 +10,18 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from qosgate.config import default_config
 from qosgate.core.batching import FixedLinger
 from qosgate.models.llama_embed import LlamaEmbedder
+from tests.support.classes import with_reserve
 from tests.support.llama import MODEL, InProcGateway
 
 
 def test_embeddings_batched_in_one_decode(
     gateway_factory: Callable[..., InProcGateway],
 ) -> None:
-    gw = gateway_factory()
+    # (no reserve: every slot of the engine's window of 4 goes to the api class)
+    gw = gateway_factory(default_config(classes=with_reserve(0.0)))
     (batching,) = gw.gateway.batching
     batcher = batching.batcher
     batcher.controller = FixedLinger(5.0)  # the batch goes when the linger (4) is full

@@ -286,7 +286,8 @@ def markers(path: Path) -> set[int]:
     if path.exists():
         for line in path.read_text().splitlines():
             body = json.loads(base64.b64decode(json.loads(line)["body"]))
-            out.add(int(body["messages"][0]["content"].split()[0].split("-")[1]))
+            if "messages" in body:  # (not a continuation: token ids, no marker)
+                out.add(int(body["messages"][0]["content"].split()[0].split("-")[1]))
     return out
 
 

@@ -105,7 +105,10 @@ def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offli
 
     arrived: list[str] = []  # markers in the order the engine received them
     for line in record.read_text().splitlines():
-        content = json.loads(base64.b64decode(json.loads(line)["body"]))["messages"][0]["content"]
+        rec = json.loads(line)
+        if rec["path"] != "/v1/chat/completions":
+            continue  # an evicted offline stream's continuation (token ids): not an arrival
+        content = json.loads(base64.b64decode(rec["body"]))["messages"][0]["content"]
         arrived.append(content.split()[0])
     at = {m: i for i, m in enumerate(arrived)}
     for marker, _ in api_out:

@@ -1,8 +1,9 @@
 """qosgate's order reaches the engine's queue, and a light tenant overtakes a flood there.
 
 The stand-in runs vLLM's priority scheduling (``(priority, arrival)``, smaller first) with two
-sequence slots; the gateway's window is fixed at three, so one request of the flood waits inside
-the engine and the rest in qosgate. A light tenant's request of the same class then arrives: it
+sequence slots; the gateway's window is fixed at three (no reserve kept for realtime: a request
+sent past a full window takes none of it), so one request of the flood waits inside the engine
+and the rest in qosgate. A light tenant's request of the same class then arrives: it
 is sent past the full window (``qosgate_overtakes_total``) with an engine priority below the
 waiting flood request's, and the engine starts it first. Requests go through the official
 ``openai`` client; the stand-in records every body as it arrives.
@@ -30,6 +31,15 @@ pytestmark = pytest.mark.e2e
 CONFIG = """
 policy: qos
 fleet: {{window: {{mode: fixed, overtake: {overtake}}}}}
+classes:
+  - {{name: realtime, level: 0, strict: true, ttft_budget_ms: 1000, queue_timeout_s: 10,
+     max_queue: 2000, can_preempt: true}}
+  - {{name: api, level: 1, weight: 5, ttft_budget_ms: 5000, queue_timeout_s: 60,
+     max_queue: 10000}}
+  - {{name: batch, level: 2, weight: 3, ttft_budget_ms: 30000, queue_timeout_s: 600,
+     max_queue: 40000, preemptible: true, resume: true}}
+  - {{name: offline, level: 3, weight: 2, ttft_budget_ms: 300000, queue_timeout_s: 3600,
+     max_queue: 100000, preemptible: true, resume: true}}
 tenants:
   - {{name: flood, api_keys: [sk-flood]}}
   - {{name: light, api_keys: [sk-light]}}

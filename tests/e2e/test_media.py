@@ -70,10 +70,11 @@ def test_a_600_kb_image_is_admitted_forwarded_and_charged_by_its_size(
     chunks = list(stream)  # admitted (the old estimate, ~205k tokens, was a 413)
     assert chunks
 
-    # the engine got the client's bytes (no priority polarity configured: nothing spliced)
+    # the engine got the client's bytes (no priority polarity configured: no priority
+    # spliced), asked for its token ids (a stream that could continue elsewhere)
     _, _, body = http("GET", standin.url + "/debug/requests")
     forwarded = base64.b64decode(json.loads(body)["requests"][-1]["body"])
-    assert len(sent) == 1 and forwarded == sent[0]
+    assert len(sent) == 1 and forwarded == b'{"return_token_ids":true,' + sent[0][1:]
 
     # charged: the text as characters / 4 plus 252 image tokens (504 x 392 px after the
     # Qwen2-VL resize, 28 px a token); the stream asked no usage, so the charge stays the

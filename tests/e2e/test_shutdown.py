@@ -106,7 +106,8 @@ def test_drain_sequence_as_a_rollout_drives_it(tmp_session: Path) -> None:
     with /readyz 503, everything not begun is answered 503 at once (the engine's waiting one too,
     aborted there), the stream finishes, then the listener closes and the process exits 0."""
     engine = start_standin(tmp_session, "--max-num-seqs", "1")  # a second request waits there
-    gw = start_gateway(tmp_session, "--upstream", engine.url, "--max-window", "2",
+    # a window of 3: two for api, one kept for realtime (its reserve)
+    gw = start_gateway(tmp_session, "--upstream", engine.url, "--max-window", "3",
                        "--shutdown-timeout", "60", "--log-level", "info")
     events = _Events()
     stop_polling = threading.Event()

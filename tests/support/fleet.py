@@ -129,7 +129,8 @@ def markers(path: Path) -> set[str]:
     out = set()
     for line in path.read_text().splitlines():
         body = json.loads(base64.b64decode(json.loads(line)["body"]))
-        out.add(body["messages"][0]["content"])
+        if "messages" in body:  # (not a continuation: token ids, no marker)
+            out.add(body["messages"][0]["content"])
     return out
 
 

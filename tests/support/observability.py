@@ -185,7 +185,10 @@ def gateway_config(upstreams: list[Server], redis_url: str | None,
         "tenants": TENANTS,
         # most-free: with both replicas idle the first one listed gets the request (the
         # timed-out and retried probes below rely on where a request lands only loosely)
-        "fleet": {"router": "most-free", "window": {"mode": "fixed"}},
+        # (a stream that goes silent ends at its idle bound, as the alerts are probed with,
+        # instead of moving to the other replica)
+        "fleet": {"router": "most-free", "window": {"mode": "fixed"},
+                  "retries": {"max_moves": 0}},
         "server": {"admin_keys": [ADMIN], "metrics_auth": True},
         "upstreams": [
             {"url": s.url, "name": name, "max_window": 4, "priority_polarity": "vllm",

@@ -302,24 +302,7 @@ class Simulation:
                 )
             return out
         a = self.arr[rid]
-        spec = SeqSpec(
-            rid,
-            a.prompt,
-            a.max_tokens,
-            target_output_tokens=a.output,
-            # engine-priority: the client's own priority (its class's level), as a client
-            # talking to vLLM directly would send it; else qosgate's order (``engine_order``)
-            engine_priority=d.req.level if self.passthrough or d.req.order is None
-            else d.req.order,
-            prefix=a.prefix,
-        )
-        try:
-            rep.engine.add(spec)
-        except ValueError:
-            self.calls += 1
-            return self._holder(rid).fail(rid, now, "engine_rejected")
-        rep.seqs[rid] = None
-        return []
+        return self._add(d, rep, now, a.prompt, a.max_tokens, a.output)
 
     def _continue(self, d: Dispatch, rep: SimReplica, now: float) -> list[Decision]:
         """A stream evicted or moved goes on here, as the gateway continues it: a sequence
@@ -331,11 +314,24 @@ class Simulation:
         prompt = a.prompt + done
         self.resent += prompt
         self._holder(rid).continued(rid, prompt, None)
+        return self._add(d, rep, now, prompt,
+                         None if a.max_tokens is None else max(1, a.max_tokens - done),
+                         max(1, a.output - done))
+
+    def _add(self, d: Dispatch, rep: SimReplica, now: float, prompt: int,
+             max_tokens: int | None, output: int) -> list[Decision]:
+        """Add the dispatched request's sequence to ``rep``'s engine (a 400 if it cannot fit)."""
+        rid = d.req.id
         spec = SeqSpec(
-            rid, prompt, None if a.max_tokens is None else max(1, a.max_tokens - done),
-            target_output_tokens=max(1, a.output - done),
-            engine_priority=d.req.order if d.req.order is not None else d.req.level,
-            prefix=a.prefix,
+            rid,
+            prompt,
+            max_tokens,
+            target_output_tokens=output,
+            # engine-priority: the client's own priority (its class's level), as a client
+            # talking to vLLM directly would send it; else qosgate's order (``engine_order``)
+            engine_priority=d.req.level if self.passthrough or d.req.order is None
+            else d.req.order,
+            prefix=self.arr[rid].prefix,
         )
         try:
             rep.engine.add(spec)

@@ -52,6 +52,10 @@ USAGE = (b'data: {"id":"cmpl-x-1","object":"text_completion","created":9,"model"
     (b'{"model":"m","prompt":"x","stream":true,"tool_choice":"none"}', None),
     (b'{"model":"m","prompt":"x","stream":true,"something_new":1}', "`something_new`"),
     (b'{"model":"m","prompt":"x"}', "a whole answer"),
+    (b'{"model":"m","prompt":["a","b"],"stream":true}', "several prompts"),
+    (b'{"model":"m","prompt":[[1,2],[3]],"stream":true}', "several prompts"),
+    (b'{"model":"m","prompt":[1,2,3],"stream":true}', None),
+    (b'{"model":"m","prompt":["a"],"stream":true}', None),
 ])
 def test_what_continues_exactly(body: bytes, why: str | None) -> None:
     stream = b'"stream":true' in body

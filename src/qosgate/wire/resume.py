@@ -107,6 +107,12 @@ def blocker(route: Route, stream: bool, body: bytes) -> str | None:
         members = _decode_members(body)
     except msgspec.DecodeError:
         return "the body is not a JSON object"
+    prompt = members.get("prompt")
+    if prompt is not None and bytes(prompt).lstrip()[:1] == b"[":
+        prompts = msgspec.json.decode(prompt)
+        if (isinstance(prompts, list) and len(prompts) > 1
+                and not isinstance(prompts[0], int)):
+            return "several prompts: several choices"
     temperature = members.get("temperature")
     greedy = temperature is not None and b"".join(bytes(temperature).split()) in (b"0", b"0.0")
     for name, raw in members.items():

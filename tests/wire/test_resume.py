@@ -56,6 +56,8 @@ USAGE = (b'data: {"id":"cmpl-x-1","object":"text_completion","created":9,"model"
     (b'{"model":"m","prompt":[[1,2],[3]],"stream":true}', "several prompts"),
     (b'{"model":"m","prompt":[1,2,3],"stream":true}', None),
     (b'{"model":"m","prompt":["a"],"stream":true}', None),
+    (b'{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":true,'
+     b'"continuous_usage_stats": true}}', "continuous_usage_stats"),
 ])
 def test_what_continues_exactly(body: bytes, why: str | None) -> None:
     stream = b'"stream":true' in body

@@ -113,6 +113,9 @@ def blocker(route: Route, stream: bool, body: bytes) -> str | None:
         if (isinstance(prompts, list) and len(prompts) > 1
                 and not isinstance(prompts[0], int)):
             return "several prompts: several choices"
+    options = members.get("stream_options")
+    if options is not None and b'"continuous_usage_stats":true' in b"".join(bytes(options).split()):
+        return "`stream_options.continuous_usage_stats`: usage in every chunk"
     temperature = members.get("temperature")
     greedy = temperature is not None and b"".join(bytes(temperature).split()) in (b"0", b"0.0")
     for name, raw in members.items():

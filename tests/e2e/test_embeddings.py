@@ -26,6 +26,7 @@ import pytest
 from openai import OpenAI
 
 from qosgate.wire.embeddings import text_vector
+from tests.support.fleet import classes
 from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, Server, start_gateway, start_standin
@@ -38,12 +39,13 @@ upstreams:
 embeddings: {linger: fixed, linger_ms: WINDOW, max_batch: 4, max_input_tokens: 100}
 """
 
+# (no slot kept for realtime: the eight clients below fill the window's first eight slots)
 ADAPTIVE = """
 upstreams:
   - {url: URL, name: standin, max_window: 64}
 embeddings: {linger: adaptive, floor_ms: 10, ceiling_ms: 100, target_ms: 100, every: 3,
              alpha: 0.5, max_batch: 32}
-"""
+classes: """ + json.dumps(classes()) + "\n"
 
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,6 @@ _FINISH = b'"finish_reason":"'
 _TOKEN_EVENT = (b'"text":', b'"delta":{"content":')
 # a chat delta member a completions continuation cannot write (reasoning, tool calls, ...)
 _OTHER_DELTA = re.compile(rb'"delta":\{(?:"role":"assistant",)?"(?!content"|role")')
-_FINGERPRINT = re.compile(rb',"system_fingerprint":("(?:[^"\\]|\\.)*")')
 
 
 def _ints(group: bytes) -> list[int]:

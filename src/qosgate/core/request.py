@@ -142,6 +142,7 @@ class Request:
         "requested_class",
         "resumable",
         "retry_after",
+        "retry_key",
         "seq",
         "service_class",
         "session",
@@ -198,6 +199,10 @@ class Request:
         self.preemptions = 0
         self.promotions = 0
         self.retry_after: float | None = None
+        # what a client's retry of this request shares with its earlier attempts (the I/O
+        # layer's fingerprint of tenant and body; the simulator's first request id): a retry
+        # that comes back when its refusal said finds the room admission kept for it
+        self.retry_key: str | None = None
         self.charged_tpm = 0
         self.model = model  # "" = any replica may serve it
         self.failures = 0  # attempts that failed before the first byte

@@ -43,8 +43,12 @@ class ServiceClass(Strict):
         default=None, gt=0, description="waiting this long promotes a request one level up"
     )
     deadline_admission: bool = Field(
-        default=False, description="reject at arrival when the predicted wait exceeds the TTFT "
-        "budget"
+        default=True, description="refuse at arrival (503 deadline_infeasible, with a "
+        "Retry-After of when one like it would be admitted) a request whose forecast time to "
+        "first token (the wait in qosgate's queue, then the first token's own service time, "
+        "calibrated by how late past forecasts were: admission.quantile) exceeds the TTFT "
+        "budget, while others contend for the fleet; false: admitted against admission_wait_s "
+        "only"
     )
     admission_wait_s: float | None = Field(
         default=None, gt=0, description="reject at arrival (429/503 with a Retry-After from the "
@@ -183,6 +187,11 @@ class Admission(Strict):
     max_output_tokens: int = Field(default=32_768, ge=1)
     min_retry_after_s: float = Field(default=1.0, ge=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
+    quantile: float = Field(
+        default=0.95, gt=0, lt=1, description="deadline admission admits a request when its "
+        "time to first token is forecast within its class's budget with this probability: the "
+        "forecast is multiplied by this quantile of the actual-to-forecast ratio of the class's "
+        "recent admitted requests")
     images: ImageTokens = ImageTokens()
     audio: AudioTokens = AudioTokens()
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from qosgate.config import Admission as AdmissionConfig
 from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
+from qosgate.core.bookings import Bookings
 from qosgate.core.fleet import Fleet
+from qosgate.core.forecast import Calibration, FirstTokenTime
 from qosgate.core.ledger import Limiter
 from qosgate.core.queueing import Policy
 from qosgate.core.reasons import Reason
@@ -151,9 +154,19 @@ class ServedRate(DecayingRate):
         return decayed / seen if seen > 1e-9 else 0.0
 
 
+class Peers(Protocol):
+    """The other gateway instances in front of the same fleet, as the shared state last said:
+    their queued requests of a class, and their completions per second."""
+
+    def queued(self, level: int) -> int: ...
+
+    def rate(self) -> float: ...
+
+
 class Admission:
-    __slots__ = ("_admission_wait", "_backlog", "_classes", "_fleet", "_policy", "_predicted",
-                 "_rate_at", "_served", "_weighted_levels", "cfg", "completions")
+    __slots__ = ("_admission_wait", "_backlog", "_budgets", "_classes", "_fleet", "_policy",
+                 "_predicted", "_rate_at", "_served", "_service_s", "_weighted_levels",
+                 "bookings", "calibration", "cfg", "completions", "first_token", "peers")
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass], policy: Policy,
                  backlog: Backlog, fleet: Fleet) -> None:
@@ -174,12 +187,49 @@ class Admission:
         # backlogged class actually gets, after the strict classes, the other shares and aging
         # took theirs, and its weighted share of the service (what admission predicts from)
         self._served = [ServedRate() for _ in classes]
+        self._budgets = [c.ttft_budget_ms / 1000.0 for c in classes]
+        # the TTFT forecast's parts: the first token's service time after dispatch, and how
+        # wrong past forecasts were (``core.forecast``); the room kept for refused requests'
+        # returns (``core.bookings``)
+        self.first_token = FirstTokenTime()
+        self.calibration = Calibration(len(classes), cfg.admission.quantile)
+        self.bookings = Bookings(len(classes))
+        # dispatch to end of a completed request, decayed: with the fleet's windows, the rate it
+        # can complete requests at (Little's law) before the completions counted say so
+        self._service_s = 0.0
+        # the other gateway instances of the fleet (shared state), if any
+        self.peers: Peers | None = None
 
     # ---------------------------------------------------------------- what it learns from
     def served(self, req: Request, now: float) -> None:
         """``req`` was sent to an engine for the first time (not a resume). Only a class-aware
         policy's admission reads the served rates: the scheduler tells it only then."""
         self._served[req.class_level].add_served(now, req.cost)
+
+    def first_token_seen(self, req: Request, first: float) -> None:
+        """``req``'s first token came at ``first``: the service time it took after dispatch,
+        and, if admission forecast its TTFT, how far off that was."""
+        dispatched = req.dispatched_at
+        if dispatched is not None:
+            self.first_token.add(max(0, req.prompt_tokens - req.cached_tokens),
+                                 first - dispatched)
+        if req.forecast:
+            self.calibration.add(req.class_level, first - req.arrival, req.forecast)
+
+    def unanswered(self, req: Request, now: float) -> None:
+        """``req`` ended without a first token (timed out, cancelled, failed): past its
+        budget, its forecast was wrong by at least the time it waited."""
+        if req.forecast and now - req.arrival > self._budgets[req.class_level]:
+            self.calibration.add(req.class_level, now - req.arrival, req.forecast)
+
+    def completed(self, req: Request, now: float) -> None:
+        """``req`` completed: the completion rate, and the service time Little's law turns
+        into a rate before that rate is known."""
+        self.completions.add(now)
+        dispatched = req.dispatched_at
+        if dispatched is not None:
+            took = now - dispatched
+            self._service_s = took if not self._service_s else 0.9 * self._service_s + 0.1 * took
 
     # ---------------------------------------------------------------- the verdict
     def verdict(self, req: Request, limiter: Limiter, now: float) -> Refusal | Displace | None:
@@ -200,6 +250,10 @@ class Admission:
         backlog = self._backlog
         if len(backlog.by_class[req.class_level]) >= cls.max_queue:
             return Refusal(Reason.CLASS_QUEUE_FULL, self.clamp_retry(self.slot_wait(now)))
+        if cls.deadline_admission and self._policy.class_aware:
+            refusal = self._deadline(req, cls, now)
+            if refusal is not None:
+                return refusal
         if backlog.total:
             refusal = self._overload(req, cls, now)
             if refusal is not None:
@@ -211,28 +265,72 @@ class Admission:
             return Displace(victim, self.clamp_retry(self.slot_wait(now)))
         return None
 
+    def _deadline(self, req: Request, cls: ServiceClass, now: float) -> Refusal | None:
+        """Admission against the TTFT budget: refuse now what is forecast to miss it.
+
+        The forecast is the wait in this queue (``_wait``) plus the first token's service time
+        (``FirstTokenTime``), times the class's calibration factor (``Calibration``), so that
+        an admitted request meets its budget with probability ``admission.quantile``. The room
+        kept for refused requests' returns (``Bookings``) counts in the queue ahead, except
+        for the request that takes its own booking. Nothing is refused while nothing contends
+        (an empty queue, a free slot, no room kept): a long prompt on an idle fleet is served
+        late rather than not at all."""
+        level = req.class_level
+        key = req.retry_key
+        bookings = self.bookings
+        if key is not None and bookings.take(key, now):
+            held = 0
+        else:
+            held = bookings.held(level, now)
+        service = self.first_token.seconds(req.prompt_tokens)
+        if not (self._backlog.total or held or self._fleet.free_slots <= 0):
+            req.forecast = service
+            return None
+        budget = req.deadline - now
+        factor = self.calibration.factor(level)
+        est = self._wait(req.level, now, held, cost=req.cost)
+        if est is not None and factor * (est[0] + service) > budget and self._policy.tenant_fair:
+            est = self._wait(req.level, now, held, req.tenant, level, req.cost)
+        wait, interval = est if est is not None else (0.0, 0.0)
+        forecast = wait + service
+        if factor * forecast <= budget:
+            req.forecast = forecast
+            return None
+        # room for it comes when the wait ahead has drained to what its budget allows
+        excess = forecast - budget / factor
+        return Refusal(Reason.DEADLINE_INFEASIBLE, self._retry(req, cls, now, excess, interval))
+
+    def _retry(self, req: Request, cls: ServiceClass, now: float, excess: float,
+               interval: float) -> float:
+        """The Retry-After of a request refused ``excess`` seconds too early, its class's
+        queue draining one request per ``interval``: booked for its return if it can be told
+        apart then, within its class's horizon; else that time, at most the horizon."""
+        adm = self.cfg
+        horizon = min(adm.max_retry_after_s, max(adm.min_retry_after_s, cls.ttft_budget_ms / 1000))
+        earliest = now + max(adm.min_retry_after_s, excess)
+        key = req.retry_key
+        if key is not None:
+            due = self.bookings.book(key, req.class_level, now, earliest, interval, horizon,
+                                     grace=1.0 + 0.25 * (earliest - now))
+            if due is not None:
+                return due - now
+            return horizon
+        return min(horizon, earliest - now)
+
     def _overload(self, req: Request, cls: ServiceClass, now: float) -> Refusal | None:
-        """Honest overload: refuse now what would wait past what its class promises, with the
-        time after which the queue ahead is predicted to have drained enough."""
+        """Honest overload: refuse now what would wait past what its class promises to queue
+        it (its ``admission_wait_s``, by default its queue timeout), with the time after which
+        the queue ahead is predicted to have drained enough."""
         level = req.level
         tenant_fair = self._policy.tenant_fair
-        if cls.deadline_admission and self._policy.class_aware:
-            # exact: budgets are short
-            predicted = self.predicted_wait(level, now, cost=req.cost)
-            budget = req.deadline - now
-            if predicted is not None and predicted > budget and tenant_fair:
-                predicted = self.predicted_wait(level, now, req.tenant, req.class_level, req.cost)
-            if predicted is not None and predicted > budget:
-                return Refusal(Reason.DEADLINE_INFEASIBLE, self.clamp_retry(predicted - budget))
+        # a queue-timeout promise is tens of seconds: a reading up to _PREDICT_EVERY_S old
+        # will do, and spares every admission the computation
+        hit = self._predicted[level]
+        if hit is not None and 0 <= now - hit[0] < _PREDICT_EVERY_S:
+            predicted = hit[1]
         else:
-            # a queue-timeout promise is tens of seconds: a reading up to _PREDICT_EVERY_S
-            # old will do, and spares every admission the computation
-            hit = self._predicted[level]
-            if hit is not None and 0 <= now - hit[0] < _PREDICT_EVERY_S:
-                predicted = hit[1]
-            else:
-                predicted = self.predicted_wait(level, now, cost=req.cost)
-                self._predicted[level] = (now, predicted)
+            predicted = self.predicted_wait(level, now, cost=req.cost)
+            self._predicted[level] = (now, predicted)
         limit = self._admission_wait[level]
         if predicted is not None and predicted > limit and tenant_fair:
             # the class as a whole would wait too long: does this tenant's turn?
@@ -246,23 +344,41 @@ class Admission:
         self, level: int, now: float, tenant: str | None = None, class_level: int | None = None,
         cost: float | None = None,
     ) -> float | None:
-        """Seconds a new request of ``level`` is expected to wait before dispatch, from the
-        queue ahead of it, the slots it could take (free ones, and for a class that may preempt,
-        those held by preemptible less urgent requests) and the recent completion rate; None
-        while no rate is known. With ``tenant`` (under a policy fair between tenants) only the
+        """Seconds a new request of ``level`` is expected to wait before dispatch (``_wait``)."""
+        est = self._wait(level, now, 0, tenant, class_level, cost)
+        return None if est is None else est[0]
+
+    def _wait(
+        self, level: int, now: float, held: int, tenant: str | None = None,
+        class_level: int | None = None, cost: float | None = None,
+    ) -> tuple[float, float] | None:
+        """(wait, interval): seconds a new request of ``level`` is expected to wait before
+        dispatch, and seconds between two dispatches of its class at the rate that wait
+        assumes; None while no rate is known. From the queue ahead of it, ``held`` more of its
+        class (the room kept for refused requests' returns), the slots it could take (free
+        ones, and for a class that may preempt, those held by preemptible less urgent requests)
+        and the completion rate. With ``tenant`` (under a policy fair between tenants) only the
         tenant's share of its class's queue counts as ahead of it: each backlogged tenant gets a
         turn (VTC), so a flooder's backlog does not delay a light tenant. ``cost``: the
-        arriving request's, for a class with no recent dispatches to take its mean from."""
+        arriving request's, for a class with no recent dispatches to take its mean from.
+
+        With other gateway instances in front of the fleet (``peers``), their queues count
+        ahead too and their completions in the rate: the forecast is the fleet's, so every
+        instance admits alike."""
         backlog = self._backlog
         queued = backlog.by_class
         cls = self._classes[level]
         policy = self._policy
+        peers = self.peers
         weights = 0.0
         own = 0
         if not policy.class_aware:
-            ahead = float(backlog.total)
+            ahead = float(backlog.total + held)
         elif cls.strict:
-            ahead = float(sum(len(queued[lv]) for lv in backlog.strict_levels if lv <= level))
+            ahead = float(sum(len(queued[lv]) for lv in backlog.strict_levels if lv <= level)
+                          + held)
+            if peers is not None:
+                ahead += sum(peers.queued(lv) for lv in backlog.strict_levels if lv <= level)
         else:
             strict_ahead = sum(len(queued[lv]) for lv in backlog.strict_levels)
             own = len(queued[level])
@@ -271,23 +387,31 @@ class Admission:
                 mine = tq.get(tenant, 0)
                 turns = len(tq) + (0 if mine else 1)
                 own = min(own, (mine + 1) * turns)
-            weights = 0.0 if queued[level] else cls.weight
+            own += held
+            if peers is not None:
+                strict_ahead += sum(peers.queued(lv) for lv in backlog.strict_levels)
+                own += peers.queued(level)
+            weights = 0.0 if own else cls.weight
             for lv, w in self._weighted_levels:
-                if queued[lv]:
+                if queued[lv] or (lv == level and own):
                     weights += w
             ahead = strict_ahead + own * weights / cls.weight
         room = self._fleet.free_slots
         if cls.can_preempt and policy.preemptive:
             # a slot held by a less urgent preemptible request is as good as free for this one
             room += self._fleet.preemptible_below(level)
+        rate = self._rate(now)
+        local = rate
+        if peers is not None:
+            rate += peers.rate()
+        interval = 1.0 / rate if rate > 0 else 0.0
         if ahead < room:
             wait = 0.0
         else:
-            rate = self._rate(now)
             if rate <= 0:
                 return None
             wait = (ahead + 1 - room) / rate
-        if policy.class_aware and not cls.strict and queued[level]:
+        if policy.class_aware and not cls.strict and own:
             # backlogged: the class is served at the rate it has been getting, which counts what
             # overtakes it while it waits (strict arrivals, the other shares, the prefill
             # budget), and the estimate above, from the queue as it stands now, does not. A
@@ -300,8 +424,11 @@ class Admission:
             if self._fleet.one_pool:  # (every replica serves the same models: shared slots)
                 served = max(served, self._share_rate(level, weights, now, cost))
             if served > 0:
+                if peers is not None and local > 0:
+                    served *= rate / local  # the fleet's service of the class, not this one's
                 wait = max(wait, (own + 1) / served)
-        return wait
+                interval = max(interval, 1.0 / served)
+        return wait, interval
 
     def _share_rate(self, level: int, weights: float, now: float, cost: float | None) -> float:
         """Requests per second class ``level`` gets by its weight out of the service (in cost)
@@ -324,6 +451,13 @@ class Admission:
         at, value = self._rate_at
         if now - at >= _RATE_EVERY_S or now < at:
             value = self.completions.value(now)
+            if self._service_s > 0:
+                # never below what is in flight completes at the measured service time
+                # (Little's law): a gateway that has seen little traffic, or just came out of
+                # a lull, counted completions of what it was sent, not of what the engines can
+                # do, and a queue forms only once the windows are full
+                inflight = sum(len(r.inflight) for r in self._fleet.usable)
+                value = max(value, inflight / self._service_s)
             self._rate_at = (now, value)
         return value
 

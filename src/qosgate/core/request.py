@@ -123,6 +123,7 @@ class Request:
         "failures",
         "finished_at",
         "first_token_at",
+        "forecast",
         "gen",
         "id",
         "lent",
@@ -203,6 +204,9 @@ class Request:
         # layer's fingerprint of tenant and body; the simulator's first request id): a retry
         # that comes back when its refusal said finds the room admission kept for it
         self.retry_key: str | None = None
+        # its TTFT as admission forecast it (seconds from arrival; 0: none made), against which
+        # its actual TTFT calibrates the next forecasts
+        self.forecast = 0.0
         self.charged_tpm = 0
         self.model = model  # "" = any replica may serve it
         self.failures = 0  # attempts that failed before the first byte

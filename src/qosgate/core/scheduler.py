@@ -320,6 +320,7 @@ class Scheduler:
             first = now if token_at is None else token_at
             if req.first_token_at is None:
                 req.first_token_at = first
+                self.admission.first_token_seen(req, first)
             if req.avoid is not None:  # a retry that got through: out of the retry budget
                 self._retrying -= 1
                 req.avoid = None
@@ -853,7 +854,7 @@ class Scheduler:
         used = self.pricing.used(computed, output_tokens, started)
         self.policy.settle(req, used - req.cost)
         if state is COMPLETED:
-            self.admission.completions.add(now)
+            self.admission.completed(req, now)
             self.pricing.learn(req.class_level, output_tokens)
         req.move(state, reason)
         lim = self._limiters.get(req.tenant)  # (``_release_tenant``, inline: on every end)
@@ -873,6 +874,8 @@ class Scheduler:
 
     def _record(self, req: Request, now: float, out: list[Decision]) -> None:
         req.finished_at = now
+        if req.forecast and req.first_token_at is None:
+            self.admission.unanswered(req, now)
         if req.avoid is not None:
             self._retrying -= 1
         self.requests.pop(req.id, None)  # (it left the preemptible ones with its slot)

@@ -19,6 +19,7 @@ from qosgate.config import QosConfig, ServiceClass
 from qosgate.core.backlog import Backlog
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter
+from qosgate.core.peers import PeerLoad
 from qosgate.core.queueing import Policy
 from qosgate.core.reasons import Reason
 from qosgate.core.request import Request
@@ -153,7 +154,7 @@ class ServedRate(DecayingRate):
 
 class Admission:
     __slots__ = ("_admission_wait", "_backlog", "_classes", "_fleet", "_policy", "_predicted",
-                 "_rate_at", "_served", "_weighted_levels", "cfg", "completions")
+                 "_rate_at", "_served", "_weighted_levels", "cfg", "completions", "peers")
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass], policy: Policy,
                  backlog: Backlog, fleet: Fleet) -> None:
@@ -170,6 +171,7 @@ class Admission:
         self._predicted: list[tuple[float, float | None] | None] = [None] * len(classes)
         self._rate_at = (-math.inf, 0.0)
         self.completions = DecayingRate()
+        self.peers: PeerLoad | None = None  # the other instances' load (several gateways)
         # first dispatches per class and their cost (fair-share units): the service a
         # backlogged class actually gets, after the strict classes, the other shares and aging
         # took theirs, and its weighted share of the service (what admission predicts from)

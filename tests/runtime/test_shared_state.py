@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from qosgate.config import TenantLimits
@@ -184,3 +185,20 @@ def test_tokens_used_beyond_the_estimate_are_charged_to_the_fleet() -> None:
         assert before - after >= debt + la.tok_stock - 10
 
     asyncio.run(run())
+
+
+def test_each_instance_hears_the_others_load_with_its_own_clock() -> None:
+    async def run() -> tuple[SharedState, SharedState]:
+        store = MemoryStore(clock=lambda: 0.0)
+        a, b = (SharedState(store, LeasedLedger(), lambda: 7.0, None, name, interval=0.01,
+                            info=lambda: '{"inflight":1}', load=lambda q=q: (q, 2.0))
+                for name, q in (("a", [0, 3, 0, 0]), ("b", [1, 0, 0, 4])))
+        for s in (a, b, a):
+            await s.sync()
+        return a, b
+
+    a, b = asyncio.run(run())
+    assert [a.protocol.peers.queued(lv) for lv in range(4)] == [1, 0, 0, 4]
+    assert [b.protocol.peers.queued(lv) for lv in range(4)] == [0, 3, 0, 0]
+    assert a.protocol.peers.rate() == 2.0 and a.protocol.peers.heard_at == 7.0
+    assert json.loads(a.protocol.fleet["b"])["inflight"] == 1

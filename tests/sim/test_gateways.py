@@ -10,6 +10,7 @@ only with the shared fair-share counters; and the shared state's own code runs i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,10 @@ from typer.testing import CliRunner
 from qosgate.cli import app
 from qosgate.config import TenantLimits
 from qosgate.core.ledger import LeasedLedger
+from qosgate.core.peers import Load
 from qosgate.core.shared import Bucket, Heartbeat, MemoryStore, SyncProtocol
-from qosgate.sim.driver import run_policy
+from qosgate.sim.driver import Simulation, run_policy
+from qosgate.sim.events import SyncDue
 from qosgate.sim.report import csv_rows, document, dumps
 from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
@@ -227,6 +230,47 @@ def test_the_shared_state_runs_in_virtual_time() -> None:
     assert calls == [Heartbeat, Bucket]  # the heartbeat, then the requests/min bucket
     assert sh.syncs == 1 and sh.live == 1
     assert ledger.limiters["t"].req_stock == 10  # a second of the limit
+
+
+def test_each_gateway_hears_the_others_load_in_its_heartbeats(tmp_path: Path) -> None:
+    """What one instance publishes (its queue per class, its completion rate) is what the other
+    sums at its next heartbeat; admission reads it through ``admission.peers``."""
+    prep = _prep(tmp_path, SCENARIO.replace("duration_s: 30", "duration_s: 10"))
+    setup = replace(setup_for(prep, workload_for(prep)), gateways=GatewayPlan(count=2))
+    sim = Simulation(setup, "qos")
+    published: list[tuple[list[int], float] | None] = [None, None]
+    heard: list[tuple[int, list[int], list[int], float, float]] = []
+    for g, proto in enumerate(sim.gateways.shared):
+        assert sim.gateways.schedulers[g].admission.peers is proto.peers
+        load = proto.load
+        assert load is not None
+
+        def publish(g: int = g, load: Callable[[], Load] = load) -> Load:
+            queued, rate = load()
+            published[g] = (list(queued), rate)
+            return queued, rate
+
+        proto.load = publish
+    sync_step = sim.gateways.sync_step
+
+    def step(due: SyncDue, now: float) -> tuple[float, SyncDue]:
+        out = sync_step(due, now)  # (no store delay: one call runs the whole sync)
+        g = due.gateway
+        peers = sim.gateways.shared[g].peers
+        theirs = published[1 - g]
+        if theirs is not None:
+            levels = range(len(theirs[0]))
+            heard.append((g, [peers.queued(lv) for lv in levels], theirs[0], peers.rate(),
+                          theirs[1]))
+        return out
+
+    sim.gateways.sync_step = step  # type: ignore[method-assign]
+    sim.run()
+    assert {g for g, *_ in heard} == {0, 1}
+    for _g, got, sent, got_rate, sent_rate in heard:
+        assert got == sent and got_rate == sent_rate
+    assert any(sum(got) > 0 for _, got, *_ in heard)  # a queue was held and heard
+    assert any(rate > 0 for *_, rate, _ in heard)
 
 
 @pytest.mark.slow

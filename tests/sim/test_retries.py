@@ -5,32 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from qosgate.config import default_config
 from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, retry_stats
-from qosgate.sim.setup import SimSetup
-from tests.support.classes import with_reserve
-from tests.support.sim import TOY, workload
-
-
-def _setup(retries: int) -> SimSetup:
-    # (no reserve: api takes every slot of the toy engine's small window)
-    cfg = default_config(classes=with_reserve(0.0))
-    classes = [c.model_copy(update={"max_queue": 2}) if c.name == "api" else c
-               for c in cfg.classes]
-    return SimSetup(
-        cfg=cfg.model_copy(update={"classes": tuple(classes)}),
-        profile=TOY,
-        replicas=1,
-        window=TOY.max_num_seqs,
-        workload=workload([(0.0, "api", 10, 50)] * 10),
-        sample_interval=0.05,
-        retries=retries,
-    )
+from tests.support.sim import crowded_api, workload
 
 
 def test_without_retries_a_refusal_is_final() -> None:
-    res = run_policy(_setup(0), "qos")
+    res = run_policy(crowded_api(0), "qos")
     assert res.arrivals == len(res.records) == 10
     refused = [r for r in res.records if r.state == "rejected"]
     assert len(refused) == 4 and all(r.reason == "class_queue_full" for r in refused)
@@ -38,7 +19,7 @@ def test_without_retries_a_refusal_is_final() -> None:
 
 
 def test_refused_requests_come_back_at_their_retry_after_and_are_served() -> None:
-    res = run_policy(_setup(2), "qos")
+    res = run_policy(crowded_api(2), "qos")
     recs = {r.rid: r for r in res.records}
     first = [r for r in res.records if r.attempt == 0]
     retried = [r for r in res.records if r.attempt > 0]
@@ -58,7 +39,7 @@ def test_refused_requests_come_back_at_their_retry_after_and_are_served() -> Non
 
 
 def test_a_client_gives_up_after_its_retries() -> None:
-    setup = _setup(1)
+    setup = crowded_api(1)
     # arrivals keep the queue full: the retries at t ~ 1 s find it full again
     burst = [(t / 10, "api", 10, 400) for t in range(40)]
     res = run_policy(replace(setup, workload=workload(burst)), "qos")

@@ -18,6 +18,7 @@ from qosgate.sim.scenarios import prepare, run_scenario
 from qosgate.sim.setup import SimSetup
 from qosgate.sim.workload import Arrival, Stream, Workload
 from tests.support import simmodel
+from tests.support.classes import with_reserve
 
 # the engine model's toy with no per-context cost: step = 0.01 + 0.001 * prefill tokens
 # + 0.002 * decoding seqs
@@ -63,6 +64,24 @@ def simulate(
         sample_interval=0.05,
     )
     return run_policy(setup, policy)
+
+
+def crowded_api(retries: int) -> SimSetup:
+    """Ten api requests at once in front of one toy replica whose api queue holds two: four are
+    refused with a Retry-After, and their clients retry up to ``retries`` times."""
+    # (no reserve: api takes every slot of the toy engine's small window)
+    cfg = default_config(classes=with_reserve(0.0))
+    classes = [c.model_copy(update={"max_queue": 2}) if c.name == "api" else c
+               for c in cfg.classes]
+    return SimSetup(
+        cfg=cfg.model_copy(update={"classes": tuple(classes)}),
+        profile=TOY,
+        replicas=1,
+        window=TOY.max_num_seqs,
+        workload=workload([(0.0, "api", 10, 50)] * 10),
+        sample_interval=0.05,
+        retries=retries,
+    )
 
 
 def by_id(result: RunResult) -> dict[str, object]:

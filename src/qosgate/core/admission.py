@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 from qosgate.config import Admission as AdmissionConfig
 from qosgate.config import QosConfig, ServiceClass
@@ -22,6 +21,7 @@ from qosgate.core.bookings import Bookings
 from qosgate.core.fleet import Fleet
 from qosgate.core.forecast import Calibration, FirstTokenTime
 from qosgate.core.ledger import Limiter
+from qosgate.core.peers import PeerLoad
 from qosgate.core.queueing import Policy
 from qosgate.core.reasons import Reason
 from qosgate.core.request import Request
@@ -154,15 +154,6 @@ class ServedRate(DecayingRate):
         return decayed / seen if seen > 1e-9 else 0.0
 
 
-class Peers(Protocol):
-    """The other gateway instances in front of the same fleet, as the shared state last said:
-    their queued requests of a class, and their completions per second."""
-
-    def queued(self, level: int) -> int: ...
-
-    def rate(self) -> float: ...
-
-
 class Admission:
     __slots__ = ("_admission_wait", "_backlog", "_budgets", "_classes", "_fleet", "_policy",
                  "_predicted", "_rate_at", "_served", "_service_s", "_weighted_levels",
@@ -194,11 +185,11 @@ class Admission:
         self.first_token = FirstTokenTime()
         self.calibration = Calibration(len(classes), cfg.admission.quantile)
         self.bookings = Bookings(len(classes))
-        # dispatch to end of a completed request, decayed: with the fleet's windows, the rate it
-        # can complete requests at (Little's law) before the completions counted say so
+        # dispatch to end of a completed request, decayed: with what is in flight, the rate the
+        # fleet completes requests at (Little's law) before the completions counted say so
         self._service_s = 0.0
         # the other gateway instances of the fleet (shared state), if any
-        self.peers: Peers | None = None
+        self.peers: PeerLoad | None = None
 
     # ---------------------------------------------------------------- what it learns from
     def served(self, req: Request, now: float) -> None:

@@ -11,7 +11,9 @@ how it applies the answers to its ``LeasedLedger`` and fair-share counters
   so a crashed instance's slots are free again within the TTL;
 - VTC fair-share counters: each instance pushes the growth of its counters per (queue node, key)
   and adds the growth the others pushed, so a tenant served elsewhere is behind here too;
-- instances: a heartbeat with the same TTL; the live ones share the limits.
+- instances: a heartbeat with the same TTL; the live ones share the limits. It carries this
+  instance's load (queued per class, completions per second; ``peers.py``), and its answer the
+  others', which ``peers`` sums for admission to predict from the fleet's queue and rate.
 
 The store unreachable for ``degrade_after`` seconds: *degraded* mode, once logged; fail open
 (local buckets at each limit / live instances) or closed (limited tenants refused); when it
@@ -22,8 +24,8 @@ simulator runs it against ``MemoryStore`` in virtual time, each store call answe
 driver says. A sync is a generator: it yields each store call (``Bucket``, ``Lease``,
 ``Heartbeat``, ``Counters``) and is sent the answer; the call's arguments are computed from the
 ledger *when it is yielded*, as the old coroutine did between its awaits. A driver whose store
-raised ``StoreDown`` abandons the generator and calls ``sync_failed(now, why)``: the only time
-this module needs the clock, and it is handed in.
+raised ``StoreDown`` abandons the generator and calls ``sync_failed(now, why)``: the clock is
+handed in there, and read (a ``clock`` the driver gives) only to time the others' load heard.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from qosgate.core.ledger import LeasedLedger, LeasedLimiter, fair_shares, merge_counter
+from qosgate.core.peers import Load, PeerLoad, with_load
 
 
 class StoreDown(Exception):
@@ -194,6 +197,8 @@ class SyncProtocol:
         fail_open: bool = True,
         degrade_after: float = 1.0,
         info: Callable[[], str] | None = None,
+        load: Callable[[], Load] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.ledger = ledger
         self.instance = instance
@@ -206,6 +211,11 @@ class SyncProtocol:
         self.degrade_after = degrade_after
         self._failing_since: float | None = None
         self.info = info or (lambda: "{}")
+        # this instance's load, published in every heartbeat (none: the info alone), and the
+        # others' as the last heartbeat answered, timed by ``clock`` (none: at 0)
+        self.load = load
+        self.clock = clock or (lambda: 0.0)
+        self.peers = PeerLoad(lease_ttl)
         self.degraded = False
         self.live = 1
         self.fleet: dict[str, str] = {}
@@ -223,11 +233,12 @@ class SyncProtocol:
     # ------------------------------------------------------------ one sync
     def sync(self) -> Exchange:
         """One sync: heartbeat, every leased limiter, the fair-share counters."""
-        fleet = cast(dict[str, str],
-                     (yield Heartbeat(self.instance, self.lease_ttl, self.info())))
+        info = self.info() if self.load is None else with_load(self.info(), self.load())
+        fleet = cast(dict[str, str], (yield Heartbeat(self.instance, self.lease_ttl, info)))
         if self.degraded:
             self._recover()
         self.fleet = fleet
+        self.peers.hear(fleet, self.instance, self.clock())
         self.live = max(1, len(fleet))
         self.ledger.set_live(self.live)
         for lim in list(self.ledger.limiters.values()):
@@ -242,6 +253,7 @@ class SyncProtocol:
         """The store raised ``StoreDown`` during a sync (abandoned): down for ``degrade_after``
         seconds, the instance degrades."""
         self.errors += 1
+        self.peers.expire(now)
         if self._failing_since is None:
             self._failing_since = now
         if not self.degraded and now - self._failing_since >= self.degrade_after:

@@ -25,6 +25,7 @@ from prometheus_client.core import Metric
 from qosgate import metric_names as mn
 from qosgate.core import shared
 from qosgate.core.ledger import LeasedLedger
+from qosgate.core.peers import Load
 from qosgate.core.shared import (
     Bucket,
     Counters,
@@ -275,11 +276,13 @@ class SharedState:
         fail_open: bool = True,
         degrade_after: float = 1.0,
         info: Callable[[], str] | None = None,
+        load: Callable[[], Load] | None = None,
     ) -> None:
         self.store = store
         self.clock = clock
         self.protocol = SyncProtocol(ledger, instance or new_instance_id(), policy_root,
-                                     interval, lease_ttl, fail_open, degrade_after, info)
+                                     interval, lease_ttl, fail_open, degrade_after, info, load,
+                                     clock)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
 

@@ -17,6 +17,7 @@ import msgspec
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Request, Scheduler
 from qosgate.core.ledger import LeasedLedger
+from qosgate.core.peers import load_of
 from qosgate.models.simmodel import SimEngine, load_profile
 from qosgate.runtime.batches.directory import BatchDirectory, batch_directory
 from qosgate.runtime.batches.feeder import Feeder
@@ -182,7 +183,7 @@ def _shared_state(rs: RedisSettings, ledger: LeasedLedger | None, scheduler: Sch
     synced with the other instances; None without ``redis.url``."""
     if not rs.url or ledger is None:
         return None
-    return SharedState(
+    shared = SharedState(
         RedisStore(rs.url, rs.prefix, rs.timeout_s), ledger, clock,
         scheduler.policy.root, instance, rs.sync_interval_s, rs.lease_ttl_s,
         rs.fail_open, rs.degrade_after_s,
@@ -190,7 +191,12 @@ def _shared_state(rs: RedisSettings, ledger: LeasedLedger | None, scheduler: Sch
             "queued_total": scheduler.queued_total,
             "inflight": len(scheduler.requests) - scheduler.queued_total,
         }).decode(),
+        load=lambda: load_of(scheduler, clock()),
     )
+    # admission predicts from the fleet's queue and completion rate: this instance's and the
+    # others' as their heartbeats say
+    scheduler.admission.peers = shared.protocol.peers
+    return shared
 
 
 def _fleet_window(scheduler: Scheduler) -> int:

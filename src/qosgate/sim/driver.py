@@ -419,6 +419,7 @@ class Simulation:
             gateway=self.gateways.of.get(rid, 0),
             retry_of=retry_of,
             attempt=attempt,
+            retry_after=req.retry_after if req.state is State.REJECTED else None,
         )
         if now > self.last_finish:
             self.last_finish = now
@@ -759,6 +760,9 @@ class Simulation:
         inputs = self.setup.workload.inputs[a.stream]
         req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens, prefix=a.prefix)
         req.resumable = True  # a stream with nothing a continuation could not reproduce
+        # every attempt of one client's request carries its first attempt's id, so admission
+        # can tell a retry from a new request
+        req.retry_key = self.attempt_of.get(a.rid, (a.rid, 0))[0]
         self.apply(sched.submit(req, now), now)
 
     def _on_sync(self, ev: SyncDue, now: float) -> None:

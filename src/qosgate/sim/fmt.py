@@ -23,3 +23,8 @@ def pct(x: float | None) -> str:
 
 def num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def seconds(x: float | None) -> str:
+    """A figure kept in seconds (a Retry-After), written as ``ms`` writes one."""
+    return ms(None if x is None else x * 1000.0)

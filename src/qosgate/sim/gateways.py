@@ -6,10 +6,12 @@ own, each store call answered ``sync_delay`` virtual seconds after it is made)."
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Scheduler
 from qosgate.core.ledger import LeasedLedger
+from qosgate.core.peers import Load, load_of
 from qosgate.core.shared import MemoryStore, StoreDown, SyncProtocol, prime, run_to_end
 from qosgate.core.windows import FixedWindow
 from qosgate.sim.events import SyncDue
@@ -28,6 +30,7 @@ class Gateways:
         self.schedulers: list[Scheduler] = []
         self.shared: list[SyncProtocol] = []
         self.store = MemoryStore()
+        self.now = 0.0  # the store's clock at the sync under way (what the heartbeats are timed by)
         for g in range(max(1, plan.count)):
             ledger = LeasedLedger() if plan.sharing else None
             sched = Scheduler(cfg, ps.core_policy, ledger=ledger)
@@ -47,8 +50,10 @@ class Gateways:
                     )
             self.schedulers.append(sched)
             if ledger is not None:
-                self.shared.append(
-                    SyncProtocol(ledger, f"gw{g}", sched.policy.root, plan.sync_interval))
+                proto = SyncProtocol(ledger, f"gw{g}", sched.policy.root, plan.sync_interval,
+                                     load=self._load(sched), clock=lambda: self.now)
+                sched.admission.peers = proto.peers  # admission predicts from the fleet's load
+                self.shared.append(proto)
         for proto in self.shared:
             # as the gateway's startup: limiters for the configured tenants, one sync before
             # serving (here: before t = 0, whatever the store's delay)
@@ -63,6 +68,10 @@ class Gateways:
         n = len(self.schedulers)
         self._reach = {t: tuple(sorted({i % n for i in idx})) for t, idx in plan.reach}
         self._tenant_of: dict[int, str] = {}
+
+    def _load(self, sched: Scheduler) -> Callable[[], Load]:
+        """What ``sched``'s instance publishes in its heartbeats, read when it sends one."""
+        return lambda: load_of(sched, self.now)
 
     def of_request(self, rid: str) -> Scheduler:
         """The gateway instance that holds ``rid``."""
@@ -95,6 +104,7 @@ class Gateways:
         starts ``sync_interval`` after). Returns when, and what, is due next for it."""
         g = due.gateway
         proto = self.shared[g]
+        self.now = now
         delay = self.plan.sync_delay
         steps = due.steps
         try:

@@ -17,6 +17,7 @@ from typing import Any
 
 from qosgate.sim.batches import BatchPlan
 from qosgate.sim.batches_metrics import batches_ok
+from qosgate.sim.retry_after import RETRY_AFTER_DEFINITIONS
 from qosgate.sim.scenario_file import Gateways, describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
 
@@ -134,6 +135,8 @@ def run_document(run: Run) -> dict[str, Any]:
            if run.gateways > 1 else {}),
         **({"limits": m["limits"]} if m.get("limits") else {}),
         **({"retries": m["retries"]} if m.get("retries") else {}),
+        # only with clients that retry (``retry_after.py``)
+        **({"retry_after": m["retry_after"]} if m.get("retry_after") else {}),
         # only with a workload that carries prefixes (see ``prefix_stats``)
         **({"prefix_cache": m["prefix_cache"]} if m.get("prefix_cache") else {}),
         # only with batch jobs beside the workload (``batches_metrics``)
@@ -207,7 +210,8 @@ def document(res: ScenarioResult) -> dict[str, Any]:
             c: {"ttft_ms": v.ttft_s * 1000.0, "tpot_ms": v.tpot_s * 1000.0}
             for c, v in prep.slos.items()
         },
-        "definitions": DEFINITIONS,
+        # (with clients that retry, what the Retry-After figures mean too)
+        "definitions": {**DEFINITIONS, **RETRY_AFTER_DEFINITIONS} if s.retries else DEFINITIONS,
         "one_outcome_each": all(one_outcome_each(r) for r in res.runs),
         "runs": [run_document(r) for r in res.runs],
     }

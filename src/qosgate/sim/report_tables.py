@@ -20,6 +20,7 @@ from qosgate.sim.batches_tables import (
 from qosgate.sim.fmt import ms as _ms
 from qosgate.sim.fmt import num as _num
 from qosgate.sim.fmt import pct as _pct
+from qosgate.sim.fmt import seconds as _seconds
 from qosgate.sim.report import WINDOW_NOTE, ledger_text
 from qosgate.sim.scenario_file import describe
 from qosgate.sim.scenarios import Run, ScenarioResult, attribution
@@ -344,6 +345,34 @@ def _retries_table(res: ScenarioResult) -> Table:
     return t
 
 
+def _retry_after_table(res: ScenarioResult) -> Table:
+    """Whether the Retry-After was honest: the retries, how many got in, the waits the refusals
+    asked for, and how the retries spread over the seconds (``retry_after.py``)."""
+    t = Table(
+        title="retries after a Retry-After: sent, admitted (not refused again), the Retry-After "
+        "of the refusals retried, and the most retries in one second against the mean",
+        title_justify="left",
+    )
+    for col in ("policy", "class", "sent", "admitted", "success", "wait p50", "wait p90",
+                "wait max", "busiest s", "mean/s"):
+        t.add_column(col, justify="left" if col in ("policy", "class") else "right")
+    for run in res.runs:
+        stats = run.metrics.get("retry_after")
+        if not stats:
+            continue
+        groups = [*stats["classes"].items(), ("all", stats["totals"])]
+        for i, (name, x) in enumerate(g for g in groups if g[1]["retries_sent"]):
+            t.add_row(
+                policy_label(run) if i == 0 else "",
+                f"[bold]{name}[/bold]" if name == "all" else name,
+                str(x["retries_sent"]), str(x["retries_admitted"]),
+                _pct(x["retry_success_rate"]), _seconds(x["retry_after_p50_s"]),
+                _seconds(x["retry_after_p90_s"]), _seconds(x["retry_after_max_s"]),
+                str(x["retries_busiest_second"]), _num(x["retries_per_second_mean"], ".1f"),
+            )
+    return t
+
+
 def _sweep_table(res: ScenarioResult) -> Table:
     classes = res.runs[0].result.classes if res.runs else ()
     top = classes[0] if classes else "realtime"
@@ -547,6 +576,8 @@ def print_tables(res: ScenarioResult, console: Console) -> None:
         console.print(_limits_table(res))
     if any(x["refused_first"] for r in res.runs for x in r.metrics.get("retries", {}).values()):
         console.print(_retries_table(res))
+    if any(r.metrics.get("retry_after") for r in res.runs):
+        console.print(_retry_after_table(res))
     if prep.jobs:
         console.print(live_compare_table(res, run_label))
         console.print(batches_table([r for r in res.runs if r.jobs], run_label))

@@ -33,6 +33,7 @@ class RequestRecord:
     # first attempt) and which attempt it is (0 first)
     retry_of: str = ""
     attempt: int = 0
+    retry_after: float | None = None  # a refusal's Retry-After (None: not refused, or without)
 
 
 @dataclass(slots=True, frozen=True)

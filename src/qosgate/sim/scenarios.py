@@ -24,6 +24,7 @@ from qosgate.sim.driver import run_policy
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.prefix_stats import prefix_metrics, workload_ideals
 from qosgate.sim.results import RunResult
+from qosgate.sim.retry_after import retry_after_stats
 from qosgate.sim.scenario_file import ReplicaGroup, Scenario, ScenarioError
 from qosgate.sim.setup import (
     FaultPlan,
@@ -400,6 +401,7 @@ def run_scenario(
             metrics["limits"] = limit_overshoot(result, limits)
             if s.retries:
                 metrics["retries"] = retry_stats(result, prep.slos)
+                metrics["retry_after"] = retry_after_stats(result)
             if result.prefix_cache:
                 if ideals is None:
                     kv = sum(

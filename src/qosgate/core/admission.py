@@ -205,13 +205,16 @@ class Admission:
             self.first_token.add(max(0, req.prompt_tokens - req.cached_tokens),
                                  first - dispatched)
         if req.forecast:
-            self.calibration.add(req.class_level, first - req.arrival, req.forecast)
+            level = req.class_level
+            self.calibration.add(level, first - req.arrival, req.forecast, self._budgets[level])
 
     def unanswered(self, req: Request, now: float) -> None:
         """``req`` ended without a first token (timed out, cancelled, failed): past its
         budget, its forecast was wrong by at least the time it waited."""
-        if req.forecast and now - req.arrival > self._budgets[req.class_level]:
-            self.calibration.add(req.class_level, now - req.arrival, req.forecast)
+        level = req.class_level
+        budget = self._budgets[level]
+        if req.forecast and now - req.arrival > budget:
+            self.calibration.add(level, now - req.arrival, req.forecast, budget)
 
     def completed(self, req: Request, now: float) -> None:
         """``req`` completed: the completion rate, and the service time Little's law turns
@@ -269,10 +272,9 @@ class Admission:
         level = req.class_level
         key = req.retry_key
         bookings = self.bookings
-        if key is not None and bookings.take(key, now):
-            held = 0
-        else:
-            held = bookings.held(level, now)
+        # a request that takes its booking finds the room kept for it: the others' bookings
+        # came after it
+        held = 0.0 if key is not None and bookings.take(key, now) else bookings.held(level, now)
         service = self.first_token.seconds(req.prompt_tokens)
         if not (self._backlog.total or held or self._fleet.free_slots <= 0):
             req.forecast = service
@@ -340,7 +342,7 @@ class Admission:
         return None if est is None else est[0]
 
     def _wait(
-        self, level: int, now: float, held: int, tenant: str | None = None,
+        self, level: int, now: float, held: float, tenant: str | None = None,
         class_level: int | None = None, cost: float | None = None,
     ) -> tuple[float, float] | None:
         """(wait, interval): seconds a new request of ``level`` is expected to wait before
@@ -362,7 +364,7 @@ class Admission:
         policy = self._policy
         peers = self.peers
         weights = 0.0
-        own = 0
+        own = 0.0
         if not policy.class_aware:
             ahead = float(backlog.total + held)
         elif cls.strict:
@@ -372,7 +374,7 @@ class Admission:
                 ahead += sum(peers.queued(lv) for lv in backlog.strict_levels if lv <= level)
         else:
             strict_ahead = sum(len(queued[lv]) for lv in backlog.strict_levels)
-            own = len(queued[level])
+            own = float(len(queued[level]))
             if tenant is not None and policy.tenant_fair:
                 tq = backlog.by_tenant[level if class_level is None else class_level]
                 mine = tq.get(tenant, 0)

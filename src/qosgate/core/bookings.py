@@ -10,7 +10,9 @@ fingerprint of its tenant and body), it *books* it:
   sooner than one of its class's service intervals after the class's last booking: returns are
   spread at the rate the class's queue drains, not all in one second;
 - until it is taken or lapses, a booking counts in the queue ahead of every new request of its
-  class: the room is kept for the client that was promised it;
+  class, weighed by the share of bookings that were taken lately (``returning``): the room is
+  kept for the clients that come back, and not for those that never do (a client that gives up
+  at its first refusal must not keep the others out);
 - a client that comes back from its booking's time on takes it, and is admitted if its
   forecast holds; one that never comes back holds the room until ``grace`` after its time.
 
@@ -26,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 _EARLY_S = 0.1  # a return this much before its booking's time still takes it
+_KEEP = 0.97  # how much of what bookings did each ended booking keeps (a few dozen remembered)
 
 
 @dataclass(slots=True)
@@ -36,7 +39,8 @@ class _Booking:
 
 
 class Bookings:
-    __slots__ = ("_by_key", "_held", "_last", "_lapse_heap", "kept", "lapsed", "made")
+    __slots__ = ("_by_key", "_held", "_lapse_heap", "_last", "_returned", "kept", "lapsed",
+                 "made")
 
     def __init__(self, levels: int) -> None:
         self._by_key: dict[str, _Booking] = {}
@@ -46,12 +50,27 @@ class Bookings:
         self.made = 0
         self.kept = 0
         self.lapsed = 0
+        # of the bookings that ended lately, taken (decayed) and all: what ``returning`` reads
+        self._returned = (0.0, 0.0)
 
-    def held(self, level: int, now: float) -> int:
-        """Bookings of class ``level`` neither taken nor lapsed: room kept."""
+    def held(self, level: int, now: float) -> float:
+        """The room kept for class ``level``: its bookings neither taken nor lapsed, times the
+        share of bookings lately taken."""
         if self._lapse_heap and self._lapse_heap[0][0] <= now:
             self._lapse(now)
-        return self._held[level]
+        held = self._held[level]
+        return held * self.returning if held else 0.0
+
+    @property
+    def returning(self) -> float:
+        """The share of the last few dozen bookings that were taken (a half before any
+        ended)."""
+        taken, ended = self._returned
+        return (taken + 1.0) / (ended + 2.0)
+
+    def _ended(self, taken: bool) -> None:
+        kept, ended = self._returned
+        self._returned = (kept * _KEEP + taken, ended * _KEEP + 1.0)
 
     def take(self, key: str, now: float) -> bool:
         """A request with ``key`` arrived: True if it takes its booking (it came back from its
@@ -61,6 +80,7 @@ class Bookings:
             return False
         self._drop(key, b)
         self.kept += 1
+        self._ended(True)
         return True
 
     def book(self, key: str, level: int, now: float, earliest: float, gap: float,
@@ -94,3 +114,4 @@ class Bookings:
             if b is not None and b.lapses == lapses:  # (not one taken, or booked again)
                 self._drop(key, b)
                 self.lapsed += 1
+                self._ended(False)

@@ -8,15 +8,14 @@ clock passed in:
 - ``FirstTokenTime``: the service time, as a line in the uncached prompt length, fitted to the
   dispatch-to-first-token times the fleet showed (decayed least squares: the engines' speed
   and load move, and a long prompt's prefill is what makes a short budget infeasible);
-- ``Calibration``: per class, the ratio of each admitted request's actual TTFT to its forecast.
-  Admission multiplies a forecast by that ratio's ``quantile`` over the class's recent
-  requests, so "admitted" means "meets its budget with probability at least ``quantile``"
-  whatever the forecast's own bias: the seed articles' feedback loop. A request that timed out
-  or was cancelled unanswered past its budget counts as late by at least what it waited.
+- ``Calibration``: per class, the ratio of admitted requests' actual TTFT to their forecast,
+  taken at ``quantile``: admission multiplies a forecast by it, so that "admitted" means
+  "meets its budget with probability ``quantile``" whatever the forecast's own bias: the seed
+  articles' feedback loop.
 
-Before it has seen anything, the service time is 0 and the ratio 1: admission then errs
-towards admitting, and the first late answers correct it. (The opposite error, refusing what
-could have been served, leaves no sample to learn from.)
+Before it has seen anything, the service time is 0 and the factor 1: admission then errs
+towards admitting, and the first late answers correct it. (The opposite
+error, refusing what could have been served, leaves no sample to learn from.)
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ from __future__ import annotations
 import bisect
 import math
 from collections import deque
-
-_MIN_RATIO, _MAX_RATIO = 0.25, 8.0  # a forecast is never trusted to be off by more than this
 
 
 class FirstTokenTime:
@@ -73,38 +70,44 @@ class FirstTokenTime:
 
 
 class Calibration:
-    """Per class, the last ``window`` ratios of actual to forecast TTFT, and their
-    ``quantile``: the factor admission multiplies a forecast by. A class with fewer than
-    ``min_samples`` of its own borrows the ratio of every class together."""
+    """Per class, the factor a forecast is multiplied by before it is compared with the budget:
+    the ``quantile`` of the ratio of actual to forecast TTFT over the class's last ``window``
+    admitted requests whose forecast took at least ``near`` of their budget (split conformal
+    prediction: a request whose forecast times that factor is within its budget meets it with
+    probability ``quantile``, whatever the forecast's bias; one forecast far below its budget
+    meets it anyway, and its ratio, mostly noise of a short service time, says nothing of the
+    edge). A request that timed out or was cancelled unanswered past its budget counts with
+    the time it waited: late by at least that. Until a class has ``min_samples`` the factor is
+    1, and it stays between ``low`` and ``high``."""
 
-    __slots__ = ("_all", "_classes", "min_samples", "quantile", "window")
+    __slots__ = ("_ratios", "high", "low", "met", "min_samples", "near", "quantile", "seen")
 
-    def __init__(self, classes: int, quantile: float, window: int = 200,
-                 min_samples: int = 20) -> None:
+    def __init__(self, classes: int, quantile: float, window: int = 100, min_samples: int = 10,
+                 near: float = 0.25, low: float = 0.5, high: float = 4.0) -> None:
         self.quantile = quantile
-        self.window = window
         self.min_samples = min_samples
-        self._classes = [_Ratios(window) for _ in range(classes)]
-        self._all = _Ratios(window)
+        self.near = near
+        self.low = low
+        self.high = high
+        self._ratios = [_Ratios(window) for _ in range(classes)]
+        self.seen = [0] * classes  # admitted requests whose outcome was seen
+        self.met = [0] * classes  # ... of which on time
 
-    def add(self, level: int, actual: float, forecast: float) -> None:
+    def add(self, level: int, actual: float, forecast: float, budget: float) -> None:
         """An admitted request of class ``level`` had its first token ``actual`` seconds after
-        arrival (or waited that long unanswered) against a forecast of ``forecast``."""
-        if forecast <= 0.0:
-            return
-        ratio = min(_MAX_RATIO, max(_MIN_RATIO, actual / forecast))
-        self._classes[level].add(ratio)
-        self._all.add(ratio)
+        arrival (or waited that long unanswered), against a forecast of ``forecast`` and a
+        budget of ``budget`` seconds."""
+        self.seen[level] += 1
+        if actual <= budget:
+            self.met[level] += 1
+        if forecast >= self.near * budget:
+            self._ratios[level].add(actual / forecast)
 
     def factor(self, level: int) -> float:
-        own = self._classes[level]
-        ratios = own if len(own.order) >= self.min_samples else self._all
+        ratios = self._ratios[level]
         if len(ratios.order) < self.min_samples:
             return 1.0
-        return ratios.at(self.quantile)
-
-    def samples(self, level: int) -> int:
-        return len(self._classes[level].order)
+        return min(self.high, max(self.low, ratios.at(self.quantile)))
 
 
 class _Ratios:
@@ -119,13 +122,11 @@ class _Ratios:
     def add(self, ratio: float) -> None:
         order = self.order
         if len(order) == order.maxlen:
-            old = order[0]
-            del self.sorted[bisect.bisect_left(self.sorted, old)]
+            del self.sorted[bisect.bisect_left(self.sorted, order[0])]
         order.append(ratio)
         bisect.insort(self.sorted, ratio)
 
     def at(self, quantile: float) -> float:
         """The ``quantile`` of the ratios (nearest rank, rounded up: never below it)."""
         s = self.sorted
-        rank = min(len(s) - 1, max(0, math.ceil(quantile * len(s)) - 1))
-        return s[rank]
+        return s[min(len(s) - 1, max(0, math.ceil(quantile * len(s)) - 1))]

@@ -154,10 +154,66 @@ class ServedRate(DecayingRate):
         return decayed / seen if seen > 1e-9 else 0.0
 
 
+class BusyRate:
+    """Completions per second of the time the fleet was saturated (a queue, or no free slot):
+    what the engines can do, where a plain completion rate says how much they were sent. Both
+    counts decay with ``tau`` seconds of busy time; it knows nothing (0) until ``min_events``
+    completions came while busy, over at least ``tau`` busy seconds."""
+
+    __slots__ = ("_count", "_last", "_time", "events", "min_events", "seconds", "tau")
+
+    def __init__(self, tau: float = 20.0, min_events: int = 20) -> None:
+        self.tau = tau
+        self.min_events = min_events
+        self._count = 0.0
+        self._time = 0.0
+        self._last: float | None = None
+        self.events = 0
+        self.seconds = 0.0  # busy seconds seen, not decayed
+
+    def add(self, now: float, busy: bool) -> None:
+        """A completion at ``now``; ``busy``: whether the fleet was saturated until then."""
+        last = self._last
+        self._last = now
+        if not busy or last is None:
+            return
+        dt = now - last if now > last else 0.0  # (completions of one engine step come together)
+        decay = math.exp(-dt / self.tau)
+        self._count = self._count * decay + 1.0
+        self._time = self._time * decay + dt
+        self.seconds += dt
+        self.events += 1
+
+    def value(self) -> float:
+        if self.events < self.min_events or self.seconds < self.tau:
+            # (its first busy seconds are the engines' ramp: what completes then is what began
+            # before, and would read low)
+            return 0.0
+        return self._count / self._time
+
+
 class Admission:
-    __slots__ = ("_admission_wait", "_backlog", "_budgets", "_classes", "_fleet", "_policy",
-                 "_predicted", "_rate_at", "_served", "_service_s", "_weighted_levels",
-                 "bookings", "calibration", "cfg", "completions", "first_token", "peers")
+    __slots__ = (
+        "_admission_wait",
+        "_backlog",
+        "_budgets",
+        "_classes",
+        "_fleet",
+        "_policy",
+        "_predicted",
+        "_rate_at",
+        "_served",
+        "_service_s",
+        "_strict_in",
+        "_weighted_levels",
+        "bookings",
+        "busy",
+        "calibration",
+        "cfg",
+        "completions",
+        "first_token",
+        "peers",
+    )
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass], policy: Policy,
                  backlog: Backlog, fleet: Fleet) -> None:
@@ -174,6 +230,7 @@ class Admission:
         self._predicted: list[tuple[float, float | None] | None] = [None] * len(classes)
         self._rate_at = (-math.inf, 0.0)
         self.completions = DecayingRate()
+        self.busy = BusyRate()
         # first dispatches per class and their cost (fair-share units): the service a
         # backlogged class actually gets, after the strict classes, the other shares and aging
         # took theirs, and its weighted share of the service (what admission predicts from)
@@ -188,6 +245,8 @@ class Admission:
         # dispatch to end of a completed request, decayed: with what is in flight, the rate the
         # fleet completes requests at (Little's law) before the completions counted say so
         self._service_s = 0.0
+        # strict requests admitted per second: what the weighted classes will not get
+        self._strict_in = DecayingRate()
         # the other gateway instances of the fleet (shared state), if any
         self.peers: PeerLoad | None = None
 
@@ -220,6 +279,7 @@ class Admission:
         """``req`` completed: the completion rate, and the service time Little's law turns
         into a rate before that rate is known."""
         self.completions.add(now)
+        self.busy.add(now, self._backlog.total > 0 or self._fleet.free_slots <= 0)
         dispatched = req.dispatched_at
         if dispatched is not None:
             took = now - dispatched
@@ -256,7 +316,11 @@ class Admission:
             victim = backlog.newest_below(req.class_level) if self._policy.class_aware else None
             if victim is None:
                 return Refusal(Reason.QUEUE_FULL, self.clamp_retry(self.slot_wait(now)))
+            if cls.strict:
+                self._strict_in.add(now)
             return Displace(victim, self.clamp_retry(self.slot_wait(now)))
+        if cls.strict:
+            self._strict_in.add(now)
         return None
 
     def _deadline(self, req: Request, cls: ServiceClass, now: float) -> Refusal | None:
@@ -281,6 +345,14 @@ class Admission:
             return None
         budget = req.deadline - now
         factor = self.calibration.factor(level)
+        head = next(iter(self._backlog.by_class[level].values()), None)
+        if head is not None and head.forecast:
+            # the oldest of its class still queued has waited this much longer than it was
+            # forecast: the forecasts are off by at least that now, before any late answer
+            # says so (those come a TTFT later)
+            live = (now - head.arrival + service) / head.forecast
+            if live > factor:
+                factor = live
         est = self._wait(req.level, now, held, cost=req.cost)
         if est is not None and factor * (est[0] + service) > budget and self._policy.tenant_fair:
             est = self._wait(req.level, now, held, req.tenant, level, req.cost)
@@ -416,6 +488,16 @@ class Admission:
             served = self._served[level].value(now)
             if self._fleet.one_pool:  # (every replica serves the same models: shared slots)
                 served = max(served, self._share_rate(level, weights, now, cost))
+                # and never more than its weighted share of what the strict classes, admitted
+                # at the rate they now are, leave of the fleet's capacity (once measured): what
+                # it was served a moment ago does not say that a surge of strict work has
+                # since taken its turns
+                capacity = self.busy.value()
+                if capacity > 0 and backlog.strict_levels:
+                    left = capacity - self._strict_in.value(now)
+                    if left <= 0:
+                        return math.inf, interval
+                    served = min(served, left * cls.weight / weights)
             if served > 0:
                 if peers is not None and local > 0:
                     served *= rate / local  # the fleet's service of the class, not this one's
@@ -439,18 +521,21 @@ class Admission:
         return together * self._classes[level].weight / weights / mean
 
     def _rate(self, now: float) -> float:
-        """The decayed completion rate, re-read at most every ``_RATE_EVERY_S``: it moves with
-        a 10 s time constant, and every admission under a queue asks for it."""
+        """The fleet's completion rate while saturated (``BusyRate``), re-read at most every
+        ``_RATE_EVERY_S``: it moves slowly, and every admission under a queue asks for it."""
         at, value = self._rate_at
         if now - at >= _RATE_EVERY_S or now < at:
-            value = self.completions.value(now)
-            if self._service_s > 0:
-                # never below what is in flight completes at the measured service time
-                # (Little's law): a gateway that has seen little traffic, or just came out of
-                # a lull, counted completions of what it was sent, not of what the engines can
-                # do, and a queue forms only once the windows are full
-                inflight = sum(len(r.inflight) for r in self._fleet.usable)
-                value = max(value, inflight / self._service_s)
+            value = self.busy.value()
+            if not value:
+                # before the fleet has been seen saturated for long: the decayed completion
+                # rate, and never below what is in flight completes at the measured service
+                # time (Little's law): a gateway that has seen little traffic counted the
+                # completions of what it was sent, not of what the engines can do, and a queue
+                # forms only once the windows are full
+                value = self.completions.value(now)
+                if self._service_s > 0:
+                    inflight = sum(len(r.inflight) for r in self._fleet.usable)
+                    value = max(value, inflight / self._service_s)
             self._rate_at = (now, value)
         return value
 

@@ -78,12 +78,14 @@ class Calibration:
     meets it anyway, and its ratio, mostly noise of a short service time, says nothing of the
     edge). A request that timed out or was cancelled unanswered past its budget counts with
     the time it waited: late by at least that. Until a class has ``min_samples`` the factor is
-    1, and it stays between ``low`` and ``high``."""
+    1, and it stays between ``low`` and ``high``: a forecast is never trusted to be pessimistic
+    (ratios below 1 come from the same forecasts as the late ones, a TTFT earlier, and a factor
+    below 1 admitted past the edge the burst that then missed)."""
 
     __slots__ = ("_ratios", "high", "low", "met", "min_samples", "near", "quantile", "seen")
 
     def __init__(self, classes: int, quantile: float, window: int = 100, min_samples: int = 10,
-                 near: float = 0.25, low: float = 0.5, high: float = 4.0) -> None:
+                 near: float = 0.25, low: float = 1.0, high: float = 4.0) -> None:
         self.quantile = quantile
         self.min_samples = min_samples
         self.near = near

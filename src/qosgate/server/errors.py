@@ -110,8 +110,14 @@ TEXT_ESTIMATE = "estimated as characters / 4"  # how a text's tokens are counted
 
 
 def retry_after_header(seconds: float | None) -> Headers:
-    secs = 1 if seconds is None else max(1, math.ceil(seconds))
-    return [(b"retry-after", str(secs).encode())]
+    """``Retry-After`` in whole seconds, rounded up (HTTP has no other), and, when the time is
+    known, ``retry-after-ms`` to the millisecond (the openai SDK reads it first): a booking's
+    time (``core.bookings``) is to the millisecond, and retries told the same second would
+    land together."""
+    if seconds is None:
+        return [(b"retry-after", b"1")]
+    return [(b"retry-after", str(max(1, math.ceil(seconds))).encode()),
+            (b"retry-after-ms", str(max(1, round(seconds * 1000))).encode())]
 
 
 def reason_error(

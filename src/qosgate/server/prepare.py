@@ -42,6 +42,7 @@ from qosgate.wire.parse import (
     user_of,
 )
 from qosgate.wire.prefix import body_prefix
+from qosgate.wire.retry_key import retry_key
 from qosgate.wire.splice import set_member
 
 NO_CLASS = "none"  # the class of a request refused before it had one
@@ -151,6 +152,7 @@ def prepare(
                                  context=rules.context(model), prefix=prefix, session=session)
     except QosInputError as exc:
         return Refusal(exc.code, exc.message, input_param(exc, heads.qos_class))
+    req.retry_key = retry_key(req.tenant, body)
     refusal = _size_refusal(b, req, route, rules)
     if refusal is not None:
         return refusal
@@ -194,6 +196,7 @@ def prepare_embeddings(
         req = rules.scheduler.make_request(rid, inputs, now, b.tokens, 1, model)
     except QosInputError as exc:
         return Refusal(exc.code, exc.message, input_param(exc, heads.qos_class))
+    req.retry_key = retry_key(req.tenant, body)
     over = over_limit(req, rules.admission)
     if over is not None:
         return _over_limit(over, req, "input", "The input", "text " + TEXT_ESTIMATE)

@@ -256,7 +256,8 @@ def request_bytes(port: int, rec: Rec, model: str = MODEL) -> bytes:
 
 async def one(port: int, rec: Rec, model: str = MODEL, timeout: float | None = None) -> None:
     """Send ``rec`` and wait for its outcome; ``timeout``: a client that gives up that many
-    seconds after sending (outcome ``client_timeout``, the connection closed)."""
+    seconds after sending (outcome ``client_timeout``). Cancelled, it disconnects, as a client
+    that leaves."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     rec.sent = time.monotonic()
@@ -267,13 +268,15 @@ async def one(port: int, rec: Rec, model: str = MODEL, timeout: float | None = N
         rec.outcome, rec.end = f"transport:{type(exc).__name__}", time.monotonic()
         return
     transport.write(request_bytes(port, rec, model))
-    if timeout is None:
-        await done
-        return
     try:
-        await asyncio.wait_for(asyncio.shield(done), rec.sent + timeout - time.monotonic())
+        if timeout is None:
+            await done
+        else:
+            await asyncio.wait_for(asyncio.shield(done), rec.sent + timeout - time.monotonic())
     except TimeoutError:
         resp._end("client_timeout")
+    finally:
+        transport.close()
 
 
 # ---------------------------------------------------------------------- the run

@@ -123,6 +123,8 @@ class Shape:
 
 
 def budgets() -> dict[str, float]:
+    """Each class's TTFT objective, from qosgate's default configuration: the bench holds every
+    gateway to what qosgate's classes promise, and follows them when they change."""
     return {c.name: c.ttft_budget_ms / 1000 for c in qconfig.default_config().classes}
 
 
@@ -253,13 +255,9 @@ async def load_phase(gateway: str, factor: float, rate: float, plan: list[tuple[
                      smg: Path) -> Phase:
     ph = Phase(gateway, factor, rate)
     front = start_front(gateway, tmp, engines, shape, smg)
+    ports = [front.port] if front is not None else [e.port for e in engines]
     try:
-        if front is not None:
-            port = front.port
-            await drive(ph, plan, lambda i: port, front, engines, shape, seed)
-        else:
-            await drive(ph, plan, lambda i: engines[i % len(engines)].port, None, engines,
-                        shape, seed)
+        await drive(ph, plan, lambda i: ports[i % len(ports)], front, engines, shape, seed)
     finally:
         if front is not None:
             stop(front)

@@ -132,6 +132,12 @@ def metrics(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
+def one_value(m: dict[str, list[tuple[dict[str, str], float]]], name: str,
+              **labels: str) -> float:
+    """The sum of ``name``'s series whose labels include ``labels``."""
+    return sum(v for lb, v in m.get(name, []) if all(lb.get(k) == x for k, x in labels.items()))
+
+
 def gauge(m: dict[str, list[tuple[dict[str, str], float]]], name: str, replica: str) -> float:
     return sum(v for lb, v in m.get(name, []) if lb.get("replica") == replica)
 
@@ -155,6 +161,8 @@ class Rec:
     end: float | None = None
     status: int = 0
     outcome: str = "unresolved"  # completed | error_event:<code> | http_<status>:<code> | ...
+    retry_after_ms: str | None = None  # the answer's headers, as sent, for a client's retry
+    retry_after: str | None = None
 
 
 class _Resp(asyncio.Protocol):
@@ -178,6 +186,13 @@ class _Resp(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError:
             self._end("transport:bad_http")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"retry-after-ms":
+            self.rec.retry_after_ms = value.decode("latin-1")
+        elif name == b"retry-after":
+            self.rec.retry_after = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
         self.rec.status = self.parser.get_status_code()
@@ -227,9 +242,9 @@ class _Resp(asyncio.Protocol):
             self.transport.close()
 
 
-def request_bytes(port: int, rec: Rec) -> bytes:
+def request_bytes(port: int, rec: Rec, model: str = MODEL) -> bytes:
     body = json.dumps({
-        "model": MODEL, "stream": True, "max_tokens": rec.max_tokens,
+        "model": model, "stream": True, "max_tokens": rec.max_tokens,
         "messages": [{"role": "user", "content": f"bench-{rec.i} " + "x" * rec.prompt_chars}],
     }).encode()
     return (
@@ -239,17 +254,29 @@ def request_bytes(port: int, rec: Rec) -> bytes:
     ).encode() + body
 
 
-async def one(port: int, rec: Rec) -> None:
+async def one(port: int, rec: Rec, model: str = MODEL, timeout: float | None = None) -> None:
+    """Send ``rec`` and wait for its outcome; ``timeout``: a client that gives up that many
+    seconds after sending (outcome ``client_timeout``). Cancelled, it disconnects, as a client
+    that leaves."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
     rec.sent = time.monotonic()
     try:
-        transport, _ = await loop.create_connection(lambda: _Resp(rec, done), "127.0.0.1", port)
+        transport, resp = await loop.create_connection(lambda: _Resp(rec, done), "127.0.0.1",
+                                                       port)
     except OSError as exc:
         rec.outcome, rec.end = f"transport:{type(exc).__name__}", time.monotonic()
         return
-    transport.write(request_bytes(port, rec))
-    await done
+    transport.write(request_bytes(port, rec, model))
+    try:
+        if timeout is None:
+            await done
+        else:
+            await asyncio.wait_for(asyncio.shield(done), rec.sent + timeout - time.monotonic())
+    except TimeoutError:
+        resp._end("client_timeout")
+    finally:
+        transport.close()
 
 
 # ---------------------------------------------------------------------- the run

@@ -51,7 +51,16 @@ sys.path.insert(0, str(ROOT))  # the one server-process wrapper lives with the t
 import uvloop  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.fleet_faults import CLASSES, Rec, markers, metrics, new_request, one, pct  # noqa: E402
+from bench.fleet_faults import (  # noqa: E402
+    CLASSES,
+    Rec,
+    markers,
+    metrics,
+    new_request,
+    one,
+    one_value,
+    pct,
+)
 from qosgate import config as qconfig  # noqa: E402
 from qosgate.models.simmodel import load_profile  # noqa: E402
 from tests.support.processes import Server, start_gateway, start_standin  # noqa: E402
@@ -65,11 +74,6 @@ PROBE_S, PROBE_WARM_S = 24.0, 6.0
 LOAD_S, DRAIN_S = 60.0, 20.0
 SAMPLE_S = 0.5
 NAMES = [c[0] for c in CLASSES]
-Metrics = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def one_value(m: Metrics, name: str, **labels: str) -> float:
-    return sum(v for lb, v in m.get(name, []) if all(lb.get(k) == x for k, x in labels.items()))
 
 
 # ---------------------------------------------------------------------- processes

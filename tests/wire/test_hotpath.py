@@ -128,7 +128,8 @@ def test_outcome_statuses_and_retry_after() -> None:
     req.move(State.REJECTED, "rate_limit_requests")
     req.retry_after = 2.2
     status, body, headers = outcome_error(req)
-    assert status == 429 and headers == [(b"retry-after", b"3")]
+    # whole seconds rounded up, and the milliseconds the openai SDK reads first
+    assert status == 429 and headers == [(b"retry-after", b"3"), (b"retry-after-ms", b"2200")]
     assert json.loads(body)["error"]["code"] == "rate_limit_requests"
     for reason, expect in [("prompt_too_long", 400), ("deadline_infeasible", 503),
                            ("displaced", 503), ("invalid_max_tokens", 400)]:

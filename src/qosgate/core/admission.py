@@ -346,23 +346,23 @@ class Admission:
         budget = req.deadline - now
         factor = self.calibration.factor(level)
         head = next(iter(self._backlog.by_class[level].values()), None)
+        # the oldest of its class still queued is this much later than it was forecast: the
+        # queue runs that far behind its forecasts now, before any late answer says so (those
+        # come a TTFT later)
+        late = 0.0
         if head is not None and head.forecast:
-            # the oldest of its class still queued has waited this much longer than it was
-            # forecast: the forecasts are off by at least that now, before any late answer
-            # says so (those come a TTFT later)
-            live = (now - head.arrival + service) / head.forecast
-            if live > factor:
-                factor = live
+            late = max(0.0, now - head.arrival + service - head.forecast)
         est = self._wait(req.level, now, held, cost=req.cost)
-        if est is not None and factor * (est[0] + service) > budget and self._policy.tenant_fair:
+        if (est is not None and factor * (est[0] + service) + late > budget
+                and self._policy.tenant_fair):
             est = self._wait(req.level, now, held, req.tenant, level, req.cost)
         wait, interval = est if est is not None else (0.0, 0.0)
         forecast = wait + service
-        if factor * forecast <= budget:
+        if factor * forecast + late <= budget:
             req.forecast = forecast
             return None
         # room for it comes when the wait ahead has drained to what its budget allows
-        excess = forecast - budget / factor
+        excess = forecast - (budget - late) / factor
         return Refusal(Reason.DEADLINE_INFEASIBLE, self._retry(req, cls, now, excess, interval))
 
     def _retry(self, req: Request, cls: ServiceClass, now: float, excess: float,

@@ -109,6 +109,17 @@ RESENT_TOKENS = _f("qosgate_resume_prompt_tokens_total", "counter", "tokens", C,
 RESENT_CACHED = _f("qosgate_resume_cached_tokens_total", "counter", "tokens", C,
                    "Of the prompt tokens sent again, those the engine took from its prefix "
                    "cache (as its usage said; engines that do not say count none).")
+ADMITTED_SEEN = _f("qosgate_admitted_outcomes_total", "counter", "", (*C, "on_time"),
+                   "Requests admitted against their class's TTFT budget whose first token came "
+                   "(or that ended unanswered past it), on time or not: the share on time is "
+                   "admission's calibration, against admission.quantile.")
+ADMISSION_FACTOR = _f("qosgate_admission_calibration_factor", "gauge", "", C,
+                      "What deadline admission multiplies a TTFT forecast by before comparing "
+                      "it with the budget (1: forecasts are trusted as they are).")
+RETRY_BOOKINGS = _f("qosgate_retry_bookings_total", "counter", "", ("outcome",),
+                    "Refusals whose Retry-After kept room for the request's return "
+                    "(outcome: made), and those bookings taken by the return (kept) or left to "
+                    "lapse (lapsed).")
 CLASS_TTFT_BUDGET = _f("qosgate_class_ttft_budget_seconds", "gauge", "seconds", C,
                        "The class's configured TTFT budget (ttft_budget_ms), for alerts and "
                        "panels to compare against.")

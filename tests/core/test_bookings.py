@@ -54,11 +54,12 @@ def test_room_is_kept_only_for_the_clients_that_come_back() -> None:
     assert b.returning > 0.6
 
 
-def test_a_key_booked_again_holds_one_booking() -> None:
+def test_identical_requests_share_their_key_and_take_its_bookings_in_turn() -> None:
     b = Bookings(1)
-    b.book("k", 0, now=0.0, earliest=1.0, gap=0.0, horizon=5.0, grace=1.0)
-    b.book("k", 0, now=0.5, earliest=2.0, gap=0.0, horizon=5.0, grace=1.0)
-    assert b.held(0, 0.5) == pytest.approx(0.5)
-    assert not b.take("k", 1.0)
-    assert b.take("k", 2.0)
-    assert b.held(0, 10.0) == 0.0 and b.lapsed == 0  # the first booking's lapse finds nothing
+    b.book("k", 0, now=0.0, earliest=1.0, gap=0.5, horizon=5.0, grace=1.0)
+    b.book("k", 0, now=0.2, earliest=1.0, gap=0.5, horizon=5.0, grace=1.0)
+    assert b.held(0, 0.5) == pytest.approx(1.0)  # two, weighed by a half
+    assert b.take("k", 1.0)  # the earliest
+    assert not b.take("k", 1.05)  # the other's time (1.5) has not come
+    assert b.take("k", 1.5)
+    assert b.held(0, 10.0) == 0.0 and b.lapsed == 0 and b.kept == 2

@@ -17,7 +17,7 @@ from qosgate.config import Tenant, default_config
 from qosgate.core import POLICY_NAMES, ReplicaSpec, Request, Scheduler, State
 from qosgate.core.queueing import build_policy
 from qosgate.core.queueing.engine_order import STRIDE, band_of, order_value
-from tests.support.classes import with_reserve
+from tests.support.classes import admitted_on_queue_time, with_reserve
 from tests.support.scheduler import Harness
 
 TENANTS = (
@@ -114,8 +114,10 @@ def test_a_tenant_back_from_idle_goes_before_the_unstarted_work(
 
 
 def _sched(ordered: bool = True, overtake: bool = True, window: int = 4) -> Harness:
-    # no reserve: on a window this small the default keeps one slot for realtime
-    cfg = default_config(policy="qos", tenants=TENANTS, classes=with_reserve(0.0))
+    # no reserve: on a window this small the default keeps one slot for realtime; and its
+    # engine takes 10 s to start a request, past api's TTFT budget: admitted on queue time
+    cfg = default_config(policy="qos", tenants=TENANTS,
+                         classes=admitted_on_queue_time(with_reserve(0.0)))
     cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={
         "window": cfg.fleet.window.model_copy(update={"overtake": overtake})})})
     sched = Scheduler(cfg, "qos", [ReplicaSpec("r0", window, window_mode="fixed", ordered=ordered)])

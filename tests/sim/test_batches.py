@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from qosgate.cli import app
-from qosgate.config import default_config
+from qosgate.config import QosConfig, default_config
 from qosgate.core import Dispatch, QosInputs
 from qosgate.core.batches_feed import RetryRule
 from qosgate.settings import BatchSettings
@@ -26,6 +26,7 @@ from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import scenario_from_mapping
 from qosgate.sim.scenarios import prepare, run_scenario
 from qosgate.sim.setup import SimSetup
+from tests.support.classes import admitted_on_queue_time
 from tests.support.sim import FLEET, SCENARIO, TOY, workload
 
 runner = CliRunner()
@@ -42,9 +43,9 @@ def live(n: int, every: float, cls: str = "realtime") -> list[tuple[float, str, 
 
 
 def setup(reqs: list[tuple[float, str, int, int]], jobs: tuple[BatchPlan, ...],
-          **batches: float) -> SimSetup:
+          cfg: QosConfig | None = None, **batches: float) -> SimSetup:
     return SimSetup(
-        cfg=default_config(), profile=TOY, replicas=1, window=TOY.max_num_seqs,
+        cfg=cfg or default_config(), profile=TOY, replicas=1, window=TOY.max_num_seqs,
         workload=workload(reqs), sample_interval=0.05, jobs=jobs,
         batches=BatchSettings.model_validate(batches), seed=3,
     )
@@ -98,7 +99,10 @@ def test_the_feed_keeps_a_job_bounded_yet_fills_an_idle_fleet() -> None:
 
 def test_realtime_never_waits_while_a_job_line_is_dispatched() -> None:
     reqs = live(60, 0.1) + live(40, 0.15, "api")
-    sim = Watched(setup(reqs, (job("j", 300, 0.0, 600.0, "batch", (60, 30)),)), "qos")
+    # api's own load is past its TTFT budget on this engine (deadline admission refuses some,
+    # job or no job): admitted on queue time, every live request is queued and served
+    cfg = default_config(classes=admitted_on_queue_time())
+    sim = Watched(setup(reqs, (job("j", 300, 0.0, 600.0, "batch", (60, 30)),), cfg), "qos")
     res = sim.run()
     assert res.jobs[0].done == 300
     assert getattr(sim, "job_dispatches", 0) >= 300

@@ -245,8 +245,9 @@ class Admission:
         # dispatch to end of a completed request, decayed: with what is in flight, the rate the
         # fleet completes requests at (Little's law) before the completions counted say so
         self._service_s = 0.0
-        # strict requests admitted per second: what the weighted classes will not get
-        self._strict_in = DecayingRate()
+        # strict requests admitted per second, and their cost: what the weighted classes will
+        # not get
+        self._strict_in = ServedRate()
         # the other gateway instances of the fleet (shared state), if any
         self.peers: PeerLoad | None = None
 
@@ -285,6 +286,13 @@ class Admission:
             took = now - dispatched
             self._service_s = took if not self._service_s else 0.9 * self._service_s + 0.1 * took
 
+    def calibration_view(self) -> tuple[tuple[str, int, int, float], ...]:
+        """Per class with deadline admission: (class, admitted requests whose outcome was seen,
+        of those on time, the calibration factor now)."""
+        cal = self.calibration
+        return tuple((c.name, cal.seen[c.level], cal.met[c.level], cal.factor(c.level))
+                     for c in self._classes if c.deadline_admission)
+
     # ---------------------------------------------------------------- the verdict
     def verdict(self, req: Request, limiter: Limiter, now: float) -> Refusal | Displace | None:
         adm = self.cfg
@@ -317,10 +325,10 @@ class Admission:
             if victim is None:
                 return Refusal(Reason.QUEUE_FULL, self.clamp_retry(self.slot_wait(now)))
             if cls.strict:
-                self._strict_in.add(now)
+                self._strict_in.add_served(now, req.cost)
             return Displace(victim, self.clamp_retry(self.slot_wait(now)))
         if cls.strict:
-            self._strict_in.add(now)
+            self._strict_in.add_served(now, req.cost)
         return None
 
     def _deadline(self, req: Request, cls: ServiceClass, now: float) -> Refusal | None:
@@ -492,18 +500,35 @@ class Admission:
                 # at the rate they now are, leave of the fleet's capacity (once measured): what
                 # it was served a moment ago does not say that a surge of strict work has
                 # since taken its turns
-                capacity = self.busy.value()
-                if capacity > 0 and backlog.strict_levels:
-                    left = capacity - self._strict_in.value(now)
-                    if left <= 0:
-                        return math.inf, interval
-                    served = min(served, left * cls.weight / weights)
+                if self.busy.value() > 0 and backlog.strict_levels:
+                    left = self._left_by_strict(level, weights, now, cost)
+                    if left is not None:
+                        if left <= 0:
+                            return math.inf, interval
+                        served = min(served, left)
             if served > 0:
                 if peers is not None and local > 0:
                     served *= rate / local  # the fleet's service of the class, not this one's
                 wait = max(wait, (own + 1) / served)
                 interval = max(interval, 1.0 / served)
         return wait, interval
+
+    def _left_by_strict(self, level: int, weights: float, now: float,
+                        cost: float | None) -> float | None:
+        """Requests per second class ``level`` gets by its weight out of what the strict
+        classes, admitted at the rate they now are, leave of the service (in cost) the fleet
+        has been giving; None when nothing is known."""
+        served = self._served
+        together = sum(served[lv].cost_value(now) for lv in range(len(served)))
+        if together <= 0:
+            return None
+        rate = served[level]
+        count, spent = rate.value(now), rate.cost_value(now)
+        mean = spent / count if count > 0 else cost
+        if not mean:
+            return None
+        left = together - self._strict_in.cost_value(now)
+        return left * self._classes[level].weight / weights / mean
 
     def _share_rate(self, level: int, weights: float, now: float, cost: float | None) -> float:
         """Requests per second class ``level`` gets by its weight out of the service (in cost)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass
 
 _EARLY_S = 0.1  # a return this much before its booking's time still takes it
@@ -33,20 +34,26 @@ _KEEP = 0.97  # how much of what bookings did each ended booking keeps (a few do
 
 @dataclass(slots=True)
 class _Booking:
+    key: str
     level: int
     due: float
     lapses: float
+    live: bool = True
 
 
 class Bookings:
+    """The bookings of every class, by key. One key may hold several: identical requests of one
+    tenant (a load test's, a retried batch's) are told apart by nothing, and any of their
+    returns takes the earliest of their bookings: they are alike, so is the room."""
+
     __slots__ = ("_by_key", "_held", "_lapse_heap", "_last", "_returned", "kept", "lapsed",
                  "made")
 
     def __init__(self, levels: int) -> None:
-        self._by_key: dict[str, _Booking] = {}
+        self._by_key: dict[str, deque[_Booking]] = {}
         self._held = [0] * levels
         self._last = [-math.inf] * levels  # each class's latest booking time
-        self._lapse_heap: list[tuple[float, str]] = []
+        self._lapse_heap: list[tuple[float, int, _Booking]] = []
         self.made = 0
         self.kept = 0
         self.lapsed = 0
@@ -68,17 +75,20 @@ class Bookings:
         taken, ended = self._returned
         return (taken + 1.0) / (ended + 2.0)
 
-    def _ended(self, taken: bool) -> None:
-        kept, ended = self._returned
-        self._returned = (kept * _KEEP + taken, ended * _KEEP + 1.0)
-
     def take(self, key: str, now: float) -> bool:
-        """A request with ``key`` arrived: True if it takes its booking (it came back from its
-        time on), which no longer holds room."""
-        b = self._by_key.get(key)
-        if b is None or now < b.due - _EARLY_S or now >= b.lapses:
+        """A request with ``key`` arrived: True if it takes a booking of its key whose time
+        has come (the earliest), which no longer holds room."""
+        queue = self._by_key.get(key)
+        if not queue:
             return False
-        self._drop(key, b)
+        if self._lapse_heap and self._lapse_heap[0][0] <= now:
+            self._lapse(now)
+            if not queue:
+                return False
+        b = queue[0]
+        if now < b.due - _EARLY_S:
+            return False
+        self._drop(b)
         self.kept += 1
         self._ended(True)
         return True
@@ -87,31 +97,36 @@ class Bookings:
              horizon: float, grace: float) -> float | None:
         """Book ``key`` (class ``level``) for ``earliest`` or one ``gap`` after the class's
         last booking, whichever is later: the booking's time, or None if that is more than
-        ``horizon`` from ``now`` (nothing is booked). A key booked already is booked again."""
-        old = self._by_key.get(key)
-        if old is not None:
-            self._drop(key, old)
+        ``horizon`` from ``now`` (nothing is booked)."""
         due = max(earliest, self._last[level] + gap, now)
         if due - now > horizon:
             return None
-        lapses = due + grace
-        self._by_key[key] = _Booking(level, due, lapses)
+        b = _Booking(key, level, due, due + grace)
+        self._by_key.setdefault(key, deque()).append(b)
         self._held[level] += 1
         self._last[level] = due
-        heapq.heappush(self._lapse_heap, (lapses, key))
         self.made += 1
+        heapq.heappush(self._lapse_heap, (b.lapses, self.made, b))
         return due
 
-    def _drop(self, key: str, b: _Booking) -> None:
-        del self._by_key[key]
+    def _ended(self, taken: bool) -> None:
+        kept, ended = self._returned
+        self._returned = (kept * _KEEP + taken, ended * _KEEP + 1.0)
+
+    def _drop(self, b: _Booking) -> None:
+        """``b`` no longer holds room (taken or lapsed)."""
+        b.live = False
         self._held[b.level] -= 1
+        queue = self._by_key[b.key]
+        queue.remove(b)
+        if not queue:
+            del self._by_key[b.key]
 
     def _lapse(self, now: float) -> None:
         heap = self._lapse_heap
         while heap and heap[0][0] <= now:
-            lapses, key = heapq.heappop(heap)
-            b = self._by_key.get(key)
-            if b is not None and b.lapses == lapses:  # (not one taken, or booked again)
-                self._drop(key, b)
+            b = heapq.heappop(heap)[2]
+            if b.live:
+                self._drop(b)
                 self.lapsed += 1
                 self._ended(False)

@@ -610,6 +610,9 @@ class Scheduler:
             attempt_failures=tuple((*k, v) for k, v in sorted(self.attempt_failures.items())),
             retries=tuple((*k, v) for k, v in sorted(self.retries.items())),
             overtakes=tuple(sorted(self.overtakes.items())),
+            calibration=self.admission.calibration_view(),
+            bookings=(self.admission.bookings.made, self.admission.bookings.kept,
+                      self.admission.bookings.lapsed),
         )
 
     def allowance(self, tenant: str, now: float) -> Allowance:

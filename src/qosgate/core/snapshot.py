@@ -67,3 +67,8 @@ class Snapshot:
     resumes: tuple[tuple[str, int], ...] = ()  # (class, streams continued by a new call)
     # (class, prompt tokens sent again to continue streams, of those the engine had cached)
     resent: tuple[tuple[str, int, int], ...] = ()
+    # deadline admission per class: (class, admitted requests whose TTFT was seen, of those on
+    # time, the factor forecasts are multiplied by now)
+    calibration: tuple[tuple[str, int, int, float], ...] = ()
+    # refusals' bookings (``core.bookings``): made, taken by their returns, lapsed
+    bookings: tuple[int, int, int] = (0, 0, 0)

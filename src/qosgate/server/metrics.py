@@ -253,6 +253,18 @@ class _StateCollector:
         for name, n in snap.overtakes:
             over.add_metric([name], n)
         yield over
+        seen = mn.ADMITTED_SEEN.counter()
+        factor = mn.ADMISSION_FACTOR.gauge()
+        for cls, n, met, k in snap.calibration:
+            seen.add_metric([cls, "true"], met)
+            seen.add_metric([cls, "false"], n - met)
+            factor.add_metric([cls], k)
+        yield seen
+        yield factor
+        booked = mn.RETRY_BOOKINGS.counter()
+        for outcome, n in zip(("made", "kept", "lapsed"), snap.bookings, strict=True):
+            booked.add_metric([outcome], n)
+        yield booked
 
 
 class _Histogram:

@@ -26,7 +26,7 @@ from qosgate.config import (
 from qosgate.core import POLICY_NAMES, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.prefix import Prefix
 from qosgate.core.signals import LoadSignals
-from tests.support.classes import with_reserve
+from tests.support.classes import admitted_on_queue_time, with_reserve
 from tests.support.scheduler import Harness
 
 
@@ -242,8 +242,10 @@ def test_aging_bounds_a_low_class_wait_under_constant_high_class_load(
     """api traffic alone saturates the engine for the whole run; an offline request still
     starts within its aging path (60 s to batch + 30 s to api) plus a few service times."""
     rng = random.Random(seed)
+    # api's queue kept 20 deep: admitted on queue time (its TTFT budget would refuse some)
     h = Harness(
-        Scheduler(default_config(), policy, [_fixed("r0", 2)]), prefill_s=0.05, decode_s=0.01
+        Scheduler(default_config(classes=admitted_on_queue_time()), policy, [_fixed("r0", 2)]),
+        prefill_s=0.05, decode_s=0.01,
     )
     victim = None
     while h.now < 200:
@@ -261,7 +263,7 @@ def test_aging_bounds_a_low_class_wait_under_constant_high_class_load(
 
 def test_without_aging_strict_priority_starves_the_low_class() -> None:
     """The control for the test above: the bound really comes from aging."""
-    cfg = default_config(aging=Aging(enabled=False))
+    cfg = default_config(aging=Aging(enabled=False), classes=admitted_on_queue_time())
     h = Harness(Scheduler(cfg, "priority", [_fixed("r0", 2)]))
     h.submit("api", output=100)
     h.submit("api", output=100)

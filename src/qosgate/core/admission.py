@@ -516,18 +516,20 @@ class Admission:
     def _left_by_strict(self, level: int, weights: float, now: float,
                         cost: float | None) -> float | None:
         """Requests per second class ``level`` gets by its weight out of what the strict
-        classes, admitted at the rate they now are, leave of the service (in cost) the fleet
-        has been giving; None when nothing is known."""
+        classes, admitted at the rate they now are, leave of the fleet's capacity (requests
+        per second while saturated, times the mean cost of what it served); None when nothing
+        is known."""
         served = self._served
-        together = sum(served[lv].cost_value(now) for lv in range(len(served)))
-        if together <= 0:
+        count = sum(r.value(now) for r in served)
+        if count <= 0:
             return None
+        capacity = self.busy.value() * sum(r.cost_value(now) for r in served) / count
         rate = served[level]
-        count, spent = rate.value(now), rate.cost_value(now)
-        mean = spent / count if count > 0 else cost
+        n, spent = rate.value(now), rate.cost_value(now)
+        mean = spent / n if n > 0 else cost
         if not mean:
             return None
-        left = together - self._strict_in.cost_value(now)
+        left = capacity - self._strict_in.cost_value(now)
         return left * self._classes[level].weight / weights / mean
 
     def _share_rate(self, level: int, weights: float, now: float, cost: float | None) -> float:

@@ -166,7 +166,7 @@ def group_stats(
     ttfts: list[float] = []
     tpots: list[float] = []
     e2es: list[float] = []
-    met = met_in = done_in = 0
+    met = met_in = done_in = ttft_met = 0
     win_tokens = 0
     preempted = 0
     hit = hit_done = 0
@@ -187,7 +187,10 @@ def group_stats(
             if tp is not None:
                 tpots.append(tp)
             e2es.append(e2e(r))
-            if meets_slo(r, slo_of(r)):
+            slo = slo_of(r)
+            if t is not None and t <= slo.ttft_s:
+                ttft_met += 1
+            if meets_slo(r, slo):
                 met += 1
                 met_in += inside
     n = len(recs)
@@ -197,6 +200,8 @@ def group_stats(
     out.update(_dist("e2e", e2es))
     out["slo_met"] = met
     out["slo_attainment"] = met / n if n else None
+    admitted = n - counts.get("rejected", 0)
+    out["admitted_ttft_met"] = ttft_met / admitted if admitted else None
     out["goodput_rps"] = met_in / arrival_span if arrival_span > 0 else None
     out["completed_rps"] = done_in / arrival_span if arrival_span > 0 else None
     run = span if span is not None and span > 0 else None

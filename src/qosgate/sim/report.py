@@ -40,6 +40,9 @@ DEFINITIONS = {
     "output_tok_s": "output tokens generated inside the arrival window, per second of it",
     "slo_attainment": "requests that met both SLOs / all requests (refused and timed out count "
     "against it)",
+    "admitted_ttft_met": "requests whose first token came within their class's TTFT budget / "
+    "requests admitted (not refused): deadline admission's calibration, against "
+    "admission.quantile",
 }
 WINDOW_NOTE = (
     "goodput and req/s done count only requests that finished inside the arrival window, per "

@@ -3,6 +3,8 @@ Retry-After as a kept promise."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from qosgate.config import default_config
@@ -86,7 +88,7 @@ def test_under_overload_what_is_admitted_meets_its_budget() -> None:
     # which the calibration (a window of past ratios) follows a TTFT late; on varied traffic
     # the share reaches the quantile (docs/experiments/goodput.md), here a little below it
     assert len(on_time) >= 0.85 * len(admitted)
-    assert len(on_time) >= 0.8 * 60 * 4 / 1.05  # and most of what the engine can serve
+    assert len(on_time) >= 0.8 * 60 * 3 / 1.05  # and most of what its three slots serve
     cal = h.sched.admission.calibration  # it counts what it admitted against a forecast
     assert cal.seen[1] - 10 == len(admitted) and cal.met[1] - 10 == len(on_time)
 
@@ -152,5 +154,5 @@ def test_returns_are_spread_at_the_rate_the_queue_drains() -> None:
             afters.append(h.now + r.retry_after)
     booked = sorted(afters)[: h.sched.admission.bookings.made]
     assert len(booked) >= 3
-    gaps = [b - a for a, b in zip(booked, booked[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(booked)]
     assert min(gaps) > 0.1  # one slot's service interval apart, not all in one instant

@@ -89,8 +89,8 @@ def test_under_overload_what_is_admitted_meets_its_budget() -> None:
     # the share reaches the quantile (docs/experiments/goodput.md), here a little below it
     assert len(on_time) >= 0.85 * len(admitted)
     assert len(on_time) >= 0.8 * 60 * 3 / 1.05  # and most of what its three slots serve
-    cal = h.sched.admission.calibration  # it counts what it admitted against a forecast
-    assert cal.seen[1] - 10 == len(admitted) and cal.met[1] - 10 == len(on_time)
+    cal = h.sched.admission.calibration  # its count of the late: what it learns from
+    assert cal.seen[1] - cal.met[1] == len(admitted) - len(on_time)
 
 
 def test_offline_queues_on_a_busy_engine_and_realtime_takes_a_preemptible_slot() -> None:

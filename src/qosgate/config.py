@@ -187,6 +187,11 @@ class Admission(Strict):
     max_output_tokens: int = Field(default=32_768, ge=1)
     min_retry_after_s: float = Field(default=1.0, ge=0)
     max_retry_after_s: float = Field(default=60.0, gt=0)
+    book_retries: bool = Field(
+        default=False, description="a refusal's Retry-After books room for the request's "
+        "return (known by a digest of its tenant and body): the room is kept until then, and "
+        "returns are spread at the rate the class's queue drains (core/bookings.py). Off: "
+        "Retry-After is the forecast time until room, a forecast and not a promise")
     quantile: float = Field(
         default=0.95, gt=0, lt=1, description="deadline admission admits a request when its "
         "time to first token is forecast within its class's budget with this probability: the "

@@ -17,8 +17,12 @@ from tests.support.scheduler import Harness
 
 
 def _harness(slots: int = 4, prefill_s: float = 0.05, decode_s: float = 0.01,
-             resumes: bool = False) -> Harness:
-    sched = Scheduler(default_config(), "qos",
+             resumes: bool = False, book: bool = False) -> Harness:
+    cfg = default_config()
+    if book:
+        cfg = cfg.model_copy(update={"admission": cfg.admission.model_copy(
+            update={"book_retries": True})})
+    sched = Scheduler(cfg, "qos",
                       [ReplicaSpec("r0", slots, window_mode="fixed", resumes=resumes)])
     return Harness(sched, prefill_s=prefill_s, decode_s=decode_s)
 
@@ -122,8 +126,17 @@ def test_late_answers_raise_the_factor_and_admission_closes() -> None:
     assert max(waits[10:]) <= 5.0  # a forecast three times too short is no longer trusted
 
 
-def test_retry_after_is_a_booking_its_return_takes() -> None:
+def test_without_bookings_retry_after_is_the_forecast_time_until_room() -> None:
     h = _harness(slots=2)
+    _warm(h)
+    sent = _saturate(h, "api", seconds=20.0, every=0.05)
+    afters = [r.retry_after for r in sent if r.state is State.REJECTED]
+    assert afters and all(a is not None and 1.0 <= a <= 5.0 for a in afters)
+    assert h.sched.admission.bookings.made == 0
+
+
+def test_retry_after_is_a_booking_its_return_takes() -> None:
+    h = _harness(slots=2, book=True)
     _warm(h)
     _saturate(h, "api", seconds=20.0, every=0.05)
     refused = None
@@ -144,7 +157,7 @@ def test_retry_after_is_a_booking_its_return_takes() -> None:
 
 
 def test_returns_are_spread_at_the_rate_the_queue_drains() -> None:
-    h = _harness(slots=2)
+    h = _harness(slots=2, book=True)
     _warm(h)
     _saturate(h, "api", seconds=20.0, every=0.05)
     afters = []

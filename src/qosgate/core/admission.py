@@ -382,7 +382,7 @@ class Admission:
         horizon = min(adm.max_retry_after_s, max(adm.min_retry_after_s, cls.ttft_budget_ms / 1000))
         earliest = now + max(adm.min_retry_after_s, excess)
         key = req.retry_key
-        if key is not None:
+        if key is not None and adm.book_retries:
             due = self.bookings.book(key, req.class_level, now, earliest, interval, horizon,
                                      grace=1.0 + 0.25 * (earliest - now))
             if due is not None:

@@ -566,6 +566,10 @@ class Admission:
             self._rate_at = (now, value)
         return value
 
+    def local_rate(self, now: float) -> float:
+        """This instance's completion rate as its forecasts read it (without the others')."""
+        return self._rate(now)
+
     def slot_wait(self, now: float) -> float:
         """Seconds until a slot frees, at the recent completion rate (0: unknown)."""
         rate = self._rate(now)

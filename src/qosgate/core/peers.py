@@ -30,9 +30,11 @@ RATE_KEY = "completion_rate"
 
 
 def load_of(scheduler: Scheduler, now: float) -> Load:
-    """What an instance publishes: its scheduler's queue per class and completion rate."""
+    """What an instance publishes: its scheduler's queue per class and completion rate (the
+    one its own admission forecasts from: measured while saturated, so that the fleet's sum is
+    the fleet's capacity, not what it happened to be sent)."""
     return ([len(bucket) for bucket in scheduler.backlog.by_class],
-            scheduler.admission.completions.value(now))
+            scheduler.admission.local_rate(now))
 
 
 def with_load(info: str, load: Load) -> str:

@@ -32,6 +32,7 @@ from qosgate.sim.results import RunResult
 from qosgate.sim.scenario_file import ScenarioError, load_scenario, override
 from qosgate.sim.scenarios import Prepared, prepare, run_scenario, setup_for, workload_for
 from qosgate.sim.setup import GatewayPlan
+from tests.support.classes import admitted_on_queue_time
 
 # four equal-weight api tenants and a realtime one on one replica, overloaded so that qosgate
 # holds a queue; "rated" is limited to 20 requests/min and offers ~11 requests/s
@@ -75,6 +76,16 @@ def _prep(tmp_path: Path, text: str = SCENARIO, **changes: Any) -> Prepared:
     if changes:
         s = override(s, **changes)
     return prepare(s)
+
+
+def _on_queue_time(tmp_path: Path, **changes: Any) -> Prepared:
+    """``UNLIMITED`` with its classes admitted on queue time (no deadline admission): for the
+    fair-share counters' own test, whatever each gateway's admission refuses."""
+    p = tmp_path / "gw.yaml"
+    p.write_text(UNLIMITED)
+    s = load_scenario(p)
+    classes = [c.model_dump(mode="json") for c in admitted_on_queue_time()]
+    return prepare(override(s, config={**dict(s.config), "classes": classes}, **changes))
 
 
 def _run(prep: Prepared, plan: GatewayPlan, policy: str = "qos") -> RunResult:
@@ -196,11 +207,13 @@ def test_fair_share_across_gateways_needs_the_shared_counters(tmp_path: Path) ->
     """Tenant a reaches gateway 0 only, b gateways 0-1, c and d all four: with the shared
     fair-share counters the four equal-weight api tenants get close to even service; each
     instance on its own gives a and b less. (Jain 0.999; 0.939 while VTC's lifts were synced
-    as service, docs/guides/several-instances.md.)"""
-    prep = _prep(tmp_path, UNLIMITED, gateways={
+    as service, docs/guides/several-instances.md.) Admitted on queue time: with deadline
+    admission each gateway refuses on its own queue, and the busiest one, which a alone
+    reaches, refuses a more (docs/experiments/goodput.md)."""
+    prep = _on_queue_time(tmp_path, gateways={
         "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]}})
     on = run_scenario(prep).runs[0]
-    off = run_scenario(_prep(tmp_path, UNLIMITED, gateways={
+    off = run_scenario(_on_queue_time(tmp_path, gateways={
         "counts": [4], "spread": "skewed", "reach": {"a": [0], "b": [0, 1]},
         "shared": False})).runs[0]
     j_on = on.metrics["fairness"]["api"]["jain"]

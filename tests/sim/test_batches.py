@@ -225,10 +225,11 @@ def test_same_seed_same_report_with_jobs() -> None:
 
 # sha-256 of the det scenarios' JSON documents, taken on main before batch jobs were added, and
 # taken again where the core changed under them (a positive reserve keeps a slot; streams evicted,
-# or on a replica that died, continue elsewhere)
+# or on a replica that died, continue elsewhere; every class admitted against its TTFT budget,
+# and the share of admitted requests within it reported)
 NO_JOB_DIGESTS = {
-    "det": "4690ff9a5d02de3533b6e4e0fcee6de75ff5776898564d83ad7388ac93f1804b",
-    "det-fleet": "f5f5cb2f4b5e825dd00076136a3ef9a7bdc5827e06307cfb82804925c2f34457",
+    "det": "69c755ade703c0521658e1946a48e699c3167a246d391bb46956f878e0dd5f9c",
+    "det-fleet": "e77d788473ad4e84d5ab6f4e14d6159141ff315052c1579e34af00318c48e055",
 }
 
 

@@ -363,7 +363,10 @@ class Admission:
         est = self._wait(req.level, now, held, cost=req.cost)
         if (est is not None and factor * (est[0] + service) + late > budget
                 and self._policy.tenant_fair):
+            # its tenant's turn (VTC), not the class's whole queue; and the class's late head
+            # may be another tenant's, whose backlog this one does not wait behind
             est = self._wait(req.level, now, held, req.tenant, level, req.cost)
+            late = 0.0
         wait, interval = est if est is not None else (0.0, 0.0)
         forecast = wait + service
         if factor * forecast + late <= budget:

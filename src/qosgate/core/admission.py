@@ -2,11 +2,13 @@
 
 ``Admission.verdict`` answers with ``None`` (admit: the common case builds nothing), a
 ``Refusal`` (reason and Retry-After), or ``Displace`` (the queue is full, but the newest queued
-request of a lower class makes room). It never changes a request: the scheduler carries out the
-verdict. Its first rule, the configured size limits (``over_limit``), is also the gateway's
+request of a lower class makes room). It changes nothing of a request but to note the TTFT it
+forecast for it (``Request.forecast``, what the answer calibrates later): the scheduler carries
+out the verdict. Its first rule, the configured size limits (``over_limit``), is also the gateway's
 before it queues anything: its ``OverLimit`` says the value, the limit and whose it is. It reads
-the queue's books (``Backlog``) and the fleet's free room, and learns the service rates it
-predicts from as the scheduler tells it of dispatches and completions.
+the queue's books (``Backlog``) and the fleet's free room, and learns the service rates and
+first-token times it forecasts from, and how late its forecasts were, as the scheduler tells it
+of dispatches, first tokens and completions (``core.forecast``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from openai import AsyncOpenAI
 
+from tests.support.classes import admitted_on_queue_time
 from tests.support.httpclient import http
 from tests.support.metrics import metric_values
 from tests.support.processes import MODEL, start_gateway, start_standin
@@ -43,7 +44,12 @@ def test_untagged_requests_beside_a_tagged_offline_flood_go_ahead_of_later_offli
     # an eighth of the modelled speed: offline streams hold their slots for seconds
     si = start_standin(tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "16",
                        "--time-scale", "8", "--record", str(record))
-    gw = start_gateway(tmp_path, "--upstream", si.url)
+    # admitted on queue time: the test is of the order the engine runs what it was sent (on a
+    # loaded CI box, deadline admission may refuse an api request the flood delays)
+    cfg = tmp_path / "queue-time.json"
+    cfg.write_text(json.dumps({"classes": [c.model_dump(mode="json")
+                                           for c in admitted_on_queue_time()]}))
+    gw = start_gateway(tmp_path, "--config", str(cfg), "--upstream", si.url)
     seq = itertools.count()
     sent: dict[str, tuple[int, str]] = {}  # marker -> (send order, class)
     api_out: list[tuple[str, str]] = []  # (marker, finish_reason)

@@ -196,6 +196,8 @@ def gateway_config(upstreams: list[Server], redis_url: str | None,
             for name, s in zip("ab", upstreams, strict=False)
         ],
     }
+    for c in cfg["classes"]:  # admitted on queue time: the outcomes the board shows are driven
+        c["deadline_admission"] = False  # one by one (a deadline refusal would replace them)
     if redis_url is not None:
         cfg["redis"] = {"url": redis_url}
     if offline_first_byte_s is not None:  # the test's ejection stage; not the board capture's

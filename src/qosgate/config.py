@@ -130,6 +130,48 @@ class Fairness(Strict):
 
     prompt_weight: float = Field(default=1.0, ge=0)
     output_weight: float = Field(default=2.0, ge=0)
+    reference_model: str | None = Field(
+        default=None, description="the model whose tokens are the charged unit: the one a "
+        "learned (auto) or profiled weight is measured against. Default: the first model "
+        "listed in models")
+
+
+class ModelSpec(Strict):
+    """What one model costs, in the unit every tenant is charged: tokens of the reference model
+    (``fairness.reference_model``). Without an entry a model costs what the reference does (the
+    fairness weights alone), so a fleet of one model is charged as it always was. A token of a
+    model that takes eight times the accelerator time of the reference's costs eight, so fair
+    share between tenants is a fair share of engine time, whichever model each one calls."""
+
+    name: str = Field(description="the model id clients send (a LoRA adapter's name too)")
+    weight: float | Literal["auto"] = Field(
+        default=1.0, description="cost of one of its tokens, in reference-model tokens (prompt "
+        "and output alike unless prompt_weight / output_weight say otherwise). auto = learned "
+        "online from its engines' own time per token (their /metrics), against the reference "
+        "model's; 1 until both are measured")
+    prompt_weight: float | None = Field(
+        default=None, gt=0, description="cost of one prompt token (default: weight)")
+    output_weight: float | None = Field(
+        default=None, gt=0, description="cost of one output token (default: weight)")
+    profile: str | None = Field(
+        default=None, description="an engine profile (a name of the built-in ones, or a file "
+        "that qosgate calibrate wrote) of this model's engine: its prefill and decode time per "
+        "token against the reference model's profile set the weights (the reference needs a "
+        "profile too)")
+    base: str | None = Field(
+        default=None, description="a LoRA adapter of this base model: it costs what the base "
+        "does, plus load_cost when a replica has to load it")
+    load_cost: float = Field(
+        default=0.0, ge=0, description="an adapter's cold start, in reference-model tokens: "
+        "charged to the request that makes a replica load it, and weighed by routing against "
+        "a replica that has it loaded already")
+
+    @field_validator("weight")
+    @classmethod
+    def _weight_positive(cls, v: float | str) -> float | str:
+        if isinstance(v, float | int) and v <= 0:
+            raise ValueError("weight must be > 0 (or auto)")
+        return v
 
 
 class Aging(Strict):
@@ -370,6 +412,9 @@ class QosConfig(Strict):
     default_class: str = "api"
     task_types: dict[str, str] = Field(default_factory=dict)
     fairness: Fairness = Fairness()
+    models: tuple[ModelSpec, ...] = Field(
+        default=(), description="what each model costs (see ModelSpec); unlisted models cost "
+        "what the reference model does")
     aging: Aging = Aging()
     admission: Admission = Admission()
     fleet: Fleet = Fleet()
@@ -397,6 +442,17 @@ class QosConfig(Strict):
             if name is not None and name not in classes:
                 raise ValueError(f"{where}: unknown class {name!r} (known: {sorted(classes)})")
 
+        model_names = [m.name for m in self.models]
+        if len(set(model_names)) != len(model_names):
+            raise ValueError(f"model names must be unique, got {model_names}")
+        for m in self.models:
+            if m.base is not None and m.base not in model_names:
+                raise ValueError(f"model {m.name!r}: base {m.base!r} is not in models")
+            if m.base is not None and m.base == m.name:
+                raise ValueError(f"model {m.name!r} cannot be its own base")
+        ref = self.fairness.reference_model
+        if ref is not None and ref not in model_names:
+            raise ValueError(f"fairness.reference_model: {ref!r} is not in models")
         need_class(self.default_class, "default_class")
         need_class(self.aging.ceiling, "aging.ceiling")
         for task, cls_name in self.task_types.items():

@@ -1,7 +1,8 @@
 """What a request costs, in the fair-share units the queues charge and the tenants' limits count.
 
 Its cost is ``prompt_weight`` per prompt token plus ``output_weight`` per output token
-(``fairness`` in the config). At admission the output is not known yet: it is estimated as its
+(``fairness`` in the config), each times its model's weight (``core.weights``): the unit is a
+token of the reference model. At admission the output is not known yet: it is estimated as its
 class's learned mean output length within the request's cap, and the real usage is settled when
 the request ends (a request that never started is charged no prompt). The cap itself comes from
 the client, the configured ceilings of its class and tenant, or the engine's context.
@@ -10,11 +11,12 @@ the client, the configured ceilings of its class and tenant, or the engine's con
 from __future__ import annotations
 
 from qosgate.config import QosConfig, ServiceClass
+from qosgate.core.weights import ModelWeights
 
 
 class Pricing:
     __slots__ = ("_ceilings", "_classes", "_max_output", "_out_est", "_tenant_caps",
-                 "output_weight", "prompt_weight")
+                 "output_weight", "prompt_weight", "weights")
 
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass]) -> None:
         self.prompt_weight = cfg.fairness.prompt_weight
@@ -25,13 +27,18 @@ class Pricing:
         self.retenant(cfg)
 
     def retenant(self, cfg: QosConfig) -> None:
-        """The tenants' output ceilings of ``cfg`` (at start, and on a reload)."""
+        """The tenants' output ceilings and the models' weights of ``cfg`` (at start, and on a
+        reload, which keeps what was learned of the models' times per token)."""
+        old = getattr(self, "weights", None)
+        self.weights = ModelWeights(cfg.models, cfg.fairness.reference_model)
+        if old is not None:
+            self.weights.keep_learned(old)
         self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
         # (level, tenant) -> its ceiling (``_ceiling``)
         self._ceilings: dict[tuple[int, str], int | None] = {}
 
     def price(self, level: int, tenant: str, max_tokens: int | None, prompt_tokens: int,
-              context: int | None) -> tuple[int, int | None, float, float]:
+              context: int | None, model: str = "") -> tuple[int, int | None, float, float]:
         """A new request's (output cap, configured ceiling, estimated output, cost), in one call
         (one per request).
 
@@ -53,6 +60,10 @@ class Pricing:
                 max_tokens = most
         cap, learned = float(max_tokens), self._out_est[level]
         est = learned if learned < cap else cap  # (min(cap, learned), without the builtin call)
+        if model and self.weights.weighted:
+            w = self.weights.of(model)
+            return (max_tokens, ceiling, est, self.prompt_weight * w.prompt * prompt_tokens
+                    + self.output_weight * w.output * est)
         return (max_tokens, ceiling, est,
                 self.prompt_weight * prompt_tokens + self.output_weight * est)
 
@@ -67,10 +78,21 @@ class Pricing:
             (v for v in caps if v is not None), default=None)
         return ceiling
 
-    def used(self, prompt_tokens: int, output_tokens: int, started: bool) -> float:
+    def used(self, prompt_tokens: int, output_tokens: int, started: bool,
+             model: str = "") -> float:
         """The cost a request actually used (one that never started used no prompt)."""
+        if model and self.weights.weighted:
+            w = self.weights.of(model)
+            return ((self.prompt_weight * w.prompt * prompt_tokens if started else 0.0)
+                    + self.output_weight * w.output * output_tokens)
         return ((self.prompt_weight * prompt_tokens if started else 0.0)
                 + self.output_weight * output_tokens)
+
+    def prompt_cost(self, tokens: int, model: str = "") -> float:
+        """What ``tokens`` prompt tokens of ``model`` cost (a cached part's credit)."""
+        if model and self.weights.weighted:
+            return self.prompt_weight * self.weights.of(model).prompt * tokens
+        return self.prompt_weight * tokens
 
     def learn(self, level: int, output_tokens: int) -> None:
         """A request of class ``level`` completed with ``output_tokens``."""

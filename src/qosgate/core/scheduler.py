@@ -194,7 +194,7 @@ class Scheduler:
         within that bound, and the real usage is settled at completion."""
         c = self.classifier.classify(inputs)
         cap, ceiling, est, cost = self.pricing.price(c.level, c.tenant, max_tokens,
-                                                     prompt_tokens, context)
+                                                     prompt_tokens, context, model)
         req = Request(
             rid, c.tenant, c.service_class, c.level, now, now + c.budget_s, prompt_tokens, cap,
             requested_class=c.requested_class, est_output_tokens=int(est), model=model,
@@ -631,7 +631,7 @@ class Scheduler:
 
     def _enqueue(self, req: Request, now: float, arm: bool = True) -> None:
         if req.cached_tokens:  # back from a replica: whole again until placed anew
-            req.cost += self.pricing.prompt_weight * req.cached_tokens
+            req.cost += self.pricing.prompt_cost(req.cached_tokens, req.model)
             req.cached_tokens = 0
         req.move(QUEUED)
         req.enqueued_at = now
@@ -759,7 +759,7 @@ class Scheduler:
         if self.fleet.place(req, rep, now, paused, streaming, over):
             req.lent = LENT_PREEMPTIBLE
         if req.cached_tokens:  # what its replica is expected to hold is not charged
-            credit = self.pricing.prompt_weight * req.cached_tokens
+            credit = self.pricing.prompt_cost(req.cached_tokens, req.model)
             req.cost -= credit
             self.policy.settle(req, -credit)
         out.append(Dispatch(req, rep.name, resume))
@@ -854,7 +854,7 @@ class Scheduler:
         computed = req.prompt_tokens
         if req.cached_tokens:
             computed = max(0, computed - req.cached_tokens)
-        used = self.pricing.used(computed, output_tokens, started)
+        used = self.pricing.used(computed, output_tokens, started, req.model)
         self.policy.settle(req, used - req.cost)
         if state is COMPLETED:
             self.admission.completed(req, now)

@@ -1,0 +1,137 @@
+"""Model weight: what a token of each model costs, in tokens of the reference model.
+
+A token of a 70B model takes many times the accelerator time of a token of a 1B model. Charging
+both the same would let a tenant on the heavy model take most of the fleet while fair share calls
+it even. So every cost the core reckons (fair share's virtual counters, the tenants' cost
+estimates at admission, the simulator's) is in one unit, the *reference token*: a token of the
+reference model (``fairness.reference_model``, else the first model configured), weighted by the
+fairness weights as before. A model's weight is how many reference tokens one of its tokens is
+worth, separately for prompt (prefill) and output (decode) tokens, since the two scale apart.
+
+A weight is configured, taken from engine profiles (resolved into numbers before the core sees
+them), or learned (``weight: auto``) from the engines' own time per token, measured per model by
+the runtime and passed in here; it is 1 until both the model and the reference are measured. An
+adapter (``base``) costs what its base does; its ``load_cost`` is charged once per cold load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from qosgate.config import ModelSpec
+
+# how much each new measurement moves a learned time per token (an EWMA: it follows an engine
+# that slows or speeds up over minutes, not one noisy scrape)
+_LEARN_RATE = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Weight:
+    """One model's cost per token, in reference tokens, and where the figure comes from."""
+
+    prompt: float = 1.0
+    output: float = 1.0
+    source: str = "reference"  # reference | configured | profile | learned | unmeasured
+
+
+_REFERENCE = Weight()
+
+
+class ModelWeights:
+    """Each model's weight (``of``), an adapter's base and load cost, and the learning of the
+    ``auto`` ones from measured times per token (``measured``)."""
+
+    __slots__ = ("_base", "_configured", "_learn", "_load", "_times", "_weights", "reference")
+
+    def __init__(self, specs: Iterable[ModelSpec], reference: str | None = None) -> None:
+        specs = tuple(specs)
+        self.reference = reference if reference is not None else (
+            specs[0].name if specs else "")
+        self._base = {m.name: m.base for m in specs if m.base is not None}
+        self._load = {m.name: m.load_cost for m in specs if m.load_cost}
+        self._learn = frozenset(m.name for m in specs if m.weight == "auto")
+        self._configured: dict[str, Weight] = {}
+        for m in specs:
+            if m.weight == "auto" or m.base is not None:
+                continue
+            w = float(m.weight)
+            prompt = m.prompt_weight if m.prompt_weight is not None else w
+            output = m.output_weight if m.output_weight is not None else w
+            if (prompt, output) != (1.0, 1.0) or m.name != self.reference:
+                self._configured[m.name] = Weight(prompt, output, "configured")
+        # model -> (seconds per prompt token, seconds per output token), learned
+        self._times: dict[str, tuple[float | None, float | None]] = {}
+        self._weights: dict[str, Weight] = dict(self._configured)
+        for name in self._learn:
+            self._weights[name] = Weight(1.0, 1.0, "unmeasured")
+
+    @property
+    def weighted(self) -> bool:
+        """Whether any model costs other than the reference (else the core may skip lookups)."""
+        return bool(self._weights) or bool(self._base) or bool(self._load)
+
+    def base_of(self, model: str) -> str:
+        """The model whose weights ``model`` has: its base if it is an adapter, else itself."""
+        return self._base.get(model, model)
+
+    def of(self, model: str) -> Weight:
+        """``model``'s weight; a model nobody configured costs what the reference does."""
+        return self._weights.get(self._base.get(model, model), _REFERENCE)
+
+    def load_cost(self, model: str) -> float:
+        """What loading adapter ``model`` cold costs, in reference tokens (0 for a model)."""
+        return self._load.get(model, 0.0)
+
+    def set_profiled(self, model: str, prompt: float, output: float) -> None:
+        """Weights derived from engine profiles (the runtime resolves the files)."""
+        self._weights[model] = Weight(prompt, output, "profile")
+
+    def measured(self, model: str, prompt_s: float | None, output_s: float | None) -> None:
+        """An engine serving ``model`` took ``prompt_s`` seconds per prompt token and
+        ``output_s`` per output token of accelerator time lately (either None: not measured
+        this time). Learns the ``auto`` weights against the reference's times."""
+        old_p, old_o = self._times.get(model, (None, None))
+        self._times[model] = (_ewma(old_p, prompt_s), _ewma(old_o, output_s))
+        if model == self.reference:
+            for name in self._learn:
+                self._relearn(name)
+        elif model in self._learn:
+            self._relearn(model)
+
+    def _relearn(self, model: str) -> None:
+        ref_p, ref_o = self._times.get(self.reference, (None, None))
+        p, o = self._times.get(model, (None, None))
+        old = self._weights.get(model, Weight(1.0, 1.0, "unmeasured"))
+        prompt = p / ref_p if p and ref_p else old.prompt
+        output = o / ref_o if o and ref_o else old.output
+        learned = bool((p and ref_p) or (o and ref_o))
+        self._weights[model] = Weight(prompt, output, "learned" if learned else "unmeasured")
+
+    def keep_learned(self, old: ModelWeights) -> None:
+        """Take ``old``'s measured times (a reload keeps what was learned)."""
+        for model, (p, o) in old._times.items():
+            self.measured(model, p, o)
+
+    def times(self, model: str) -> tuple[float | None, float | None]:
+        """The learned seconds per prompt and per output token of ``model`` (None: unknown)."""
+        return self._times.get(model, (None, None))
+
+    def view(self) -> dict[str, dict[str, float | str]]:
+        """Every weighted model's weight and its source (for the status and the metrics)."""
+        out: dict[str, dict[str, float | str]] = {}
+        for name, w in sorted(self._weights.items()):
+            out[name] = {"prompt": w.prompt, "output": w.output, "source": w.source}
+        for name, base in sorted(self._base.items()):
+            w = self.of(name)
+            out[name] = {"prompt": w.prompt, "output": w.output, "source": f"base {base}",
+                         "load_cost": self.load_cost(name)}
+        return out
+
+
+def _ewma(old: float | None, new: float | None) -> float | None:
+    if new is None or new <= 0:
+        return old
+    if old is None:
+        return new
+    return old + _LEARN_RATE * (new - old)

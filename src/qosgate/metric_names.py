@@ -141,6 +141,20 @@ CONFIG_RELOADS = _f("qosgate_config_reloads_total", "counter", "", ("outcome",),
 TENANT_TOKENS = _f("qosgate_tenant_tokens_total", "counter", "tokens", ("tenant", "kind"),
                    "Tokens served per tenant: kind prompt (requests that got a first token) "
                    "or output (tokens generated, a cancelled stream's so far).")
+TENANT_MODEL_TOKENS = _f("qosgate_tenant_model_tokens_total", "counter", "tokens",
+                         ("tenant", "model", "kind"),
+                         "Tokens a tenant used of a model (kind prompt or output), counted when "
+                         "its requests end (model other: one no replica or config names; none: "
+                         "the request named none).")
+TENANT_MODEL_CHARGED = _f("qosgate_tenant_model_charged_total", "counter", "",
+                          ("tenant", "model"),
+                          "What fair sharing charged a tenant for a model, in reference-model "
+                          "tokens: tokens times the fairness weights times the model's weight "
+                          "(cached prompt tokens credited; an adapter's cold load added).")
+MODEL_WEIGHT = _f("qosgate_model_weight", "gauge", "", ("model", "kind"),
+                  "What one token of a model costs in reference-model tokens (kind prompt or "
+                  "output), configured, from engine profiles or learned; models not listed cost "
+                  "1.")
 FAIRNESS_TOKEN_COST = _f("qosgate_fairness_token_cost", "gauge", "", ("kind",),
                          "What fair sharing (VTC) charges per token of a kind: fairness."
                          "prompt_weight and output_weight of the config; share of service is "

@@ -57,6 +57,7 @@ from qosgate.core.routing import Router
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers
+from qosgate.core.usage import Usage
 from qosgate.core.windows import WindowRule
 
 __all__ = ["ReplicaSpec", "Scheduler"]
@@ -121,6 +122,7 @@ class Scheduler:
         self.overtakes: Counter[str] = Counter()
         # (class, tenant, outcome, reason) -> count: the ledger both drivers report from
         self.outcomes: Counter[tuple[str, str, str, str]] = Counter()
+        self.usage = Usage()  # per (tenant, model): requests, tokens, charged cost
         for spec in replicas:
             self.add_replica(spec)
 
@@ -613,6 +615,8 @@ class Scheduler:
             calibration=self.admission.calibration_view(),
             bookings=(self.admission.bookings.made, self.admission.bookings.kept,
                       self.admission.bookings.lapsed),
+            usage=self.usage.rows() if tenants else (),
+            model_weights=self.pricing.weights.view() if tenants else {},
         )
 
     def allowance(self, tenant: str, now: float) -> Allowance:
@@ -856,6 +860,8 @@ class Scheduler:
             computed = max(0, computed - req.cached_tokens)
         used = self.pricing.used(computed, output_tokens, started, req.model)
         self.policy.settle(req, used - req.cost)
+        self.usage.add(req.tenant, req.model, req.prompt_tokens if started else 0,
+                       output_tokens, used)
         if state is COMPLETED:
             self.admission.completed(req, now)
             self.pricing.learn(req.class_level, output_tokens)

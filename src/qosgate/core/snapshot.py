@@ -8,9 +8,11 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from qosgate.core.signals import LoadSignals
+from qosgate.core.usage import UsageRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +74,7 @@ class Snapshot:
     calibration: tuple[tuple[str, int, int, float], ...] = ()
     # refusals' bookings (``core.bookings``): made, taken by their returns, lapsed
     bookings: tuple[int, int, int] = (0, 0, 0)
+    # per (tenant, model), with the tenant rows: requests, tokens and the charged cost
+    usage: tuple[UsageRow, ...] = ()
+    # each weighted model's weight, its source (configured, profile, learned) and load cost
+    model_weights: Mapping[str, Mapping[str, float | str]] = field(default_factory=dict)

@@ -28,6 +28,7 @@ from prometheus_client.utils import floatToGoString
 from qosgate import metric_names as mn
 from qosgate.config import QosConfig
 from qosgate.core import Request, Scheduler, State
+from qosgate.core.snapshot import Snapshot
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.records import BATCH_STATUSES
 from qosgate.runtime.batching import SIZE_BUCKETS, BatchingEngine
@@ -53,6 +54,7 @@ class _HistogramCollector:
 
 
 OTHER_TENANT = "other"
+OTHER_MODEL = "other"
 
 
 class TenantLabels:
@@ -123,6 +125,38 @@ class _StateCollector:
         self.tenant_label = label
         self.weights = tenant_weights(self.scheduler.cfg, label)
 
+    def _usage(self, snap: Snapshot) -> Iterator[Metric]:
+        """Each tenant's use of each model, in tokens and in the charged unit, and each
+        weighted model's weight. A model label is one the config or a replica names (else
+        ``other``), so a client cannot add series by inventing model names."""
+        known = {m.name for m in self.scheduler.cfg.models}
+        for r in snap.replicas:
+            known.update(r.models)
+        label = self.tenant_label
+        tokens: dict[tuple[str, str], list[int]] = {}
+        charged: dict[tuple[str, str], float] = {}
+        for u in snap.usage:
+            model = u.model if u.model in known else ("none" if not u.model else OTHER_MODEL)
+            key = (label(u.tenant), model)
+            acc = tokens.setdefault(key, [0, 0])
+            acc[0] += u.prompt_tokens
+            acc[1] += u.output_tokens
+            charged[key] = charged.get(key, 0.0) + u.charged
+        fam = mn.TENANT_MODEL_TOKENS.counter()
+        for (tenant, model), (prompt, output) in sorted(tokens.items()):
+            fam.add_metric([tenant, model, "prompt"], prompt)
+            fam.add_metric([tenant, model, "output"], output)
+        yield fam
+        cost = mn.TENANT_MODEL_CHARGED.counter()
+        for (tenant, model), v in sorted(charged.items()):
+            cost.add_metric([tenant, model], v)
+        yield cost
+        weight = mn.MODEL_WEIGHT.gauge()
+        for model, w in snap.model_weights.items():
+            weight.add_metric([model, "prompt"], float(w["prompt"]))
+            weight.add_metric([model, "output"], float(w["output"]))
+        yield weight
+
     def collect(self) -> Iterator[Metric]:
         sched = self.scheduler
         total = mn.REQUESTS.counter()
@@ -175,6 +209,7 @@ class _StateCollector:
         for name, w in self.weights.items():
             weight.add_metric([name], w)
         yield weight
+        yield from self._usage(snap)
         fair = sched.cfg.fairness
         cost = mn.FAIRNESS_TOKEN_COST.gauge()
         cost.add_metric(["prompt"], fair.prompt_weight)

@@ -3,7 +3,9 @@
 Built from the core's frozen ``snapshot``. An admin key (or anyone, when the gateway runs open)
 sees everything; a tenant's key sees only its own requests (the replica entries then count only
 that tenant's requests in flight, and say nothing of the fleet's health) and what is left of its
-limits (``allowance``).
+limits (``allowance``). Each tenant's ``models`` say what it used of each model (requests,
+tokens) and what it was charged for it, in reference-model tokens (``core.weights``); the
+top-level ``models`` give each weighted model's weight and where it comes from.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
         for entry in (classes[row.service_class], t,
                       t["classes"].setdefault(row.service_class, _bucket())):
             _add(entry, row.queued, row.inflight, row.oldest_wait_s)
+    for u in snap.usage:
+        if tenant is not None and u.tenant != tenant:
+            continue
+        t = tenants.setdefault(u.tenant, {"classes": {}, **_bucket()})
+        t.setdefault("models", {})[u.model] = {
+            "requests": u.requests,
+            "prompt_tokens": u.prompt_tokens,
+            "output_tokens": u.output_tokens,
+            "charged": round(u.charged, 3),
+        }
     replicas: dict[str, dict[str, Any]] = {}
     for r in snap.replicas:
         if tenant is None:
@@ -62,6 +74,8 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
         "classes": classes,
         "tenants": tenants,
         "replicas": replicas,
+        "charged_unit": "reference-model tokens",
+        "models": {name: dict(w) for name, w in snap.model_weights.items()},
     }
     if tenant is None:
         view["queued_total"] = snap.queued_total

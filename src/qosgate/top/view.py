@@ -389,6 +389,50 @@ def tenants_table(scrapes: list[Scrape], span: Span) -> FitTable:
     return t
 
 
+_Keyed = dict[tuple[str, str, str], float]
+
+
+def _per_tenant_model(scrapes: list[Scrape], span: Span, name: str) -> tuple[_Keyed, _Keyed]:
+    """(total, in the span) per (tenant, model, kind) of the counter ``name``, summed over the
+    instances (kind "" where the family has none)."""
+    total: _Keyed = defaultdict(float)
+    in_span: _Keyed = defaultdict(float)
+    for s in scrapes:
+        if s.metrics is None:
+            continue
+        for lab, v in s.metrics.get(name, []):
+            total[(lab.get("tenant", "?"), lab.get("model", "?"), lab.get("kind", ""))] += v
+        if span.seconds is not None:
+            for lab, v in increase(s.metrics, span.prev.get(s.key), name):
+                in_span[(lab.get("tenant", "?"), lab.get("model", "?"),
+                         lab.get("kind", ""))] += v
+    return total, in_span
+
+
+def models_table(scrapes: list[Scrape], span: Span) -> FitTable | None:
+    """Per tenant and model: the tokens it used and what it was charged for them, in
+    reference-model tokens (shown where the fleet has more than one model or a weighted one:
+    otherwise the charge is the tenants table's tokens times the fairness weights)."""
+    tokens, tokens_in = _per_tenant_model(scrapes, span, "qosgate_tenant_model_tokens_total")
+    charged, charged_in = _per_tenant_model(scrapes, span, "qosgate_tenant_model_charged_total")
+    weighted = any(s.metrics.get("qosgate_model_weight") for s in scrapes
+                   if s.metrics is not None)
+    pairs = sorted({(t, m) for t, m, _ in tokens} | {(t, m) for t, m, _ in charged})
+    if not pairs or (not weighted and len({m for _, m in pairs}) < 2):
+        return None
+    cut = span.seconds is None
+    t = _table("models per tenant" + ("" if cut else "  (+in window/total)"),
+               "tenant", "model", "prompt tok", "output tok", "charged (ref tok)", keys=2)
+    for tenant, model in pairs:
+        t.add_row(tenant, model, *(
+            _count(total.get((tenant, model, kind), 0.0),
+                   None if cut else in_span.get((tenant, model, kind), 0.0))
+            for total, in_span, kind in ((tokens, tokens_in, "prompt"),
+                                         (tokens, tokens_in, "output"),
+                                         (charged, charged_in, ""))))
+    return t
+
+
 def replicas_table(scrapes: list[Scrape], span: Span) -> FitTable:
     """Per replica as each gateway sees it (breakers and cooling are each gateway's own)."""
     several = len(scrapes) > 1
@@ -479,8 +523,11 @@ def frame(scrapes: list[Scrape], previous: Mapping[str, Scrape] | None = None,
     if fleet is not None:
         parts.append(fleet)
     if ok:
-        parts += [classes_table(scrapes, span), tenants_table(scrapes, span),
-                  replicas_table(scrapes, span)]
+        parts += [classes_table(scrapes, span), tenants_table(scrapes, span)]
+        models = models_table(scrapes, span)
+        if models is not None:
+            parts.append(models)
+        parts.append(replicas_table(scrapes, span))
         jobs = batches_table(scrapes, now)
         if jobs is not None:
             parts.append(jobs)

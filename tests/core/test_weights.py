@@ -126,3 +126,22 @@ def test_price_scales_linearly_in_the_models_weights(prompt: int, output: int, w
         * output)
     assert p.prompt_cost(prompt, "m") == pytest.approx(cfg.fairness.prompt_weight * weight
                                                         * prompt)
+
+
+def test_the_scheduler_learns_an_auto_weight_from_the_engines_time_per_token() -> None:
+    """Each replica serves one model; its scrape's inter-token latency over the sequences
+    sharing each step is that model's accelerator time per token."""
+    from qosgate.core.signals import LoadSignals
+
+    cfg = default_config(models=[LIGHT, ModelSpec(name="big", weight="auto")])
+    sched = Scheduler(cfg, "qos", [ReplicaSpec("r0", 4, models=("light",)),
+                                   ReplicaSpec("r1", 4, models=("big",))])
+    for name, step in (("r0", 0.01), ("r1", 0.05)):
+        sched.observe(name, 0.0, signals=LoadSignals(at=0.0, running=4, itl_seconds_total=0.0,
+                                                     itl_tokens_total=0))
+        sched.observe(name, 1.0, signals=LoadSignals(at=1.0, running=4,
+                                                     itl_seconds_total=step * 100,
+                                                     itl_tokens_total=100))
+    w = sched.pricing.weights.of("big")
+    assert w.source == "learned"
+    assert (w.prompt, w.output) == (pytest.approx(5.0), pytest.approx(5.0))

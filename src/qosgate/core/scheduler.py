@@ -243,9 +243,24 @@ class Scheduler:
         rep = self.replicas.get(name)
         if rep is None:
             return out
+        seen = rep.itl_seen
         self.fleet.observe(rep, now, up, models, signals)
+        if signals is not None and rep.itl_seen != seen and self.pricing.weights.learning:
+            self._learn_weight(rep, signals)
         self._fill(now, out)
         return out
+
+    def _learn_weight(self, rep: Replica, signals: LoadSignals) -> None:
+        """The accelerator time per output token ``rep``'s engine spent since its last scrape:
+        its mean inter-token latency (one step) over the sequences that shared each step. A
+        replica serving one model (with its adapters) measures that model; one serving
+        several cannot say which of them took the time, and teaches nothing."""
+        weights = self.pricing.weights
+        bases = {weights.base_of(m) for m in rep.models}
+        if len(bases) != 1 or rep.itl_s is None:
+            return
+        running = signals.running or 1
+        weights.measured(bases.pop(), None, rep.itl_s / max(1, running))
 
     def observe_cache(self, name: str, now: float, *, stored: Sequence[int] = (),
                       removed: Sequence[int] = (), cleared: bool = False) -> list[Decision]:

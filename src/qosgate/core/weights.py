@@ -9,8 +9,10 @@ fairness weights as before. A model's weight is how many reference tokens one of
 worth, separately for prompt (prefill) and output (decode) tokens, since the two scale apart.
 
 A weight is configured, taken from engine profiles (resolved into numbers before the core sees
-them), or learned (``weight: auto``) from the engines' own time per token, measured per model by
-the runtime and passed in here; it is 1 until both the model and the reference are measured. An
+them), or learned (``weight: auto``) from the engines' own time per output token (their
+inter-token latency over the sequences that shared each step, from ``/metrics``), measured by
+the scheduler on replicas that serve one model; it is 1 until both the model and the reference
+are measured. An
 adapter (``base``) costs what its base does; its ``load_cost`` is charged once per cold load.
 """
 
@@ -42,7 +44,8 @@ class ModelWeights:
     """Each model's weight (``of``), an adapter's base and load cost, and the learning of the
     ``auto`` ones from measured times per token (``measured``)."""
 
-    __slots__ = ("_base", "_configured", "_learn", "_load", "_times", "_weights", "reference")
+    __slots__ = ("_base", "_configured", "_fixed", "_learn", "_load", "_times", "_weights",
+                 "reference")
 
     def __init__(self, specs: Iterable[ModelSpec], reference: str | None = None) -> None:
         specs = tuple(specs)
@@ -51,6 +54,9 @@ class ModelWeights:
         self._base = {m.name: m.base for m in specs if m.base is not None}
         self._load = {m.name: m.load_cost for m in specs if m.load_cost}
         self._learn = frozenset(m.name for m in specs if m.weight == "auto")
+        # an auto model's kinds given a number: (prompt, output), None where learned
+        self._fixed = {m.name: (m.prompt_weight, m.output_weight) for m in specs
+                       if m.weight == "auto"}
         self._configured: dict[str, Weight] = {}
         for m in specs:
             if m.weight == "auto" or m.base is not None:
@@ -64,7 +70,14 @@ class ModelWeights:
         self._times: dict[str, tuple[float | None, float | None]] = {}
         self._weights: dict[str, Weight] = dict(self._configured)
         for name in self._learn:
-            self._weights[name] = Weight(1.0, 1.0, "unmeasured")
+            fp, fo = self._fixed[name]
+            self._weights[name] = Weight(fp or 1.0, fo or 1.0, "unmeasured")
+
+    @property
+    def learning(self) -> bool:
+        """Whether any weight is learned (``auto``): the engines' times are then worth
+        reading."""
+        return bool(self._learn)
 
     @property
     def weighted(self) -> bool:
@@ -103,10 +116,15 @@ class ModelWeights:
         ref_p, ref_o = self._times.get(self.reference, (None, None))
         p, o = self._times.get(model, (None, None))
         old = self._weights.get(model, Weight(1.0, 1.0, "unmeasured"))
-        prompt = p / ref_p if p and ref_p else old.prompt
         output = o / ref_o if o and ref_o else old.output
+        # the engines export no accelerator time per prompt token that is comparable across
+        # them (vLLM's prefill time counts the steps shared with decodes): a model measured on
+        # its output alone is taken to scale its prefill alike (both are its work per token)
+        prompt = p / ref_p if p and ref_p else (output if o and ref_o else old.prompt)
         learned = bool((p and ref_p) or (o and ref_o))
-        self._weights[model] = Weight(prompt, output, "learned" if learned else "unmeasured")
+        fp, fo = self._fixed.get(model, (None, None))
+        self._weights[model] = Weight(fp or prompt, fo or output,
+                                      "learned" if learned else "unmeasured")
 
     def keep_learned(self, old: ModelWeights) -> None:
         """Take ``old``'s measured times (a reload keeps what was learned)."""

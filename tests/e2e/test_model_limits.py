@@ -34,10 +34,12 @@ class TwoModels:
 
     def __init__(self, tmp: Path) -> None:
         self.redis = RedisServer(tmp)
-        self.standins = [start_standin(tmp, "--served-model-name", m, "--time-scale", "0.01")
-                         for m in (A, B)]
-        cfg = tmp / "two-models.yaml"
-        cfg.write_text(f"""
+        self.started: list[Server] = []
+        try:
+            self.standins = [self._up(start_standin(tmp, "--served-model-name", m,
+                                                    "--time-scale", "0.01")) for m in (A, B)]
+            cfg = tmp / "two-models.yaml"
+            cfg.write_text(f"""
 tenants:
   - name: solo
     api_keys: [sk-solo]
@@ -50,13 +52,20 @@ upstreams:
   - {{url: {self.standins[0].url}, name: a, models: [{A}]}}
   - {{url: {self.standins[1].url}, name: b, models: [{B}]}}
 """)
-        self.alone = start_gateway(tmp, "--config", str(cfg))
-        self.shared: list[Server] = [
-            start_gateway(tmp, "--config", str(cfg), "--redis", self.redis.url,
-                          "--instance-id", f"gw{i}") for i in range(2)]
+            self.alone = self._up(start_gateway(tmp, "--config", str(cfg)))
+            self.shared = [self._up(start_gateway(tmp, "--config", str(cfg), "--redis",
+                                                  self.redis.url, "--instance-id", f"gw{i}"))
+                           for i in range(2)]
+        except BaseException:
+            self.close()
+            raise
+
+    def _up(self, server: Server) -> Server:
+        self.started.append(server)
+        return server
 
     def close(self) -> None:
-        for s in [self.alone, *self.shared, *self.standins]:
+        for s in reversed(self.started):
             s.stop()
         self.redis.stop()
 

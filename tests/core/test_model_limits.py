@@ -180,6 +180,16 @@ def test_a_failing_store_puts_the_limits_on_models_in_its_mode_too() -> None:
         assert _submit(s, "b1", B)[0] == "dispatched"
 
 
+def test_a_limiter_primed_before_a_reload_has_the_reloaded_limits() -> None:
+    ledger = LeasedLedger()
+    prime(ledger, [("acme", TenantLimits(models={A: RateLimits(requests_per_minute=60)}))], 0.0)
+    s = _sched(TenantLimits(models={A: RateLimits(requests_per_minute=60)}), ledger=ledger)
+    s.retenant(default_config(tenants=[_tenant(
+        TenantLimits(models={A: RateLimits(requests_per_minute=6)}))]), 1.0)
+    _submit(s, "a0", A, now=1.0)
+    assert ledger.model_limiters[("acme", A)].limits.requests_per_minute == 6
+
+
 # ---------------------------------------------------------------- property
 _EVENT = st.one_of(
     st.tuples(st.just("submit"), st.sampled_from((A, B)), st.integers(1, 400)),

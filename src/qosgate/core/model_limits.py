@@ -162,6 +162,9 @@ class ModelLimiters:
         lim = self.limiters.get((tenant, model))
         if lim is None:
             lim = self.limiters[(tenant, model)] = self.ledger.limiter(tenant, limits, now, model)
+            # a ledger may hand back one it made before a reload (``shared.prime``'s): the
+            # limits are those of now
+            lim.retune(limits, now)
         return lim
 
     def release(self, charged_tokens: int, used_tokens: int, rid: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import openai
 import pytest
+import redis
 
 from tests.support.processes import Server, start_gateway, start_standin
 from tests.support.redis_server import RedisServer
@@ -136,3 +137,7 @@ def test_two_gateways_share_the_limit_on_a_model(two: TwoModels) -> None:
     assert 1 <= served <= SHARED_RPM + 1
     assert outcomes[(0, False)] and outcomes[(1, False)]  # each gateway refused some
     assert all(_served(c, B) for c in clients)  # B is served on both
+    # the fleet's bucket of the limit on A, beside (never under) the tenant's own keys
+    store = redis.Redis.from_url(two.redis.url, decode_responses=True)
+    assert store.exists(f'qosgate:b:rpm/model:["fleet", "{A}"]')
+    store.close()

@@ -85,8 +85,8 @@ class OnModel:
         self.held = held  # request id -> the (tenant, model) limiter that holds its reservation
 
     def check(self, tokens: int, now: float) -> tuple[str, float] | None:
-        """The first refusal of the two, or, when both refuse, the one with the longer wait (a
-        client told the shorter would be refused again by the other)."""
+        """The refusal of either, or, when both refuse, the one with the longer wait (a client
+        told the shorter would be refused again by the other)."""
         overall = self.tenant.check(tokens, now)
         scoped = self.on_model.check(tokens, now)
         if scoped is not None:

@@ -99,9 +99,10 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict[str, Any]], str]]]] = 
          [q(f"sum by (tenant, kind) (rate(qosgate_tenant_tokens_total{{{IT}}}[{RI}]))",
             "{{tenant}} {{kind}}")], "timeseries"),
         ("Limit refusals", "reqps", "Requests refused by the tenant's own limits "
-         "(requests/min, tokens/min, concurrency), per second.",
+         "(requests/min, tokens/min, concurrency; model_: its limits on one model), per second.",
          [q(f'sum by (tenant, reason) (rate(qosgate_requests_total{{{IT},outcome="rejected",'
-            f'reason=~"rate_limit_requests|rate_limit_tokens|concurrency_limit"}}[{RI}]))',
+            f'reason=~"(model_)?(rate_limit_requests|rate_limit_tokens|concurrency_limit)"}}'
+            f'[{RI}]))',
             "{{tenant}} {{reason}}")], "timeseries"),
         ("Queued / in flight", "short", "Per tenant, summed over classes.",
          [q(f"sum by (tenant) (qosgate_tenant_queued{{{IT}}})", "{{tenant}} queued"),

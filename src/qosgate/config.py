@@ -102,14 +102,24 @@ class Tier(Strict):
                        "up); not to a Batch API job's lines")
 
 
-class TenantLimits(Strict):
+class RateLimits(Strict):
+    """A rate and concurrency limit set: a tenant's over all models, or its own on one model."""
+
     requests_per_minute: float | None = Field(default=None, gt=0)
     tokens_per_minute: float | None = Field(default=None, gt=0)
     max_concurrent: int | None = Field(default=None, ge=1)
+
+
+class TenantLimits(RateLimits):
     max_output_tokens: int | None = Field(
         default=None, ge=1, description="output ceiling of this tenant's requests (with its "
         "class's, the smaller holds): as a class's max_output_tokens"
     )
+    models: dict[str, RateLimits] = Field(
+        default_factory=dict, description="limits of this tenant on one model each, by the "
+        "model id clients send, on top of the limits above (a request must pass both): as "
+        "OpenAI limits each model on its own. A LoRA adapter (models[].base) without an entry "
+        "of its own counts against its base model's entry")
 
 
 class Tenant(Strict):

@@ -1,6 +1,7 @@
 """TenantLedger: where the scheduler gets each tenant's limiter (check / admit / release).
 
-The default, ``LocalLedger``, is today's in-memory ``TenantLimiter`` per tenant. ``LeasedLedger``
+The default, ``LocalLedger``, is today's in-memory ``TenantLimiter`` per tenant (and per tenant
+and model that the tenant has a limit of its own on, ``core.model_limits``). ``LeasedLedger``
 is the half of the shared state that lives in the core: admission stays synchronous against local
 *leased budgets* (request and token stock, concurrency slots) that the runtime
 (``qosgate.runtime.shared_state``) tops up from, and gives back to, a store shared by every
@@ -27,7 +28,7 @@ import math
 from collections.abc import Hashable, Iterator
 from typing import Protocol
 
-from qosgate.config import TenantLimits
+from qosgate.config import RateLimits
 from qosgate.core.queueing.fairshare import FairShare
 from qosgate.core.ratelimit import Allowance, TenantLimiter
 
@@ -41,25 +42,27 @@ class Limiter(Protocol):
 
     def allowance(self, now: float) -> Allowance: ...
 
-    def retune(self, limits: TenantLimits, now: float) -> None: ...
+    def retune(self, limits: RateLimits, now: float) -> None: ...
 
 
 class TenantLedger(Protocol):
-    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter: ...
+    def limiter(self, tenant: str, limits: RateLimits, now: float, model: str = "") -> Limiter:
+        """``tenant``'s limiter over all its models, or (``model``) its limiter on that one."""
+        ...
 
 
 class LocalLedger:
     """One in-memory ``TenantLimiter`` per tenant: one instance's own limits (the default)."""
 
-    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter:
+    def limiter(self, tenant: str, limits: RateLimits, now: float, model: str = "") -> Limiter:
         return TenantLimiter(limits, now)
 
 
-def share_of(limits: TenantLimits, live: int) -> TenantLimits:
+def share_of(limits: RateLimits, live: int) -> RateLimits:
     """An instance's share of a tenant's limits when the fleet cannot be asked: limit / live
     instances (a concurrency cap rounds down, but leaves at least one slot)."""
     n = max(1, live)
-    return TenantLimits(
+    return RateLimits(
         requests_per_minute=limits.requests_per_minute / n if limits.requests_per_minute else None,
         tokens_per_minute=limits.tokens_per_minute / n if limits.tokens_per_minute else None,
         max_concurrent=max(1, limits.max_concurrent // n) if limits.max_concurrent else None,
@@ -67,7 +70,8 @@ def share_of(limits: TenantLimits, live: int) -> TenantLimits:
 
 
 class LeasedLimiter:
-    """A tenant's limits as budgets leased from the fleet (see the module's docstring).
+    """A tenant's limits as budgets leased from the fleet (see the module's docstring); with
+    ``model``, its limits on that model alone.
 
     Beside the leases it keeps a *shadow*: local buckets at this instance's share of each limit
     (limit / live instances), charged by every admission here whatever the mode. When the store
@@ -77,13 +81,14 @@ class LeasedLimiter:
     """
 
     __slots__ = (
-        "admitted", "concurrent", "limits", "live", "mode", "peak", "refused_conc", "refused_req",
-        "refused_tok", "req_stock", "reserved", "retry_hint", "shadow", "slots", "tenant",
-        "tok_stock", "used_tok",
+        "admitted", "concurrent", "limits", "live", "mode", "model", "peak", "refused_conc",
+        "refused_req", "refused_tok", "req_stock", "reserved", "retry_hint", "shadow", "slots",
+        "tenant", "tok_stock", "used_tok",
     )
 
-    def __init__(self, tenant: str, limits: TenantLimits, now: float) -> None:
+    def __init__(self, tenant: str, limits: RateLimits, now: float, model: str = "") -> None:
         self.tenant = tenant
+        self.model = model  # "": the tenant's limits over all models
         self.limits = limits
         self.mode = "leased"
         self.live = 1
@@ -121,7 +126,7 @@ class LeasedLimiter:
                 bucket.resize(per_minute)
         sh.max_concurrent = share.max_concurrent
 
-    def retune(self, limits: TenantLimits, now: float) -> None:
+    def retune(self, limits: RateLimits, now: float) -> None:
         """New limits (a reload): the fleet's budgets are leased at them from the next sync,
         and the shadow is resized to this instance's share of them."""
         self.limits = limits
@@ -197,18 +202,24 @@ class LeasedLimiter:
 
 
 class LeasedLedger:
-    """The ledger of one instance of a fleet: a ``LeasedLimiter`` per tenant."""
+    """The ledger of one instance of a fleet: a ``LeasedLimiter`` per tenant (``limiters``), and
+    per tenant and model it has a limit of its own on (``model_limiters``)."""
 
     def __init__(self) -> None:
         self.limiters: dict[str, LeasedLimiter] = {}
+        self.model_limiters: dict[tuple[str, str], LeasedLimiter] = {}
         self.mode = "leased"
         self.live = 1
         self.fail_open = True
 
-    def limiter(self, tenant: str, limits: TenantLimits, now: float) -> Limiter:
-        lim = self.limiters.get(tenant)
+    def limiter(self, tenant: str, limits: RateLimits, now: float, model: str = "") -> Limiter:
+        lim = self.model_limiters.get((tenant, model)) if model else self.limiters.get(tenant)
         if lim is None:
-            lim = self.limiters[tenant] = LeasedLimiter(tenant, limits, now)
+            lim = LeasedLimiter(tenant, limits, now, model)
+            if model:
+                self.model_limiters[(tenant, model)] = lim
+            else:
+                self.limiters[tenant] = lim
             lim.set_share(self.live)
             if self.mode == "degraded":
                 if self.fail_open:
@@ -217,17 +228,21 @@ class LeasedLedger:
                     lim.go_closed()
         return lim
 
+    def every(self) -> list[LeasedLimiter]:
+        """Every limiter: the tenants' over all models, then their limiters on one model."""
+        return [*self.limiters.values(), *self.model_limiters.values()]
+
     def set_live(self, live: int) -> None:
         """The live instances seen at a sync: the shadow shares follow."""
         self.live = max(1, live)
-        for lim in self.limiters.values():
+        for lim in self.every():
             lim.set_share(self.live)
 
     def degrade(self, live: int, fail_open: bool) -> None:
         self.mode = "degraded"
         self.live = max(1, live)
         self.fail_open = fail_open
-        for lim in self.limiters.values():
+        for lim in self.every():
             if fail_open:
                 lim.go_local(self.live)
             else:
@@ -235,7 +250,7 @@ class LeasedLedger:
 
     def recover(self) -> None:
         self.mode = "leased"
-        for lim in self.limiters.values():
+        for lim in self.every():
             lim.go_leased()
 
 

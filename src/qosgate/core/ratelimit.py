@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from qosgate.config import TenantLimits
+from qosgate.config import RateLimits
 
 _EPSILON = 1e-9  # a refill that lands a hair under a whole token still counts it
 
@@ -97,7 +97,7 @@ class TenantLimiter:
 
     __slots__ = ("concurrent", "max_concurrent", "rpm", "tpm")
 
-    def __init__(self, limits: TenantLimits, now: float) -> None:
+    def __init__(self, limits: RateLimits, now: float) -> None:
         self.rpm = (
             TokenBucket(limits.requests_per_minute, now) if limits.requests_per_minute else None
         )
@@ -105,7 +105,7 @@ class TenantLimiter:
         self.max_concurrent = limits.max_concurrent
         self.concurrent = 0
 
-    def retune(self, limits: TenantLimits, now: float) -> None:
+    def retune(self, limits: RateLimits, now: float) -> None:
         """New limits (a reload) for the requests admitted from now; those admitted keep their
         slots and charges (a bucket keeps what it holds, up to its new size)."""
         self.rpm = _resized(self.rpm, limits.requests_per_minute, now)

@@ -23,6 +23,10 @@ class Reason(StrEnum):
     RATE_LIMIT_REQUESTS = "rate_limit_requests"
     RATE_LIMIT_TOKENS = "rate_limit_tokens"
     CONCURRENCY_LIMIT = "concurrency_limit"
+    # the same, by a tenant's limit on the request's model (``core.model_limits``)
+    MODEL_RATE_LIMIT_REQUESTS = "model_rate_limit_requests"
+    MODEL_RATE_LIMIT_TOKENS = "model_rate_limit_tokens"
+    MODEL_CONCURRENCY_LIMIT = "model_concurrency_limit"
     CLASS_QUEUE_FULL = "class_queue_full"
     DEADLINE_INFEASIBLE = "deadline_infeasible"
     OVERLOADED = "overloaded"

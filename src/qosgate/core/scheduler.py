@@ -31,6 +31,7 @@ from qosgate.core.decisions import Decision, Dispatch, Finished, Preempt
 from qosgate.core.facts import AttemptFailed
 from qosgate.core.fleet import Fleet
 from qosgate.core.ledger import Limiter, LocalLedger, TenantLedger
+from qosgate.core.model_limits import ModelLimiters
 from qosgate.core.prefix import Prefix
 from qosgate.core.pricing import Pricing
 from qosgate.core.queueing import Policy, build_policy
@@ -103,6 +104,9 @@ class Scheduler:
         self._class_aware = class_aware
         self._overtake = cfg.fleet.window.overtake
         self._limiters: dict[str, Limiter] = {}
+        # the tenants' limits on one model, beside their limits over all models
+        self.model_limits = ModelLimiters(
+            self.ledger, cfg.tenants, lambda model: self.pricing.weights.base_of(model), 0.0)
         # (class, replica, reason) -> count of attempts that failed before the first byte, and of
         # those that were retried; preemptions per class
         self.attempt_failures: Counter[tuple[str, str, str]] = Counter()
@@ -146,6 +150,7 @@ class Scheduler:
         for name, lim in self._limiters.items():
             t = self._tenant_cfg.get(name)
             lim.retune(t.limits if t is not None else TenantLimits(), now)
+        self.model_limits.retenant(self.cfg.tenants, now)
 
     # ---------------------------------------------------------------- what the parts hold
     @property
@@ -282,6 +287,7 @@ class Scheduler:
         limiter = self._limiters.get(req.tenant)
         if limiter is None:
             limiter = self._limiter(req.tenant, now)
+        limiter = self.model_limits.gate(limiter, req.tenant, req.model, now)
         verdict = self.admission.verdict(req, limiter, now)
         if verdict is not None:
             if not isinstance(verdict, Displace):
@@ -634,9 +640,13 @@ class Scheduler:
             model_weights=self.pricing.weights.view() if tenants else {},
         )
 
-    def allowance(self, tenant: str, now: float) -> Allowance:
-        """What ``tenant`` has left of its limits at ``now`` (nothing is charged)."""
-        return self._limiter(tenant, now).allowance(now)
+    def allowance(self, tenant: str, now: float, model: str = "") -> Allowance:
+        """What ``tenant`` has left of its limits at ``now`` (nothing is charged); with
+        ``model``, of its limits on that model too, whichever binds first."""
+        lim = self._limiter(tenant, now)
+        if model:
+            lim = self.model_limits.gate(lim, tenant, model, now)
+        return lim.allowance(now)
 
     # ---------------------------------------------------------------- internals
     def _limiter(self, tenant: str, now: float) -> Limiter:
@@ -881,10 +891,11 @@ class Scheduler:
             self.admission.completed(req, now)
             self.pricing.learn(req.class_level, output_tokens)
         req.move(state, reason)
+        used_tokens = req.prompt_tokens + output_tokens if started else 0
         lim = self._limiters.get(req.tenant)  # (``_release_tenant``, inline: on every end)
         if lim is not None:
-            lim.release(req.charged_tpm, req.prompt_tokens + output_tokens if started else 0,
-                        req.id)
+            lim.release(req.charged_tpm, used_tokens, req.id)
+        self.model_limits.release(req.charged_tpm, used_tokens, req.id)
         self._record(req, now, out)
         if state is COMPLETED and self.fleet.guard_mode is not None:
             self.fleet.stream_ended(req)
@@ -895,6 +906,7 @@ class Scheduler:
         lim = self._limiters.get(req.tenant)
         if lim is not None:
             lim.release(req.charged_tpm, used_tokens, req.id)
+        self.model_limits.release(req.charged_tpm, used_tokens, req.id)
 
     def _record(self, req: Request, now: float, out: list[Decision]) -> None:
         req.finished_at = now

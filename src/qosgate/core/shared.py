@@ -2,7 +2,8 @@
 how it applies the answers to its ``LeasedLedger`` and fair-share counters
 (docs/guides/several-instances.md).
 
-- requests/min and tokens/min: one token bucket per tenant and limit *in the store*, refilled by
+- requests/min and tokens/min: one token bucket per tenant and limit *in the store* (and per
+  tenant, model and limit for a tenant's limit on one model; ``store_key``), refilled by
   the store's own clock; each instance leases stock from it (about twice its demand of the last
   interval, at most the limit / live instances) and gives back what it holds beyond that; a
   token estimate spent beyond what was leased is charged to the bucket unconditionally (the
@@ -30,6 +31,7 @@ handed in there, and read (a ``clock`` the driver gives) only to time the others
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
@@ -241,7 +243,7 @@ class SyncProtocol:
         self.peers.hear(fleet, self.instance, self.clock())
         self.live = max(1, len(fleet))
         self.ledger.set_live(self.live)
-        for lim in list(self.ledger.limiters.values()):
+        for lim in self.ledger.every():
             if lim.limited and lim.mode == "leased":
                 yield from self._sync_limiter(lim)
         if self.root is not None:
@@ -261,16 +263,16 @@ class SyncProtocol:
 
     def give_back(self) -> Exchange:
         """Give the fleet back what this instance holds (at shutdown)."""
-        for lim in self.ledger.limiters.values():
+        for lim in self.ledger.every():
             limits = lim.limits
             if limits.requests_per_minute and lim.req_stock > 0:
                 give, lim.req_stock = lim.req_stock, 0.0
-                yield Bucket("rpm:" + lim.tenant, limits.requests_per_minute, -give, 0.0)
+                yield Bucket(store_key("rpm", lim), limits.requests_per_minute, -give, 0.0)
             if limits.tokens_per_minute and lim.tok_stock > 0:
                 give, lim.tok_stock = lim.tok_stock, 0.0
-                yield Bucket("tpm:" + lim.tenant, limits.tokens_per_minute, -give, 0.0)
+                yield Bucket(store_key("tpm", lim), limits.tokens_per_minute, -give, 0.0)
             if limits.max_concurrent:
-                yield Lease("conc:" + lim.tenant, self.instance, 0, limits.max_concurrent,
+                yield Lease(store_key("conc", lim), self.instance, 0, limits.max_concurrent,
                             self.lease_ttl)
                 lim.slots = 0
 
@@ -288,7 +290,6 @@ class SyncProtocol:
     def _sync_limiter(self, lim: LeasedLimiter) -> Generator[StoreCall, Any, None]:
         limits = lim.limits
         live = self.live
-        key = lim.tenant
         if limits.requests_per_minute:
             cap = limits.requests_per_minute
             demand = lim.admitted + lim.refused_req
@@ -298,10 +299,10 @@ class SyncProtocol:
             want = target - lim.req_stock
             if want < 0:  # off the local stock first: what is given back cannot be spent here
                 lim.req_stock += want
-                yield from _bucket("rpm:" + key, cap, want, 0.0)
+                yield from _bucket(store_key("rpm", lim), cap, want, 0.0)
             elif want >= 1:
-                granted, _left, wait = yield from _bucket("rpm:" + key, cap, math.floor(want),
-                                                          0.0)
+                granted, _left, wait = yield from _bucket(store_key("rpm", lim), cap,
+                                                          math.floor(want), 0.0)
                 lim.req_stock += granted
                 lim.retry_hint = max(self.interval, wait if lim.req_stock < 1 else 0.0)
         if limits.tokens_per_minute:
@@ -313,9 +314,10 @@ class SyncProtocol:
             want = target - lim.tok_stock
             if want <= -1:
                 lim.tok_stock += want
-                yield from _bucket("tpm:" + key, cap, want, force)
+                yield from _bucket(store_key("tpm", lim), cap, want, force)
             elif force or want >= 1:
-                granted, _left, wait = yield from _bucket("tpm:" + key, cap, want, force)
+                granted, _left, wait = yield from _bucket(store_key("tpm", lim), cap, want,
+                                                          force)
                 lim.tok_stock += granted
                 if lim.tok_stock < 1:
                     lim.retry_hint = max(lim.retry_hint, wait)
@@ -327,7 +329,7 @@ class SyncProtocol:
             held = max(lim.concurrent, lim.peak)
             floor = cap_c // (4 * live)  # a large cap: lease ahead of demand
             want_c = min(cap_c, max(floor, held + max(spare, math.ceil(0.25 * held))))
-            lim.slots = yield from _lease("conc:" + key, self.instance, want_c, cap_c,
+            lim.slots = yield from _lease(store_key("conc", lim), self.instance, want_c, cap_c,
                                           self.lease_ttl)
         lim.admitted = lim.used_tok = lim.refused_req = lim.refused_tok = lim.refused_conc = 0
         lim.peak = lim.concurrent
@@ -358,8 +360,20 @@ class SyncProtocol:
         self._baseline = False
 
 
+def store_key(kind: str, lim: LeasedLimiter) -> str:
+    """The store's key of one limit (``kind``: rpm, tpm or conc) of ``lim``: ``rpm:<tenant>`` for
+    a tenant's limit over all models, ``rpm/model:["<tenant>", "<model>"]`` for its limit on one
+    model. (JSON, since a name may hold any character; and a tenant's key has ':' right after
+    the kind, so no tenant's name makes one of the other scheme.)"""
+    if not lim.model:
+        return f"{kind}:{lim.tenant}"
+    return f"{kind}/model:{json.dumps([lim.tenant, lim.model])}"
+
+
 def prime(ledger: LeasedLedger, tenants: Iterable[tuple[str, Any]], now: float) -> None:
-    """Limiters for the configured tenants before the first sync, so that their first requests
-    find a lease waiting."""
+    """Limiters for the configured tenants (and their limits on one model) before the first
+    sync, so that their first requests find a lease waiting."""
     for name, limits in tenants:
         ledger.limiter(name, limits, now)
+        for model, on_model in getattr(limits, "models", {}).items():
+            ledger.limiter(name, on_model, now, model)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import math
 
-from qosgate.config import QosConfig
+from qosgate.config import QosConfig, RateLimits
 from qosgate.core import Request, State
 from qosgate.core.admission import OverLimit
+from qosgate.core.model_limits import MODEL_REASONS, limited_model
 from qosgate.core.reasons import Reason, upstream_status
+from qosgate.core.weights import ModelWeights
 from qosgate.wire.errors import error_json
 from qosgate.wire.sse import Headers
 
@@ -39,6 +41,19 @@ _REASONS: dict[str, tuple[int, str, str]] = {
     "concurrency_limit": (
         429, "rate_limit_error",
         "The tenant's concurrent request limit is reached (shared by all its API keys).",
+    ),
+    "model_rate_limit_requests": (
+        429, "rate_limit_error",
+        "The tenant's request rate limit on this model is reached (shared by all its API keys).",
+    ),
+    "model_rate_limit_tokens": (
+        429, "rate_limit_error",
+        "The tenant's token rate limit on this model is reached (shared by all its API keys).",
+    ),
+    "model_concurrency_limit": (
+        429, "rate_limit_error",
+        "The tenant's concurrent request limit on this model is reached (shared by all its API "
+        "keys).",
     ),
     "shared_state_unavailable": (
         503,
@@ -152,27 +167,39 @@ def limit_message(
     tenant = next((t for t in cfg.tenants if t.name == req.tenant), None)
     if tenant is None:
         return None, None
-    lim = tenant.limits
+    lim: RateLimits = tenant.limits
+    key = "limits"
+    on = ""
+    if reason in MODEL_REASONS:
+        model = limited_model(tenant.limits.models, req.model,
+                              ModelWeights(cfg.models).base_of)
+        if model is None:
+            return None, None
+        lim = tenant.limits.models[model]
+        key = f"limits.models.{model}"
+        on = f" on model {model!r}" + (
+            f" (which {req.model!r}, its adapter, counts against)" if model != req.model else "")
+        reason = reason.removeprefix("model_")
     bucket = "a token bucket: up to a minute's worth at once, refilled continuously"
     # the limits are the tenant's, whichever of its keys the request came with
     whose = f"Tenant {tenant.name!r} reached its"
     shared = "shared by all its API keys"
     if reason == "rate_limit_requests" and lim.requests_per_minute:
         return (
-            f"{whose} request rate limit (limits.requests_per_minute): "
+            f"{whose} request rate limit{on} ({key}.requests_per_minute): "
             f"{lim.requests_per_minute:g} requests per minute, {shared} ({bucket}).",
             None,
         )
     if reason == "rate_limit_tokens" and lim.tokens_per_minute:
         return (
-            f"{whose} token rate limit (limits.tokens_per_minute): {lim.tokens_per_minute:g} "
-            f"tokens per minute, {shared} ({bucket}); this request counts {req.prompt_tokens} "
-            "prompt tokens (estimated) plus its expected output.",
+            f"{whose} token rate limit{on} ({key}.tokens_per_minute): "
+            f"{lim.tokens_per_minute:g} tokens per minute, {shared} ({bucket}); this request "
+            f"counts {req.prompt_tokens} prompt tokens (estimated) plus its expected output.",
             None,
         )
     if reason == "concurrency_limit" and lim.max_concurrent:
         return (
-            f"{whose} concurrency limit (limits.max_concurrent): at most "
+            f"{whose} concurrency limit{on} ({key}.max_concurrent): at most "
             f"{lim.max_concurrent} requests at once, {shared}.",
             None,
         )

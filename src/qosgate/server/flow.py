@@ -191,7 +191,9 @@ class RequestFlow:
         t = self.driver.ticket(req, engine_request, sink)
         self.driver.submit(t)
         # after admission (this request counted), before the engine's task can start the answer
-        sink.extra_headers += allowance_headers(self.scheduler.allowance(req.tenant, self.clock()))
+        # (on a model the tenant has a limit on, of that limit where it binds first)
+        sink.extra_headers += allowance_headers(
+            self.scheduler.allowance(req.tenant, self.clock(), req.model))
         if not t.finished.done():
             keepalive = (self._keepalive(t, sink)
                          if engine_request.stream and self.sse_keepalive_s else None)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qosgate.core.adapters import LoadedAdapters
 from qosgate.core.breakers import AlwaysClosed, Breaker
 from qosgate.core.signals import LoadSignals
 
@@ -56,6 +57,7 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = (
+        "adapters",
         "breaker",
         "budget_closed_below",
         "cooled_until",
@@ -110,6 +112,7 @@ class Replica:
         self.retired = False  # taken out of the config (a reload): no new work, ever
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
         self.signals: LoadSignals | None = None
+        self.adapters = LoadedAdapters()  # the LoRA adapters its engine holds loaded
         # the engine's mean inter-token latency between its last two scrapes, the totals it
         # was computed from, and whether that holds the other classes back (the TPOT guard)
         self.itl_s: float | None = None

@@ -67,6 +67,17 @@ class Router(Protocol):
         return math.inf
 
 
+def cold_load(req: Request, rep: Replica) -> float:
+    """What ``req`` costs ``rep`` to load its adapter, in reference tokens: its ``load_cost``
+    where ``rep`` does not hold it loaded, else nothing. Every router that weighs load adds it
+    as that many prompt tokens more for ``rep`` to answer, so a request for an adapter goes to a
+    replica holding it while that one is not busier by more than the load (the affinity is the
+    load it saves, never a hard pin: a hot adapter still spreads)."""
+    if req.load_cost and not rep.adapters.holds(req.model):
+        return req.load_cost
+    return 0.0
+
+
 class RouterContext(NamedTuple):
     """What a router is built from: the strict classes' TPOT and TTFT budgets (class level ->
     seconds), the class levels that may wait for a warm replica, and ``fleet.cache``."""

@@ -121,7 +121,7 @@ def test_the_request_that_makes_a_replica_load_pays_the_load() -> None:
         deltas.append(delta)
         settle(req, delta)
 
-    s.policy.settle = recorded  # type: ignore[method-assign]
+    s.policy.settle = recorded
     cold = s.make_request("c", QosInputs(api_key="k", qos_class="api"), 0.0, 100, 50, "ad-x")
     estimate = cold.cost
     s.submit(cold, 0.0)

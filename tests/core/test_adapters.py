@@ -153,3 +153,13 @@ def test_a_restarted_engine_holds_no_adapter() -> None:
     assert s.fleet.replicas["r1"].adapters.holds("ad-x")
     s.observe("r1", 1.0, signals=LoadSignals(at=1.0, preemptions_total=0))
     assert not s.fleet.replicas["r1"].adapters.holds("ad-x")
+
+
+def test_a_new_adapter_goes_where_it_evicts_none() -> None:
+    s = _sched()
+    s.observe("r0", 0.0, signals=LoadSignals(at=0.0, adapters=("ad-x",), adapter_capacity=1))
+    s.observe("r1", 0.0, signals=LoadSignals(at=0.0, adapters=(), adapter_capacity=1))
+    # ad-y is cold on both; on r0 it would evict ad-x, on r1 it takes the free slot
+    assert _where(_submit(s, "y", "ad-y")) == {"y": "r1"}
+    assert _where(_submit(s, "x", "ad-x")) == {"x": "r0"}
+    assert [s.requests[r].loads for r in ("y", "x")] == [1, 0]

@@ -28,6 +28,10 @@ class LoadedAdapters:
     def holds(self, adapter: str) -> bool:
         return adapter in self._order
 
+    def full(self) -> bool:
+        """Loading one more would evict one."""
+        return len(self._order) >= self.capacity
+
     def names(self) -> tuple[str, ...]:
         """Most recently used first."""
         return tuple(reversed(self._order))

@@ -13,8 +13,14 @@ import json
 import random
 import struct
 import sys
+import time
 from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.httpclient import http
+from tests.support.waiting import wait_until
 
 # SmolLM2-135M's shapes: 30 layers, hidden 576, 9 query heads and 3 KV heads of 64
 LAYERS = 30
@@ -64,4 +70,72 @@ def make_adapter(folder: Path, name: str, base: str = "smollm2-135m-instruct") -
         "inference_mode": True,
     }
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+# ---------------------------------------------------------------------- a fleet of adapters
+ADAPTERS = ("alpha", "beta")
+LOAD_COST = 4096  # reference tokens: two window slots' worth of prompt (core/routing/base.py)
+
+GATEWAY_CONFIG = """
+fleet: {{router: least-load, window: {{mode: fixed}}}}
+models:
+  - {{name: {base}}}
+{adapters}request_log: {{sample: 1, path: {log}}}
+upstreams:
+{upstreams}"""
+
+
+def gateway_config(base: str, upstreams: dict[str, str], log: Path,
+                   load_cost: float = LOAD_COST) -> str:
+    """A gateway in front of ``upstreams`` (name -> URL), each serving ``base`` and the adapters
+    ``ADAPTERS`` of it (their engines list them: the upstreams name no models), every request
+    in its request log at ``log``."""
+    adapters = "".join(f"  - {{name: {a}, base: {base}, load_cost: {load_cost}}}\n"
+                       for a in ADAPTERS)
+    ups = "".join(f"  - {{url: {url}, name: {name}, max_window: 4}}\n"
+                  for name, url in upstreams.items())
+    return GATEWAY_CONFIG.format(base=base, adapters=adapters, log=log, upstreams=ups)
+
+
+@dataclass
+class Served:
+    """Where each request went (by the gateway's request log) and how long it took."""
+
+    replicas: dict[str, list[str]] = field(default_factory=dict)  # model -> replica per request
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # model -> time per request
+
+
+def chat_body(model: str, max_tokens: int = 4) -> bytes:
+    return json.dumps({"model": model, "max_tokens": max_tokens, "temperature": 0,
+                       "messages": [{"role": "user", "content": "Say hi"}]}).encode()
+
+
+def serve_in_turn(gateway_url: str, log: Path, models: Sequence[str], rounds: int) -> Served:
+    """One request per model per round, each answered before the next is sent, through the
+    gateway; where each ran is read from the request log (its line names the replica)."""
+    out = Served()
+    ids: list[tuple[str, str]] = []
+    for _ in range(rounds):
+        for model in models:
+            t = time.monotonic()
+            code, headers, body = http("POST", gateway_url + "/v1/chat/completions",
+                                       chat_body(model), {"Content-Type": "application/json",
+                                                          "Authorization": "Bearer none"},
+                                       timeout=120)
+            assert code == 200, body
+            out.seconds.setdefault(model, []).append(time.monotonic() - t)
+            ids.append((model, headers["x-qosgate-request-id"]))
+
+    def lines() -> dict[str, str]:
+        found: dict[str, str] = {}
+        for raw in log.read_text().splitlines() if log.exists() else ():
+            line = json.loads(raw)
+            found[line["id"]] = line["replica"]
+        return found
+
+    assert wait_until(lambda: all(rid in lines() for _, rid in ids), 30), "request log"
+    where = lines()
+    for model, rid in ids:
+        out.replicas.setdefault(model, []).append(where[rid])
     return out

@@ -115,9 +115,10 @@ def vllm_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def start_together(config: pytest.Config, tmp: Path, policies: dict[str, str], *extra: str,
-                   env: tuple[str, ...] = ()) -> dict[str, Server]:
+                   env: tuple[str, ...] = (), label: str = "") -> dict[str, Server]:
     """vLLMs by name, each with its scheduling policy (``policies``) and ``extra`` flags, started
-    at once (their start-ups overlap) and announced; all stopped if one fails."""
+    at once (their start-ups overlap) and announced (with ``label``); all stopped if one
+    fails."""
     t = time.monotonic()
     started: dict[str, float] = {}
 
@@ -139,9 +140,8 @@ def start_together(config: pytest.Config, tmp: Path, policies: dict[str, str], *
         for s in servers.values():
             s.stop()
         pytest.fail("vLLM did not start:\n" + "\n".join(errors), pytrace=False)
-    flags = f" {' '.join(extra)}" if extra else ""
     for name, policy in policies.items():
-        _announce(config, f"vLLM --scheduling-policy {policy}{flags} ready after "
+        _announce(config, f"vLLM --scheduling-policy {policy}{label} ready after "
                           f"{started[name]:.0f} s (all {len(policies)} started together)")
     return servers
 
@@ -175,7 +175,8 @@ def vllm_lora(
     servers = start_together(
         pytestconfig, vllm_tmp, {"a": "fcfs", "b": "fcfs"},
         "--enable-lora", "--max-loras", "1", "--max-lora-rank", str(RANK),
-        "--lora-modules", *modules, env=("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",))
+        "--lora-modules", *modules, env=("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",),
+        label=" --enable-lora --max-loras 1")
     yield servers
     stop_all(pytestconfig, servers)
 

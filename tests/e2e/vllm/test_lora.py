@@ -39,10 +39,10 @@ def _held(engine: Server) -> tuple[str, ...] | None:
     return found.loaded if found is not None else None
 
 
-def _timed_chat(engine: Server, model: str) -> float:
+def _timed_chat(engine: Server, model: str, max_tokens: int = 1) -> float:
     t = time.monotonic()
     code, _, body = http("POST", engine.url + "/v1/chat/completions",
-                         chat_body(model, max_tokens=1), JSON, timeout=120)
+                         chat_body(model, max_tokens), JSON, timeout=120)
     assert code == 200, body
     return time.monotonic() - t
 
@@ -61,9 +61,10 @@ def test_adapters_are_listed_as_the_stand_in_lists_them(vllm_lora: dict[str, Ser
     assert [c["id"] for c in real] == [MODEL, *ADAPTERS] == [c["id"] for c in fake]
     for r, f in zip(real, fake, strict=True):
         assert list(r) == list(f)
-        for key in ("object", "owned_by", "root", "parent"):
-            assert r[key] == f[key], key
-    assert real[1]["max_model_len"] is None is fake[1]["max_model_len"]
+        assert (r["object"], r["owned_by"]) == (f["object"], f["owned_by"])
+    for r, f in zip(real[1:], fake[1:], strict=True):  # the adapters: their path, their base
+        assert (r["root"], r["parent"], r["max_model_len"]) == (
+            f["root"], f["parent"], f["max_model_len"]) == (paths[r["id"]], MODEL, None)
 
 
 def test_an_unknown_adapter_is_the_same_404(vllm_lora: dict[str, Server]) -> None:
@@ -123,16 +124,17 @@ def test_each_adapter_stays_on_the_replica_that_holds_it(
 def test_what_a_cold_adapter_costs(vllm_lora: dict[str, Server],
                                    announce: Callable[[str], None]) -> None:
     """On one replica (one adapter loaded at a time): the same adapter again, against the other
-    adapter after it (a swap: the one loaded is evicted, the other loaded from its files)."""
+    adapter after it (a swap: the one loaded is evicted, the other loaded from its files), and
+    an adapter added by the runtime load API."""
     engine = vllm_lora["a"]
     base = [_timed_chat(engine, MODEL) for _ in range(3)]
     _timed_chat(engine, "alpha")
     warm = [_timed_chat(engine, "alpha") for _ in range(3)]
     swaps = [_timed_chat(engine, ADAPTERS[i % 2]) for i in range(1, 7)]
-    gamma = str(make_adapter(engine.log.parent / "adapters", "delta"))
+    delta = str(make_adapter(engine.log.parent / "adapters", "delta"))
     t = time.monotonic()
     code, _, body = http("POST", engine.url + "/v1/load_lora_adapter",
-                         json.dumps({"lora_name": "delta", "lora_path": gamma}).encode(), JSON)
+                         json.dumps({"lora_name": "delta", "lora_path": delta}).encode(), JSON)
     load_s = time.monotonic() - t
     assert code == 200, body
     first, second = _timed_chat(engine, "delta"), _timed_chat(engine, "delta")
@@ -142,4 +144,7 @@ def test_what_a_cold_adapter_costs(vllm_lora: dict[str, Server],
              f"a swap to the other {ms(swaps) * 1000:.0f} ms (median of {len(swaps)}); "
              f"runtime load API {load_s * 1000:.0f} ms, then its first request "
              f"{first * 1000:.0f} ms and its second {second * 1000:.0f} ms")
-    assert _held(engine) == ("delta",)
+    # a request of one token is scheduled and finished within one engine step, and vLLM's
+    # metric never names its adapter; one that runs over a few steps does
+    _timed_chat(engine, "delta", max_tokens=4)
+    assert wait_until(lambda: _held(engine) == ("delta",), 10), _held(engine)

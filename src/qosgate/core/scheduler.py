@@ -209,6 +209,8 @@ class Scheduler:
         )
         req.cost = cost
         req.ceiling = ceiling
+        if model:
+            req.load_cost = self.pricing.weights.load_cost(model)
         return req
 
     # ---------------------------------------------------------------- replicas
@@ -785,8 +787,12 @@ class Scheduler:
             self.admission.served(req, now)
         if over:
             self.overtakes[rep.name] += 1
+        loads = req.loads
         if self.fleet.place(req, rep, now, paused, streaming, over):
             req.lent = LENT_PREEMPTIBLE
+        if req.loads != loads:  # it makes ``rep`` load its adapter: its tenant pays the load
+            req.cost += req.load_cost
+            self.policy.settle(req, req.load_cost)
         if req.cached_tokens:  # what its replica is expected to hold is not charged
             credit = self.pricing.prompt_cost(req.cached_tokens, req.model)
             req.cost -= credit
@@ -884,6 +890,7 @@ class Scheduler:
         if req.cached_tokens:
             computed = max(0, computed - req.cached_tokens)
         used = self.pricing.used(computed, output_tokens, started, req.model)
+        used += req.loads * req.load_cost
         self.policy.settle(req, used - req.cost)
         self.usage.add(req.tenant, req.model, req.prompt_tokens if started else 0,
                        output_tokens, used)

@@ -29,6 +29,10 @@ class LoadSignals:
     # stands still on an engine that holds work and is hung (``core/progress.py``)
     prompt_tokens_total: int | None = None
     output_tokens_total: int | None = None
+    # the LoRA adapters it holds loaded, most recently used first, and how many it can hold
+    # (vLLM's ``--max-loras``): a request for one of them pays no load there
+    adapters: tuple[str, ...] | None = None
+    adapter_capacity: int | None = None
 
     @property
     def tokens_total(self) -> int | None:

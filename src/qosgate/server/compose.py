@@ -138,7 +138,7 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
     driver = Driver(scheduler, {name: batched.get(name, e) for name, e in engines.items()},
                     clock=clock, on_finished=on_finished, on_cached=metrics.prompt_cache)
     precise = PreciseCache.build(upstreams, scheduler, driver)
-    catalog = Catalog(engines, clock)
+    catalog = Catalog(engines, clock, scheduler.fleet.adapters_of)
     flow = RequestFlow(cfg, settings, engines, scheduler, driver, metrics, catalog.models,
                        catalog.context, precise)
     metrics.cap_tenants(settings.server.metrics_max_tenants)

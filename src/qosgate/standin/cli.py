@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from qosgate.standin.faults import Fault, FaultError, Listener, parse_fault
+from qosgate.standin.lora import LoraAdapters, parse_modules
 from qosgate.standin.server import StandIn
 
 
@@ -55,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(unset: none)")
     p.add_argument("--kv-offloading-backend", choices=["native"], default="native",
                    help="as vLLM; only its native CPU offloading is modelled")
+    p.add_argument("--enable-lora", action="store_true", help="as vLLM: serve LoRA adapters")
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                   help="as vLLM: the adapters registered at start")
+    p.add_argument("--max-loras", type=int, default=1,
+                   help="as vLLM: adapters loaded at once (least recently used evicted)")
+    p.add_argument("--max-lora-rank", type=int, default=16, help="as vLLM (not checked)")
+    p.add_argument("--lora-load-ms", type=float, default=20.0,
+                   help="the modelled time to load an adapter that is not loaded")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -94,6 +104,10 @@ def main(argv: list[str] | None = None) -> None:
             block_size=args.block_size,
             prompt_tokens_details=args.enable_prompt_tokens_details,
             kv_offloading_size=args.kv_offloading_size,
+            lora=LoraAdapters(parse_modules(args.lora_modules), args.max_loras,
+                              args.lora_load_ms / 1000.0) if args.enable_lora else None,
+            runtime_lora_updating=os.environ.get(
+                "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
         )
     except ValueError as exc:  # a profile or size the stand-in cannot use
         build_parser().error(str(exc))

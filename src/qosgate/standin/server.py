@@ -59,6 +59,8 @@ filler words. It mirrors **vLLM 0.32.0** (checked against the real one, ``vllm-c
 - for tests, every request body exactly as received: ``GET /debug/requests`` (base64, with the
   request's ``X-Request-Id`` as ``request_id`` when it has one) and, with ``--record FILE``, one
   JSON line per request;
+- vLLM's LoRA adapters (``--enable-lora``, ``--lora-modules``, ``--max-loras``, the runtime
+  load API, ``vllm:lora_requests_info``, a modelled cold load, LRU eviction): ``standin/lora.py``;
 - fault switches, for tests and benchmarks of a fleet (``standin/faults.py``): ``--fault SPEC``
   (repeatable) and ``--slow FACTOR`` at start, ``POST``/``GET``/``DELETE /admin/fault`` at run
   time: die (``kill -9`` of itself), refuse connections, hang before the first byte or mid-stream,
@@ -114,6 +116,7 @@ from qosgate.standin.faults import (
     Listener,
     fault_from_json,
 )
+from qosgate.standin.lora import LoraAdapters
 from qosgate.wire.answers import model_card, models_list
 from qosgate.wire.embeddings import (
     BadEmbeddings,
@@ -203,6 +206,8 @@ class StandIn:
         block_size: int = 16,
         prompt_tokens_details: bool = False,
         kv_offloading_size: float | None = None,
+        lora: LoraAdapters | None = None,
+        runtime_lora_updating: bool = False,
     ) -> None:
         prof = load_profile(profile)
         if max_num_seqs is not None:
@@ -254,6 +259,10 @@ class StandIn:
         self.embed_dim = embed_dim
         self.embed_batches: list[int] = []  # inputs per upstream call, for tests
         self._embed_lock = asyncio.Lock()
+        # vLLM's --enable-lora (None: off), and its load / unload API (vLLM's
+        # VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+        self.lora = lora
+        self.runtime_lora_updating = runtime_lora_updating and lora is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -273,8 +282,10 @@ class StandIn:
         elif method == "POST" and path == "/v1/embeddings":
             await self._embeddings(receive, send)
         elif path == "/v1/models":
-            card = model_card(self.model, "vllm", self.max_model_len, self.created)
-            await send_json(send, 200, models_list([card]))
+            await send_json(send, 200, models_list(self.model_cards()))
+        elif method == "POST" and self.runtime_lora_updating and path in (
+                "/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+            await self._lora_update(receive, send, path == "/v1/load_lora_adapter")
         elif path in ("/health", "/ping"):
             await send_bytes(send, 200, b"", [])
         elif path == "/metrics":
@@ -357,10 +368,13 @@ class StandIn:
             param = f"body.{at}" if at else None
             await send_json(send, 400, _error(f"1 validation error: {msg}", "Bad Request", param))
             return
+        adapter = None
         if b.model is not None and b.model != self.model:
-            msg = f"The model `{b.model}` does not exist. Valid aliases: {self.model}."
-            await send_json(send, 404, _error(msg, "NotFoundError", "model", 404))
-            return
+            if self.lora is None or b.model not in self.lora.paths:
+                msg = f"The model `{b.model}` does not exist. Valid aliases: {self.model}."
+                await send_json(send, 404, _error(msg, "NotFoundError", "model", 404))
+                return
+            adapter = b.model
         # vLLM 0.32 under fcfs accepts any integer priority and ignores it (HTTP 200; older vLLM
         # answered 400 "Priority scheduling is not enabled"); the fcfs queue never reads it
         priority = b.priority
@@ -425,8 +439,7 @@ class StandIn:
             context_ids=context_ids,
         )
         call = StandInCall(engine_request, sink, self.finished, self.success)
-        gen = asyncio.ensure_future(
-            self.engine.generate(call, spec, bool(b.return_token_ids)))
+        gen = asyncio.ensure_future(self._run(call, spec, bool(b.return_token_ids), adapter))
         watch = asyncio.ensure_future(wait_disconnect(receive))
         await asyncio.wait((gen, watch), return_when=asyncio.FIRST_COMPLETED)
         if gen.done():
@@ -441,6 +454,64 @@ class StandIn:
         gen.cancel()  # the client went away: abort in the engine at once
         self.finished["abort"] += 1  # (not in vllm:request_success_total, as in vLLM 0.32)
         log.debug("aborted %s", rid)
+
+    async def _run(self, call: StandInCall, spec: SeqSpec, token_ids: bool,
+                   adapter: str | None) -> None:
+        """The engine call; for an adapter, once the adapter is loaded (``standin/lora.py``)."""
+        if adapter is None or self.lora is None:
+            await self.engine.generate(call, spec, token_ids)
+            return
+        async with self.lora.serving(adapter, self.engine.time_scale):
+            await self.engine.generate(call, spec, token_ids)
+
+    # ------------------------------------------------------------------ LoRA
+    def model_cards(self) -> list[dict[str, object]]:
+        """The base model, then each registered adapter as vLLM 0.32 lists it."""
+        cards = [model_card(self.model, "vllm", self.max_model_len, self.created)]
+        for name, path in (self.lora.paths.items() if self.lora is not None else ()):
+            card = model_card(name, "vllm", None, self.created)
+            card["root"] = path
+            card["parent"] = self.model
+            cards.append(card)
+        return cards
+
+    async def _lora_update(self, receive: Receive, send: Send, load: bool) -> None:
+        """``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``, vLLM's answers and words
+        (a load registers the adapter; it is loaded when a request first needs it)."""
+        lora = self.lora
+        assert lora is not None
+        try:
+            body = msgspec.json.decode(await read_body(receive, 1 << 16))
+        except msgspec.DecodeError:
+            body = None
+        if not isinstance(body, dict):
+            body = {}
+        name, path = body.get("lora_name"), body.get("lora_path")
+        code, kind = 400, "InvalidUserInput"
+        if load:
+            if not name or not path:
+                msg = "Both 'lora_name' and 'lora_path' must be provided."
+            elif name == self.model:
+                msg = f"The lora adapter '{name}' conflicts with a served base model."
+            elif name in lora.paths and not body.get("load_inplace"):
+                msg = (f"The lora adapter '{name}' has already been loaded. If you want to "
+                       "load the adapter in place, set 'load_inplace' to True.")
+            else:
+                lora.register(str(name), str(path))
+                done = f"Success: LoRA adapter '{name}' added successfully."
+                await send_bytes(send, 200, done.encode(), [])
+                return
+        elif not name:
+            msg = "'lora_name' needs to be provided to unload a LoRA adapter."
+        elif name not in lora.paths:
+            code, kind = 404, "NotFoundError"
+            msg = f"The lora adapter '{name}' cannot be found."
+        else:
+            lora.unregister(str(name))
+            done = f"Success: LoRA adapter '{name}' removed successfully."
+            await send_bytes(send, 200, done.encode(), [])
+            return
+        await send_json(send, code, _error(msg, kind, None, code))
 
     # ------------------------------------------------------------------ faults
     async def _startup(self) -> None:
@@ -536,5 +607,8 @@ class StandIn:
 
     def metrics_text(self) -> str:
         itl = self._fold_itl()
-        return vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success,
+        text = vllm_metrics_text(self.model, self.sim.metrics(), itl, self.success,
                                  self.prefix_caching, self.kv_offloading)
+        if self.lora is not None:
+            text += "\n".join(self.lora.metrics_lines()) + "\n"
+        return text

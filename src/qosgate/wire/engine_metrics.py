@@ -15,7 +15,9 @@ The engines and their names (vLLM's as checked against a running vLLM 0.32 in ``
   (vLLM only here);
 - prompt_tokens_total / output_tokens_total (the engine's progress: ``core/progress.py``):
   ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``, SGLang's names alike,
-  ``llamacpp:prompt_tokens_total`` / ``llamacpp:tokens_predicted_total``.
+  ``llamacpp:prompt_tokens_total`` / ``llamacpp:tokens_predicted_total``;
+- adapters / adapter_capacity: the LoRA adapters a vLLM holds, from ``vllm:lora_requests_info``
+  (its labels, not its value: ``wire/lora_info.py``).
 
 Units: every KV figure is a **fraction 0..1** (vLLM's ``_perc`` despite its name; the older
 ``vllm:gpu_cache_usage_perc`` is read when the new name is absent). SGLang builds that export
@@ -35,6 +37,8 @@ import math
 from collections.abc import Iterable, Mapping
 
 from qosgate.core.signals import LoadSignals
+from qosgate.wire.lora_info import NAME as LORA_INFO
+from qosgate.wire.lora_info import loaded_adapters
 
 # (field, candidate names in order of preference); the first name present wins
 _Spec = tuple[tuple[str, tuple[str, ...]], ...]
@@ -161,6 +165,7 @@ def parse_engine_metrics(text: str, at: float, engine: str | None = None) -> Loa
             else:
                 fields[field] = _count(values)
     kv = fields.get("kv_usage")
+    adapters = loaded_adapters(text) if VLLM in specs and LORA_INFO in text else None
     return LoadSignals(
         at=at,
         running=_int(fields.get("running")),
@@ -171,6 +176,8 @@ def parse_engine_metrics(text: str, at: float, engine: str | None = None) -> Loa
         itl_tokens_total=_int(fields.get("itl_tokens_total")),
         prompt_tokens_total=_int(fields.get("prompt_tokens_total")),
         output_tokens_total=_int(fields.get("output_tokens_total")),
+        adapters=adapters.loaded if adapters is not None else None,
+        adapter_capacity=adapters.capacity if adapters is not None else None,
     )
 
 

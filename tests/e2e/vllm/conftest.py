@@ -14,11 +14,12 @@ Runs, never skips, unless ``QOSGATE_VLLM=0``; a failed environment build is a fa
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.support.files import ROOT
+from tests.support.lora import ADAPTERS, RANK, make_adapter
 from tests.support.ports import reserved_port
 from tests.support.processes import PY, Server, start_gateway, start_standin
 from tests.support.vllm import GHOST, KV_EVENTS, KV_TOPIC, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL
@@ -80,10 +82,10 @@ def vllm_env(pytestconfig: pytest.Config) -> dict[str, Any]:
     return data
 
 
-def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
+def start_vllm(tmp: Path, policy: str, *extra: str, env: tuple[str, ...] = ()) -> Server:
     """One vLLM publishing its KV-cache events on a loopback port of its own (bound on every
     interface: vLLM binds only an endpoint with ``*``), in dev mode (``POST
-    /reset_prefix_cache``)."""
+    /reset_prefix_cache``); ``env``: more of its environment, ``KEY=VALUE`` each."""
     port = reserved_port()
     events = reserved_port()
     KV_EVENTS[f"http://127.0.0.1:{port}"] = f"tcp://127.0.0.1:{events}"
@@ -93,7 +95,7 @@ def start_vllm(tmp: Path, policy: str, *extra: str) -> Server:
     args = [
         PY, str(SCRIPT), "serve", "--port", str(port), "--scheduling-policy", policy,
         "--max-num-seqs", str(MAX_NUM_SEQS), "--scratch", str(scratch),
-        "--env", "VLLM_SERVER_DEV_MODE=1",
+        "--env", "VLLM_SERVER_DEV_MODE=1", *(a for kv in env for a in ("--env", kv)),
         "--", "--enable-log-requests",  # its log shows each request and abort
         "--kv-events-config", kv_config, *extra,
     ]
@@ -112,41 +114,77 @@ def vllm_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("vllm")
 
 
+def start_together(config: pytest.Config, tmp: Path, policies: dict[str, str], *extra: str,
+                   env: tuple[str, ...] = (), label: str = "") -> dict[str, Server]:
+    """vLLMs by name, each with its scheduling policy (``policies``) and ``extra`` flags, started
+    at once (their start-ups overlap) and announced (with ``label``); all stopped if one
+    fails."""
+    t = time.monotonic()
+    started: dict[str, float] = {}
+
+    def start(name: str) -> Server:
+        s = start_vllm(tmp, policies[name], *extra, env=env)
+        started[name] = time.monotonic() - t
+        return s
+
+    with ThreadPoolExecutor(len(policies)) as pool:
+        futures = {n: pool.submit(start, n) for n in policies}
+        servers: dict[str, Server] = {}
+        errors: list[str] = []
+        for name, f in futures.items():
+            try:
+                servers[name] = f.result()
+            except Exception as exc:
+                errors.append(f"{name}: {exc}")
+    if errors:
+        for s in servers.values():
+            s.stop()
+        pytest.fail("vLLM did not start:\n" + "\n".join(errors), pytrace=False)
+    for name, policy in policies.items():
+        _announce(config, f"vLLM --scheduling-policy {policy}{label} ready after "
+                          f"{started[name]:.0f} s (started together)")
+    return servers
+
+
+def stop_all(config: pytest.Config, servers: dict[str, Server]) -> None:
+    t = time.monotonic()
+    codes = {p: s.stop() for p, s in servers.items()}
+    _announce(config, f"vLLM stopped with SIGTERM in {time.monotonic() - t:.1f} s: {codes}")
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(
     vllm_env: dict[str, Any], vllm_tmp: Path, pytestconfig: pytest.Config
 ) -> Iterator[dict[str, Server]]:
     """Both vLLMs, started at once (their start-ups overlap), stopped with SIGTERM at the end."""
-    t = time.monotonic()
-    started: dict[str, float] = {}
-
-    def start(policy: str) -> Server:
-        s = start_vllm(vllm_tmp, policy)
-        started[policy] = time.monotonic() - t
-        return s
-
-    with ThreadPoolExecutor(2) as pool:
-        futures = {p: pool.submit(start, p) for p in ("priority", "fcfs")}
-        servers: dict[str, Server] = {}
-        errors: list[str] = []
-        for policy, f in futures.items():
-            try:
-                servers[policy] = f.result()
-            except Exception as exc:
-                errors.append(f"{policy}: {exc}")
-    if errors:
-        for s in servers.values():
-            s.stop()
-        pytest.fail("vLLM did not start:\n" + "\n".join(errors), pytrace=False)
-    for policy in ("priority", "fcfs"):
-        _announce(pytestconfig, f"vLLM --scheduling-policy {policy} ready after "
-                                f"{started[policy]:.0f} s (both started together)")
+    servers = start_together(pytestconfig, vllm_tmp, {"priority": "priority", "fcfs": "fcfs"})
     yield servers
-    t = time.monotonic()
-    codes = {p: s.stop() for p, s in servers.items()}
-    _announce(pytestconfig, f"vLLM stopped with SIGTERM in {time.monotonic() - t:.1f} s: {codes}")
+    stop_all(pytestconfig, servers)
     _announce(pytestconfig, f"real-vLLM part: {time.monotonic() - _STARTED[0]:.0f} s wall time "
                             "(environment check, start-up, the tests, stop)")
+
+
+@pytest.fixture(scope="module")
+def vllm_lora(
+    vllm_env: dict[str, Any], vllm_tmp: Path, pytestconfig: pytest.Config
+) -> Iterator[dict[str, Server]]:
+    """Two vLLMs (``a``, ``b``) serving the LoRA adapters ``ADAPTERS`` of the model (made here,
+    seeded), each holding one loaded at a time (``--max-loras 1``), with the runtime load API."""
+    folder = vllm_tmp / "adapters"
+    modules = [f"{a}={make_adapter(folder, a)}" for a in ADAPTERS]
+    servers = start_together(
+        pytestconfig, vllm_tmp, {"a": "fcfs", "b": "fcfs"},
+        "--enable-lora", "--max-loras", "1", "--max-lora-rank", str(RANK),
+        "--lora-modules", *modules, env=("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",),
+        label=" --enable-lora --max-loras 1")
+    yield servers
+    stop_all(pytestconfig, servers)
+
+
+@pytest.fixture
+def announce(pytestconfig: pytest.Config) -> Callable[[str], None]:
+    """A line for the run's closing summary (and printed now)."""
+    return functools.partial(_announce, pytestconfig)
 
 
 @pytest.fixture(scope="session")

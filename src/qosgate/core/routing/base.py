@@ -67,6 +67,23 @@ class Router(Protocol):
         return math.inf
 
 
+def cold_load(req: Request, rep: Replica) -> float:
+    """What ``req`` costs ``rep`` to load its adapter, in reference tokens: its ``load_cost``
+    where ``rep`` does not hold it loaded, twice that where the load evicts another adapter (the
+    one evicted is loaded again by its next request: priced as this one, the only load cost the
+    router knows), else nothing. Every router that weighs load adds it as that many prompt
+    tokens more for ``rep`` to answer, so a request for an adapter goes to a replica holding it
+    while that one is not busier by more than the load (the affinity is the load it saves, never
+    a hard pin: a hot adapter still spreads), and a new adapter to a replica with a free slot."""
+    cost = req.load_cost
+    if not cost:
+        return 0.0
+    held = rep.adapters
+    if held.holds(req.model):
+        return 0.0
+    return 2 * cost if held.full() else cost
+
+
 class RouterContext(NamedTuple):
     """What a router is built from: the strict classes' TPOT and TTFT budgets (class level ->
     seconds), the class levels that may wait for a warm replica, and ``fleet.cache``."""

@@ -45,7 +45,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from qosgate.core.routing.base import RouterContext
+from qosgate.core.routing.base import RouterContext, cold_load
 from qosgate.core.routing.holds import Holds
 from qosgate.core.routing.least_load import LeastLoadRouter
 from qosgate.core.routing.least_load_spread import misses_tpot
@@ -155,8 +155,8 @@ class CacheAwareRouter(SessionAffinityRouter):
         """Seconds ``req`` is expected to cost on ``rep``: queued and own uncached prefill at
         the prefill rate (its own counted ``1 + recompute_weight`` times: what it recomputes
         delays the fleet's other requests too), plus the replica's window in use weighed by
-        ``decode_load_s``."""
-        own = req.prompt_tokens - hit
+        ``decode_load_s``. A LoRA adapter's load where it is cold counts as own prefill."""
+        own = req.prompt_tokens - hit + cold_load(req, rep)
         prefill = self.queued_uncached.get(rep.name, 0) + own * self.own_weight
         sig = rep.signals
         busy = len(rep.inflight) + 1

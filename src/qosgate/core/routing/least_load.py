@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from qosgate.core.routing.base import Router
+from qosgate.core.routing.base import Router, cold_load
 
 if TYPE_CHECKING:
     from qosgate.core.replica import Replica
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 class LeastLoadRouter(Router):
     """The least loaded replica by measured load: its share of the window in flight (with the
     request to place), prompt tokens it has not answered yet (local accounting, exact and
-    immediate) and what its last scrape said of its own queue and KV cache. Data older than
+    immediate; with a LoRA adapter's load where it is cold, ``cold_load``) and what its last
+    scrape said of its own queue and KV cache. Data older than
     ``stale_s`` counts as saturated; a saturated replica (its queue past ``waiting_saturated``
     per window slot, or its KV cache past ``kv_saturated``) is taken only if every candidate
     is. (Weighing replicas by their recent dispatch-to-first-byte time was tried and reverted:
@@ -52,7 +53,8 @@ class LeastLoadRouter(Router):
         n = len(rep.inflight)
         if n >= window:
             return None
-        score = (n + 1 + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
+        prefill = rep.prefill_tokens + cold_load(req, rep)
+        score = (n + 1 + prefill / self.tokens_per_slot) / max(1, window)
         score += self._extra(req, rep, window)
         sig = rep.signals
         saturated = False  # no scrape at all (an engine without metrics): no evidence

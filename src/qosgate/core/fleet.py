@@ -310,6 +310,7 @@ class Fleet:
                 engine_itl_s=r.itl_s,
                 others_held=r.others_held and r.strict_streams > 0,
                 tpot_guard_s=self.guard_s(r),
+                adapters=r.adapters.names(),
             )
             for r in self.replicas.values()
         )

@@ -48,6 +48,7 @@ class ReplicaView:
     others_held: bool = False  # the TPOT guard holds the non-strict classes off it
     tpot_guard_s: float | None = None  # the time per token past which it would (None: no guard)
     retired: bool = False  # taken out of the config by a reload: no new work
+    adapters: tuple[str, ...] = ()  # LoRA adapters its engine is taken to hold now
 
 
 @dataclass(frozen=True, slots=True)

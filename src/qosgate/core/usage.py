@@ -41,13 +41,6 @@ class Usage:
         row[2] += output_tokens
         row[3] += charged
 
-    def charge(self, tenant: str, model: str, cost: float) -> None:
-        """An extra charge outside a request's tokens (an adapter's cold load)."""
-        row = self._rows.get((tenant, model))
-        if row is None:
-            row = self._rows[(tenant, model)] = [0, 0, 0, 0.0]
-        row[3] += cost
-
     def rows(self) -> tuple[UsageRow, ...]:
         return tuple(UsageRow(t, m, int(r[0]), int(r[1]), int(r[2]), r[3])
                      for (t, m), r in sorted(self._rows.items()))

@@ -56,6 +56,7 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
                 "capacity": r.window,
                 "inflight": r.inflight,
                 "models": list(r.models),
+                "adapters": list(r.adapters),
                 "up": r.up,
                 "eligible": r.eligible,
                 "retired": r.retired,

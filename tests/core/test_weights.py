@@ -52,15 +52,6 @@ def test_auto_learns_against_the_reference_and_is_one_until_both_are_measured() 
     assert 10.0 < w.of("big").output < 20.0
 
 
-def test_a_reload_keeps_what_was_learned() -> None:
-    old = ModelWeights([LIGHT, ModelSpec(name="big", weight="auto")])
-    old.measured("light", None, 0.002)
-    old.measured("big", None, 0.01)
-    new = ModelWeights([LIGHT, ModelSpec(name="big", weight="auto")])
-    new.keep_learned(old)
-    assert new.of("big").output == pytest.approx(5.0)
-
-
 def test_config_rejects_unknown_base_and_reference() -> None:
     with pytest.raises(ValidationError, match="base 'nope'"):
         default_config(models=[{"name": "a", "base": "nope"}])

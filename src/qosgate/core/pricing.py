@@ -21,18 +21,16 @@ class Pricing:
     def __init__(self, cfg: QosConfig, classes: list[ServiceClass]) -> None:
         self.prompt_weight = cfg.fairness.prompt_weight
         self.output_weight = cfg.fairness.output_weight
+        # the models' weights: a reload leaves them (``models`` needs a restart), so what was
+        # learned or taken from profiles stays
+        self.weights = ModelWeights(cfg.models, cfg.fairness.reference_model)
         self._max_output = cfg.admission.max_output_tokens
         self._out_est = [256.0] * len(classes)  # each class's learned mean output length
         self._classes = classes  # the scheduler's own list: shared, not copied
         self.retenant(cfg)
 
     def retenant(self, cfg: QosConfig) -> None:
-        """The tenants' output ceilings and the models' weights of ``cfg`` (at start, and on a
-        reload, which keeps what was learned of the models' times per token)."""
-        old = getattr(self, "weights", None)
-        self.weights = ModelWeights(cfg.models, cfg.fairness.reference_model)
-        if old is not None:
-            self.weights.keep_learned(old)
+        """The tenants' output ceilings of ``cfg`` (at start, and on a reload)."""
         self._tenant_caps = {t.name: t.limits.max_output_tokens for t in cfg.tenants}
         # (level, tenant) -> its ceiling (``_ceiling``)
         self._ceilings: dict[tuple[int, str], int | None] = {}

@@ -126,11 +126,6 @@ class ModelWeights:
         self._weights[model] = Weight(fp or prompt, fo or output,
                                       "learned" if learned else "unmeasured")
 
-    def keep_learned(self, old: ModelWeights) -> None:
-        """Take ``old``'s measured times (a reload keeps what was learned)."""
-        for model, (p, o) in old._times.items():
-            self.measured(model, p, o)
-
     def times(self, model: str) -> tuple[float | None, float | None]:
         """The learned seconds per prompt and per output token of ``model`` (None: unknown)."""
         return self._times.get(model, (None, None))

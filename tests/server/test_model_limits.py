@@ -5,6 +5,7 @@ the refusal is counted under its own reason; a limit on another model refuses no
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -38,6 +39,13 @@ def test_a_limit_on_the_model_refuses_naming_it_and_tells_its_allowance() -> Non
         with pytest.raises(openai.RateLimitError) as refused:
             c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4)
         _, _, metrics = gw.http("GET", gw.url + "/metrics")
+        _, _, status = gw.http("GET", gw.url + "/v1/qos/status",
+                               headers={"authorization": "Bearer sk-capped"})
+    view = json.loads(status)
+    # the status tells the model's allowance beside the tenant's over all models
+    assert view["allowance"]["requests"]["limit"] == 100
+    assert view["model_allowance"][MODEL]["requests"]["limit"] == 2
+    assert view["model_allowance"][MODEL]["requests"]["remaining"] == 0
     err = refused.value
     assert err.code == "model_rate_limit_requests"
     assert err.type == "rate_limit_error"

@@ -650,6 +650,11 @@ class Scheduler:
             lim = self.model_limits.gate(lim, tenant, model, now)
         return lim.allowance(now)
 
+    def limited_models(self, tenant: str) -> tuple[str, ...]:
+        """The models ``tenant`` has limits of its own on (``limits.models``)."""
+        t = self._tenant_cfg.get(tenant)
+        return tuple(sorted(t.limits.models)) if t is not None else ()
+
     # ---------------------------------------------------------------- internals
     def _limiter(self, tenant: str, now: float) -> Limiter:
         lim = self._limiters.get(tenant)

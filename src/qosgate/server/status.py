@@ -84,6 +84,8 @@ def status_view(sched: Scheduler, now: float, tenant: str | None = None) -> dict
     else:
         view["tenant"] = tenant
         view["allowance"] = allowance_view(sched.allowance(tenant, now))
+        view["model_allowance"] = {m: allowance_view(sched.allowance(tenant, now, m))
+                                   for m in sched.limited_models(tenant)}
         tenants.setdefault(tenant, {"classes": {}, **_bucket()})
     return view
 

@@ -30,8 +30,10 @@ from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
 from qosgate.core.routing import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
+from qosgate.core.slot_costs import slot_costs
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard
+from qosgate.core.weights import ModelWeights
 from qosgate.core.windows import FixedWindow, WindowRule, build_window
 
 
@@ -46,9 +48,12 @@ def reserved_slots(share: float, window: int) -> int:
 
 class Fleet:
     def __init__(self, cfg: QosConfig, classes: Sequence[ServiceClass], class_aware: bool,
-                 ceiling: int, backlog: Backlog, router: Router | None = None) -> None:
-        """``ceiling``: the level aging stops at."""
+                 ceiling: int, backlog: Backlog, router: Router | None = None,
+                 weights: ModelWeights | None = None) -> None:
+        """``ceiling``: the level aging stops at; ``weights``: the models' weights, which size
+        the slot a request holds on a replica serving several (``core.slot_costs``)."""
         self.cfg = cfg
+        self.weights = weights
         self._backlog = backlog
         self.replicas: dict[str, Replica] = {}
         self.strict = [c.strict for c in classes]
@@ -220,11 +225,17 @@ class Fleet:
         the classes above (the reserved share), which the queue may not fill. Without the
         latter a window of 20 or more never counted as full under api traffic and never grew."""
         reserved = reserved_slots(self._reserve_max, rep.window_rule.window)
-        return len(rep.inflight) + (min(reserved, rep.free) if reserved else 0)
+        return rep.held + (min(reserved, rep.free) if reserved else 0)
 
     def refresh(self, now: float) -> None:
         """Recount which replicas may take work (and their room) after a change of health,
         cooling, ejection or window."""
+        weights = self.weights
+        if weights is not None and weights.weighted:
+            # (a learned weight moves with the scrapes, which end here: recounted with them)
+            for r in self.replicas.values():
+                if len(r.models) > 1:
+                    r.costs = slot_costs(r.models, weights)
         usable = [r for r in self.replicas.values() if r.eligible(now)]
         self.usable = usable
         self.usable_names = {r.name for r in usable}
@@ -303,7 +314,12 @@ class Fleet:
         after its first byte; ``over``: past a full window). True if it takes a slot lent from
         the reserve. A request placed anew sets ``req.cached_tokens``: what the router expects
         ``rep``'s prefix cache to hold of its prompt."""
+        before = rep.free
         rep.inflight[req.id] = req
+        cost = rep.cost_of(req.model)
+        rep.held += cost
+        if cost != 1:
+            rep.charged[req.id] = cost
         req.ran_since = now
         if not resume:
             req.cached_tokens = self.router.placed(req, rep, now)
@@ -318,8 +334,7 @@ class Fleet:
             if not strict:
                 rep.other_prefill_tokens += req.prompt_tokens
             rep.pending += 1
-        if not over:
-            self.free_slots -= 1  # rep is usable: the router only sees usable replicas
+        self.free_slots += rep.free - before  # rep is usable: the router sees only those
         lent = False
         if self.may_borrow[req.class_level]:
             frac = self.reserve_above[req.level]
@@ -333,7 +348,7 @@ class Fleet:
                     self.evictable[req.id] = req
             else:
                 self.preemptible[req.id] = req
-                rep.preemptible += 1
+                rep.preemptible += cost
         return lent
 
     def may_evict(self, req: Request, rep: Replica) -> bool:
@@ -364,7 +379,7 @@ class Fleet:
             self.next_change = now
         streams_on_loan = False
         if not rep.pausable and self.preemptible.pop(req.id, None) is not None:
-            rep.preemptible -= 1
+            rep.preemptible -= rep.charged.get(req.id, 1)
             if self.may_evict(req, rep):  # it can still give its slot back, by eviction
                 self.evictable[req.id] = req
             elif req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
@@ -383,7 +398,7 @@ class Fleet:
         True if it left unstarted (it held a slot, and had sent no first byte)."""
         rep = self.replicas.get(req.replica or "")
         if self.preemptible.pop(req.id, None) is not None and rep is not None:
-            rep.preemptible -= 1
+            rep.preemptible -= rep.charged.get(req.id, 1)
         elif self.evictable:
             self.evictable.pop(req.id, None)
         if req.lent and rep is not None:  # the loan is repaid: the slot is the reserve's again
@@ -392,6 +407,8 @@ class Fleet:
                 rep.loan_streams -= 1
         if rep is None or rep.inflight.pop(req.id, None) is None:
             return False
+        before = rep.free
+        rep.held -= rep.charged.pop(req.id, 1) if rep.charged else 1
         self.router.left(req, rep)
         strict = self.strict[req.class_level]
         if not strict:
@@ -404,8 +421,8 @@ class Fleet:
             rep.pending -= 1
         elif strict:
             rep.strict_streams -= 1
-        if len(rep.inflight) < rep.window and rep.name in self.usable_names:
-            self.free_slots += 1
+        if rep.name in self.usable_names:
+            self.free_slots += rep.free - before
         return unstarted
 
     # ---------------------------------------------------------------- placement queries
@@ -416,7 +433,7 @@ class Fleet:
             # it resumes there under that replica's rules (``may_take``: a suspect one takes
             # one unanswered request at a time, the reserve is lent only while api does not
             # wait), else it took the slot past a higher class a rule held
-            ok = rep is not None and rep.free > 0 and self.may_take(rep, req, now)
+            ok = rep is not None and rep.fits(req.model) and self.may_take(rep, req, now)
             return rep if ok else None
         usable = self.usable
         if not (self._any_model or not req.model):
@@ -436,7 +453,7 @@ class Fleet:
                 break
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
-            rep = only if only.free > 0 else None
+            rep = only if only.fits(req.model) else None
         else:
             rep = self.router.pick(req, usable, now)
             if rep is None:  # held for a warm replica: placed anyway by this time
@@ -479,7 +496,7 @@ class Fleet:
         for rep in self.usable:
             if not (rep.ordered and rep.pending):
                 continue
-            over = max(0, len(rep.inflight) - rep.window)
+            over = max(0, rep.held - rep.window)
             if rep.pending - over <= most or not self.may_take(rep, req, now):
                 continue  # (it could overtake no more than its unstarted requests)
             later = sum(1 for r in rep.inflight.values()
@@ -632,9 +649,13 @@ class Fleet:
         if not frac:
             return True
         room = self._reserve_room(rep, frac)
-        if room is None or room >= 1:
+        if room is None:
             return True
-        return (room == 0 and rep.free >= 1 and not rep.loan_streams
+        cost = rep.cost_of(req.model)
+        if room >= cost:
+            return True
+        # (a loan is one slot: a request costlier than that is never lent the reserve)
+        return (room == 0 and cost == 1 and rep.free >= 1 and not rep.loan_streams
                 and self.may_borrow[req.class_level] and self._may_lend())
 
     def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:

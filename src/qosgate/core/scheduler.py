@@ -87,7 +87,8 @@ class Scheduler:
         class_aware = self.policy.class_aware
         self.pricing = Pricing(cfg, self.classes)
         self.backlog = Backlog(self.classes)
-        self.fleet = Fleet(cfg, self.classes, class_aware, ceiling, self.backlog, router)
+        self.fleet = Fleet(cfg, self.classes, class_aware, ceiling, self.backlog, router,
+                           self.pricing.weights)
         self.admission = Admission(cfg, self.classes, self.policy, self.backlog, self.fleet)
         self.timers = Timers(self.classes, cfg.aging.enabled and class_aware, ceiling)
         self.replicas: dict[str, Replica] = self.fleet.replicas
@@ -137,6 +138,7 @@ class Scheduler:
         self.classifier.retenant(self.cfg)
         self._tenant_cfg = {t.name: t for t in self.cfg.tenants}
         self.pricing.retenant(self.cfg)
+        self.fleet.weights = self.pricing.weights
         weights = self.policy.tenant_weights
         weights.clear()
         weights.update({t.name: t.weight for t in self.cfg.tenants})

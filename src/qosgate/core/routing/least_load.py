@@ -49,10 +49,11 @@ class LeastLoadRouter(Router):
     def load(self, req: Request, rep: Replica, now: float) -> tuple[bool, float] | None:
         """``rep``'s (saturated, load score) with ``req`` on it; None: its window is full."""
         window = rep.window
-        n = len(rep.inflight)
-        if n >= window:
+        if not rep.fits(req.model):
             return None
-        score = (n + 1 + rep.prefill_tokens / self.tokens_per_slot) / max(1, window)
+        # (the window in use in slots: a heavier model's request holds more, see core.slot_costs)
+        score = (rep.held + rep.cost_of(req.model) + rep.prefill_tokens / self.tokens_per_slot
+                 ) / max(1, window)
         score += self._extra(req, rep, window)
         sig = rep.signals
         saturated = False  # no scrape at all (an engine without metrics): no evidence

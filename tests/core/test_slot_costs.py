@@ -1,0 +1,157 @@
+"""A replica serving models of unequal weight counts its window in cost (``core.slot_costs``):
+a heavy model's requests hold more of it, so they cannot fill what the light model's realtime
+needs; the reserved share is kept in the same unit. With one model per replica nothing
+changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from qosgate.config import ModelSpec, default_config
+from qosgate.core import Dispatch, QosInputs, ReplicaSpec, Scheduler, State
+from qosgate.core.decisions import Decision
+from qosgate.core.slot_costs import slot_costs
+from qosgate.core.weights import ModelWeights
+from tests.support.classes import with_reserve
+
+LIGHT, HEAVY = "light", "heavy"
+MODELS = (ModelSpec(name=LIGHT), ModelSpec(name=HEAVY, weight=10.0))
+
+
+def _sched(*specs: ReplicaSpec, reserve: float = 0.0, **cfg: Any) -> Scheduler:
+    for spec in specs:
+        spec.window_mode = "fixed"
+    cfg.setdefault("models", MODELS)
+    return Scheduler(default_config(classes=with_reserve(reserve), **cfg), "qos", list(specs))
+
+
+def _submit(s: Scheduler, rid: str, model: str, cls: str = "api",
+            now: float = 0.0) -> list[Decision]:
+    req = s.make_request(rid, QosInputs(qos_class=cls), now, 10, 100, model)
+    return s.submit(req, now)
+
+
+def _sent(ds: list[Decision]) -> list[str]:
+    return [d.req.id for d in ds if isinstance(d, Dispatch)]
+
+
+def test_a_model_holds_its_output_weight_over_the_replicas_lightest_in_slots() -> None:
+    weights = ModelWeights((*MODELS, ModelSpec(name="mid", weight=2.4)))
+    assert slot_costs((LIGHT, HEAVY, "mid"), weights) == {HEAVY: 10, "mid": 2}
+    # relative to the lightest model it serves: without the light one, mid is the unit
+    assert slot_costs((HEAVY, "mid"), weights) == {HEAVY: 4}
+    # one model, or models of one weight, or no weights: one slot per request
+    assert slot_costs((HEAVY,), weights) == {}
+    assert slot_costs((LIGHT, "other"), weights) == {}
+    assert slot_costs((LIGHT, HEAVY), ModelWeights(())) == {}
+
+
+def test_heavy_requests_fill_a_shared_window_by_their_cost_not_their_count() -> None:
+    s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)))
+    sent = []
+    for i in range(2):
+        sent += _sent(_submit(s, f"h{i}", HEAVY, cls="batch"))
+    assert sent == ["h0", "h1"]  # two heavy requests are the whole window of 20
+    rep = s.replicas["both"]
+    assert (rep.held, rep.free, s.free_slots) == (20, 0, 0)
+    assert _sent(_submit(s, "l0", LIGHT)) == []  # the light model waits for room
+    # one heavy request ends: its ten slots go to the light one (and nine more could follow)
+    assert _sent(s.complete("h0", 1.0, 5)) == ["l0"]
+    assert (rep.held, s.free_slots) == (11, 9)
+
+
+def test_the_reserved_share_is_kept_in_slots_of_cost_from_heavy_work() -> None:
+    """Counted in requests, the heavy batch would take all but the reserve's two slots of the
+    twenty; counted in cost, one heavy request leaves eight slots beyond the reserve, which a
+    second (ten) does not fit, and batch is never lent the reserve for a heavy request."""
+    s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)), reserve=0.1)
+    sent = []
+    for i in range(4):
+        sent += _sent(_submit(s, f"h{i}", HEAVY, cls="batch"))
+    assert sent == ["h0"]
+    for i in range(9):
+        sent += _sent(_submit(s, f"a{i}", LIGHT))
+    assert sent == ["h0"] + [f"a{i}" for i in range(8)]  # api fills the room, not the reserve
+    assert _sent(_submit(s, "rt0", LIGHT, cls="realtime")) == ["rt0"]
+    assert s.requests["h1"].state is State.QUEUED and s.preemptions["batch"] == 0
+
+
+def test_a_request_costlier_than_the_whole_window_still_runs_alone() -> None:
+    s = _sched(ReplicaSpec("both", 4, models=(LIGHT, HEAVY)))
+    assert _sent(_submit(s, "h0", HEAVY)) == ["h0"]
+    assert _sent(_submit(s, "l0", LIGHT)) == []
+    assert _sent(s.complete("h0", 1.0, 5)) == ["l0"]
+    assert _sent(_submit(s, "h1", HEAVY)) == []  # it waits for the window to empty
+
+
+def test_a_replica_of_the_heavy_model_alone_holds_one_slot_per_request() -> None:
+    """Its window is sized by its engine's own signals (the adaptive window), which already see
+    a heavy model's smaller batch: dividing it by the weight again would count it twice."""
+    s = _sched(ReplicaSpec("heavy", 4, models=(HEAVY,)), ReplicaSpec("light", 4, models=(LIGHT,)))
+    sent = []
+    for i in range(5):
+        sent += _sent(_submit(s, f"h{i}", HEAVY, cls="batch"))
+    assert sent == [f"h{i}" for i in range(4)]
+    assert s.replicas["heavy"].held == 4
+
+
+def test_a_learned_weight_resizes_the_slots_of_requests_placed_after_it() -> None:
+    auto = (ModelSpec(name=LIGHT), ModelSpec(name=HEAVY, weight="auto"))
+    s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)), models=auto)
+    assert _sent(_submit(s, "h0", HEAVY)) == ["h0"]
+    weights = s.pricing.weights
+    weights.measured(LIGHT, 0.001, 0.01)
+    weights.measured(HEAVY, 0.01, 0.05)
+    s.tick(1.0)  # (the scrape that carries a measurement ends in a recount)
+    s.fleet.refresh(1.0)
+    assert _sent(_submit(s, "h1", HEAVY, now=1.0)) == ["h1"]
+    rep = s.replicas["both"]
+    assert rep.held == 1 + 5  # the first keeps the one slot it was placed with
+    assert _sent(s.complete("h0", 2.0, 5)) == [] and rep.held == 5
+
+
+# ---------------------------------------------------------------- one model: nothing changes
+_CLASSES = ("realtime", "api", "batch", "offline")
+_op = st.one_of(
+    st.tuples(st.just("submit"), st.sampled_from(_CLASSES), st.integers(1, 400)),
+    st.tuples(st.just("first"), st.integers(0, 1000), st.just(0)),
+    st.tuples(st.just("complete"), st.integers(0, 1000), st.integers(1, 300)),
+)
+
+
+def _run(models: tuple[ModelSpec, ...], ops: list[tuple[str, Any, int]]) -> list[tuple[str, str]]:
+    """The dispatches of ``ops`` on two replicas of one model (window 8, realtime's default
+    reserve), under ``models``' weights."""
+    specs = [ReplicaSpec(n, 8, models=(HEAVY,), window_mode="fixed") for n in ("a", "b")]
+    s = Scheduler(default_config(models=models), "qos", specs)
+    out: list[tuple[str, str]] = []
+    now = 0.0
+    for i, (kind, arg, n) in enumerate(ops):
+        now += 0.01
+        if kind == "submit":
+            req = s.make_request(f"r{i}", QosInputs(qos_class=arg), now, n, 200, HEAVY)
+            ds = s.submit(req, now)
+        else:
+            live = sorted(s.requests.values(), key=lambda r: r.id)
+            wanted = State.DISPATCHED if kind == "first" else State.RUNNING
+            chosen = [r for r in live if r.state is wanted]
+            if not chosen:
+                continue
+            rid = chosen[arg % len(chosen)].id
+            ds = s.first_token(rid, now) if kind == "first" else s.complete(rid, now, n)
+        out += [(d.req.id, d.replica) for d in ds if isinstance(d, Dispatch)]
+        for rep in s.replicas.values():  # the window in cost is the window in requests
+            assert rep.held == len(rep.inflight)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_op, min_size=1, max_size=80))
+def test_with_one_model_a_weighted_window_admits_what_a_counted_one_does(
+        ops: list[tuple[str, Any, int]]) -> None:
+    """A weight that is a power of two scales every cost exactly, so fair share and admission
+    decide alike with and without it: only the windows could differ, and they may not."""
+    assert _run((ModelSpec(name=HEAVY, weight=8.0),), ops) == _run((), ops)

@@ -105,8 +105,7 @@ def test_a_learned_weight_resizes_the_slots_of_requests_placed_after_it() -> Non
     weights = s.pricing.weights
     weights.measured(LIGHT, 0.001, 0.01)
     weights.measured(HEAVY, 0.01, 0.05)
-    s.tick(1.0)  # (the scrape that carries a measurement ends in a recount)
-    s.fleet.refresh(1.0)
+    s.observe("both", 1.0, up=True)  # (a probe or scrape after a measurement recounts)
     assert _sent(_submit(s, "h1", HEAVY, now=1.0)) == ["h1"]
     rep = s.replicas["both"]
     assert rep.held == 1 + 5  # the first keeps the one slot it was placed with

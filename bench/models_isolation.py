@@ -18,7 +18,9 @@ in front of both engines (an llm-d or SMG, say); here that router is a second qo
 - ``shared-cost``: the same, with ``models:`` giving the heavy model weight ten: its requests
   hold ten slots each of that window (``core.slot_costs``), sized in slots of the light model:
   ``SHARED_WINDOW`` for the light engine plus ten for each of the heavy engine's sequences;
-- ``pools``: the two engines as qosgate's own upstreams (a pool per model), with the weights.
+- ``pools``: the two engines as qosgate's own upstreams (a pool per model), with the weights;
+- ``pools-divided`` (opt-in): the same, with the heavy pool's window divided by its weight (one
+  request): whether a heavy model's own replica wants a window sized by its cost.
 
 Traffic, the same in every variant (same seed): ``--light-class`` requests (realtime by default)
 on the light model, Poisson at ``--rate`` per second, 16 output tokens; and ``--flood`` clients
@@ -56,6 +58,7 @@ SLOW = 10  # the heavy engine's steps take this many times the light one's
 SEQS = 8  # each engine's --max-num-seqs
 SHARED_WINDOW = 16  # the shared upstream's window, in requests (two engines of SEQS)
 VARIANTS = ("shared", "shared-cost", "pools")
+OPT_IN = ("pools-divided",)
 LIGHT_TOKENS, HEAVY_TOKENS = 16, 32
 PROMPT_CHARS = 200
 TIME_SCALE = 2.0  # the stand-ins' modelled time, slowed down: fewer events for this machine
@@ -78,10 +81,12 @@ def front_config(variant: str, engines: dict[str, str], router: str | None) -> d
     }
     if variant != "shared":
         cfg["models"] = [{"name": LIGHT}, {"name": HEAVY, "weight": float(SLOW)}]
-    if variant == "pools":
+    if variant.startswith("pools"):
+        divided = variant == "pools-divided"
         cfg["upstreams"] = [
-            {"url": url, "name": model, "models": [model], "max_window": SEQS,
-             "priority_polarity": "vllm"} for model, url in engines.items()]
+            {"url": url, "name": model, "models": [model], "priority_polarity": "vllm",
+             "max_window": max(1, SEQS // SLOW) if divided and model == HEAVY else SEQS}
+            for model, url in engines.items()]
     else:
         window = SHARED_WINDOW if variant == "shared" else SEQS + SLOW * SEQS
         cfg["upstreams"] = [{"url": router, "name": "router", "models": [LIGHT, HEAVY],
@@ -97,7 +102,7 @@ def start(variant: str, tmp: Path) -> list[Server]:
                           "--time-scale", str(TIME_SCALE), "--slow", str(SLOW))
     servers = [light, heavy]
     router = None
-    if variant != "pools":
+    if not variant.startswith("pools"):
         inner = start_gateway(tmp, "--upstream", f"{light.url},{heavy.url}", "--policy", "fifo",
                               "--max-window", str(SEQS))
         servers.append(inner)
@@ -212,9 +217,9 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     duration = 20.0 if args.quick else args.duration
     variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
+    unknown = set(variants) - set(VARIANTS) - set(OPT_IN)
     if unknown:
-        p.error(f"unknown variants {sorted(unknown)} (known: {', '.join(VARIANTS)})")
+        p.error(f"unknown variants {sorted(unknown)} (known: {', '.join(VARIANTS + OPT_IN)})")
     outcomes = []
     for variant in variants:
         with tempfile.TemporaryDirectory() as tmp:

@@ -154,3 +154,27 @@ def test_with_one_model_a_weighted_window_admits_what_a_counted_one_does(
     """A weight that is a power of two scales every cost exactly, so fair share and admission
     decide alike with and without it: only the windows could differ, and they may not."""
     assert _run((ModelSpec(name=HEAVY, weight=8.0),), ops) == _run((), ops)
+
+
+def test_a_replica_that_comes_to_serve_one_model_holds_one_slot_per_request_again() -> None:
+    s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)))
+    assert s.replicas["both"].costs == {HEAVY: 10}
+    s.observe("both", 1.0, models=[HEAVY])  # its /v1/models now lists the heavy one alone
+    assert s.replicas["both"].costs == {}
+    assert _sent(_submit(s, "h0", HEAVY, now=1.0)) == ["h0"] and s.replicas["both"].held == 1
+
+
+def test_a_heavy_request_waits_while_no_replica_has_room_for_its_cost() -> None:
+    """Both routers check a request's slots, not one free slot: eight free slots on each
+    replica are no room for a heavy request of ten."""
+    for router in ("least-load", "most-free"):
+        s = _sched(ReplicaSpec("a", 12, models=(LIGHT, HEAVY)),
+                   ReplicaSpec("b", 12, models=(LIGHT, HEAVY)), fleet={"router": router})
+        for i in range(8):
+            _submit(s, f"l{i}", LIGHT)
+        assert [r.held for r in s.replicas.values()] == [4, 4]
+        assert _sent(_submit(s, "h0", HEAVY)) == []
+        on_a = sorted(r.id for r in s.replicas["a"].inflight.values())
+        s.complete(on_a[0], 1.0, 5)
+        assert _sent(s.complete(on_a[1], 1.0, 5)) == ["h0"]  # a has ten free now
+        assert s.requests["h0"].replica == "a"

@@ -154,6 +154,11 @@ class Fleet:
             self.router.follow_events(spec.name)
         self.refresh(-math.inf)
 
+    def reweigh(self, weights: ModelWeights, now: float) -> None:
+        """The models' weights changed (a reload): the slots of what is placed from now on."""
+        self.weights = weights
+        self.refresh(now)
+
     def retire(self, name: str, now: float) -> None:
         """``name`` left the config (a reload): it takes no new work, its in-flight requests
         finish there, and its probes are no longer heard."""
@@ -231,10 +236,10 @@ class Fleet:
         """Recount which replicas may take work (and their room) after a change of health,
         cooling, ejection or window."""
         weights = self.weights
-        if weights is not None and weights.weighted:
+        if weights is not None:
             # (a learned weight moves with the scrapes, which end here: recounted with them)
             for r in self.replicas.values():
-                if len(r.models) > 1:
+                if r.costs or len(r.models) > 1:
                     r.costs = slot_costs(r.models, weights)
         usable = [r for r in self.replicas.values() if r.eligible(now)]
         self.usable = usable

@@ -138,7 +138,7 @@ class Scheduler:
         self.classifier.retenant(self.cfg)
         self._tenant_cfg = {t.name: t for t in self.cfg.tenants}
         self.pricing.retenant(self.cfg)
-        self.fleet.weights = self.pricing.weights
+        self.fleet.reweigh(self.pricing.weights, now)
         weights = self.policy.tenant_weights
         weights.clear()
         weights.update({t.name: t.weight for t in self.cfg.tenants})

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from qosgate.config import ModelSpec, default_config
 from qosgate.core import Dispatch, QosInputs, ReplicaSpec, Scheduler, State
 from qosgate.core.decisions import Decision
+from qosgate.core.signals import LoadSignals
 from qosgate.core.slot_costs import slot_costs
 from qosgate.core.weights import ModelWeights
 from tests.support.classes import with_reserve
@@ -178,3 +179,20 @@ def test_a_heavy_request_waits_while_no_replica_has_room_for_its_cost() -> None:
         s.complete(on_a[0], 1.0, 5)
         assert _sent(s.complete(on_a[1], 1.0, 5)) == ["h0"]  # a has ten free now
         assert s.requests["h0"].replica == "a"
+
+
+def test_an_adaptive_window_counted_in_cost_reads_the_engines_queue_in_slots() -> None:
+    """The engine counts sequences: two heavy ones running and three waiting are twenty and
+    thirty slots of a window that counts cost (read as two and three, the window would come
+    down to three slots, less than one heavy request)."""
+    spec = ReplicaSpec("both", 64, models=(LIGHT, HEAVY), window_mode="adaptive")
+    cfg = default_config(classes=with_reserve(0.0), models=MODELS,
+                         fleet={"window": {"initial": 64}})
+    s = Scheduler(cfg, "qos", [spec])
+    for i in range(5):
+        _submit(s, f"h{i}", HEAVY, cls="batch")
+    rep = s.replicas["both"]
+    assert (rep.held, len(rep.inflight)) == (50, 5)
+    for at in (10.0, 11.0):  # a queue in two fresh samples: the batch is full
+        s.observe("both", at, signals=LoadSignals(at=at, running=2, waiting=3, kv_usage=0.5))
+    assert 20 <= rep.window < 50  # what it runs, two heavy requests, and a small queue

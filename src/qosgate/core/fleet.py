@@ -30,7 +30,7 @@ from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
 from qosgate.core.routing import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
-from qosgate.core.slot_costs import slot_costs
+from qosgate.core.slot_costs import in_slots, slot_costs
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard
 from qosgate.core.weights import ModelWeights
@@ -189,7 +189,9 @@ class Fleet:
             rep.models = frozenset(models)
         if signals is not None:
             rep.signals = signals
-            rep.window_rule.on_signals(now, signals, self._busy(rep))
+            rep.window_rule.on_signals(
+                now, in_slots(signals, rep.held, len(rep.inflight)) if rep.costs else signals,
+                self._busy(rep))
             self._watch_itl(rep, signals)
             rep.engine_share = signals.share(len(rep.inflight))
         self.refresh(now)

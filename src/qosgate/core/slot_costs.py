@@ -12,13 +12,17 @@ counts slots (the reserved share for the strict classes included) counts in that
 
 A replica serving one model, or any model, or only models of equal weight keeps one slot per
 request: its window is the one the engine's own signals size (``core.windows``), which already
-holds a heavy model's smaller batch.
+holds a heavy model's smaller batch. Where a window counts slots, the engine's own counts of
+sequences running and waiting are read in slots too (``in_slots``), so that the adaptive window
+sizes itself in the unit it counts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
+from qosgate.core.signals import LoadSignals
 from qosgate.core.weights import ModelWeights
 
 
@@ -34,3 +38,16 @@ def slot_costs(models: Iterable[str], weights: ModelWeights) -> dict[str, int]:
         return {}
     costs = {m: max(1, round(w / lightest)) for m, w in output.items()}
     return {m: c for m, c in costs.items() if c > 1}
+
+
+def in_slots(signals: LoadSignals, held: int, inflight: int) -> LoadSignals:
+    """``signals`` with the engine's sequences running and waiting counted in slots, at the
+    mean slot cost of the ``inflight`` requests that hold ``held`` slots (the engine does not
+    say which model each sequence is of: the gateway's own mix stands in for it)."""
+    if not inflight or held == inflight:
+        return signals
+    scale = held / inflight
+    running, waiting = signals.running, signals.waiting
+    return replace(signals,
+                   running=None if running is None else round(running * scale),
+                   waiting=None if waiting is None else round(waiting * scale))

@@ -66,16 +66,17 @@ def test_heavy_requests_fill_a_shared_window_by_their_cost_not_their_count() -> 
 
 def test_the_reserved_share_is_kept_in_slots_of_cost_from_heavy_work() -> None:
     """Counted in requests, the heavy batch would take all but the reserve's two slots of the
-    twenty; counted in cost, one heavy request leaves eight slots beyond the reserve, which a
-    second (ten) does not fit, and batch is never lent the reserve for a heavy request."""
+    twenty; counted in cost, the ten slots beyond the reserve that the light requests leave fit
+    one heavy request, and batch is never lent the reserve for another."""
     s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)), reserve=0.1)
     sent = []
-    for i in range(4):
-        sent += _sent(_submit(s, f"h{i}", HEAVY, cls="batch"))
-    assert sent == ["h0"]
-    for i in range(9):
+    for i in range(8):
         sent += _sent(_submit(s, f"a{i}", LIGHT))
-    assert sent == ["h0"] + [f"a{i}" for i in range(8)]  # api fills the room, not the reserve
+    for i in range(3):
+        sent += _sent(_submit(s, f"h{i}", HEAVY, cls="batch"))
+    assert sent == [f"a{i}" for i in range(8)] + ["h0"]
+    rep = s.replicas["both"]
+    assert (rep.held, rep.free) == (18, 2)  # the reserve's two slots are free
     assert _sent(_submit(s, "rt0", LIGHT, cls="realtime")) == ["rt0"]
     assert s.requests["h1"].state is State.QUEUED and s.preemptions["batch"] == 0
 
@@ -196,3 +197,22 @@ def test_an_adaptive_window_counted_in_cost_reads_the_engines_queue_in_slots() -
     for at in (10.0, 11.0):  # a queue in two fresh samples: the batch is full
         s.observe("both", at, signals=LoadSignals(at=at, running=2, waiting=3, kv_usage=0.5))
     assert 20 <= rep.window < 50  # what it runs, two heavy requests, and a small queue
+
+
+def test_the_room_a_heavy_request_needs_adds_up_however_much_lighter_work_follows() -> None:
+    """Its turn come (here: it is older), the slots that free are kept for it until it fits:
+    else each light request behind it took the one slot that freed, as long as they came."""
+    s = _sched(ReplicaSpec("both", 20, models=(LIGHT, HEAVY)), reserve=0.1)
+    for i in range(18):  # the window beyond realtime's two reserved slots, in light requests
+        _submit(s, f"l{i}", LIGHT)
+    assert _sent(_submit(s, "h0", HEAVY, now=0.1)) == []
+    done, sent, later = 0, [], 18
+    while "h0" not in sent:
+        _submit(s, f"l{later}", LIGHT, now=1.0 + done)  # lighter work keeps arriving
+        later += 1
+        sent = _sent(s.complete(f"l{done}", 1.0 + done, 5))
+        done += 1
+        assert done <= 10, "the heavy request never found its ten slots"
+    assert done == 10
+    # realtime still finds its reserve meanwhile
+    assert _sent(_submit(s, "rt", LIGHT, cls="realtime", now=20.0)) == ["rt"]

@@ -100,6 +100,8 @@ class Fleet:
         self.prompt_hold = cfg.fleet.strict_prompt_hold and class_aware
         # replicas whose prefill budget this fill closed to the classes below a held prompt
         self.budget_closed: list[Replica] = []
+        # replicas whose room this fill keeps for a request costlier than it (``hold_room``)
+        self.room_held: list[Replica] = []
         # whether a rule may keep free room from the queue (the reserve, the prefill budget,
         # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
         self.may_stall = self.hold_others or self.prompt_hold or any(self.reserve_above)
@@ -121,6 +123,7 @@ class Fleet:
         # overtake: the scheduler asks nothing more of the fleet on a submit without one)
         self.ordered_usable = False
         self._any_model = True  # every usable replica serves every model: no model filter
+        self.costed = False  # a usable replica counts its window in cost (``core.slot_costs``)
         self.one_pool = True  # every usable replica serves the same models: classes share slots
         # models some up replica serves (None: one serves any model, or there is no replica)
         self.up_models: frozenset[str] | None = None
@@ -249,6 +252,7 @@ class Fleet:
         self.ordered_usable = any(r.ordered for r in usable)
         self._any_model = all(not r.models for r in usable)
         self.one_pool = len({r.models for r in usable}) <= 1
+        self.costed = any(r.costs for r in usable)
         up = [r for r in self.replicas.values() if r.up]
         if not self.replicas or any(not r.models for r in up):
             self.up_models = None
@@ -446,6 +450,8 @@ class Fleet:
         if not (self._any_model or not req.model):
             model = req.model
             usable = [r for r in usable if r.serves(model)]
+        if self.room_held and not self.strict[req.class_level]:
+            usable = [r for r in usable if not r.room_held]
         if self.reserve_above[req.level] or (
             self.hold_others and not self.strict[req.class_level]
         ):
@@ -489,6 +495,8 @@ class Fleet:
             return False  # a retry waits for another replica while the model has one
         if rep.failing and rep.pending:
             return False  # suspect: one unanswered request at a time
+        if rep.room_held and not self.strict[req.class_level]:
+            return False  # kept for a costlier request before it in order (``hold_room``)
         if (self.prompt_hold and req.replica is None and not self.strict[req.class_level]
                 and _strict_prompt_waits(rep)):
             return False
@@ -569,10 +577,32 @@ class Fleet:
 
     # ---------------------------------------------------------------- isolation between classes
     def reopen_budgets(self) -> None:
-        """A fill begins: the last fill's prefill-budget closures no longer hold."""
+        """A fill begins: the last fill's prefill-budget closures and held room no longer
+        hold."""
         for closed in self.budget_closed:
             closed.budget_closed_below = BUDGET_OPEN
         self.budget_closed.clear()
+        for held in self.room_held:
+            held.room_held = False
+        self.room_held.clear()
+
+    def hold_room(self, req: Request) -> None:
+        """``req`` found no replica: on each replica of its model whose window counts cost and
+        has some room, but less than ``req``'s slots, that room is kept from every request
+        after it in this fill (the fill pops in the policy's order) but the strict classes'
+        (they have their reserve). So the room adds up until ``req`` fits; else lighter
+        requests behind it would take each slot as it frees, and a heavy request would wait
+        for as long as they kept coming."""
+        frac = self.reserve_above[req.level]
+        for rep in self.usable:
+            if not rep.costs or rep.room_held or not rep.serves(req.model) or (
+                    req.replica not in (None, rep.name)):
+                continue
+            room = self._reserve_room(rep, frac) if frac else None
+            free = rep.free if room is None else min(rep.free, room)
+            if 0 < free < rep.cost_of(req.model):
+                rep.room_held = True
+                self.room_held.append(rep)
 
     def close_budget_below(self, req: Request) -> None:
         """``req`` (of a non-strict class) found no replica: where the prefill budget is what

@@ -83,6 +83,7 @@ class Replica:
         "prefill_tokens",
         "resumes",
         "retired",
+        "room_held",
         "signals",
         "strict_streams",
         "up",
@@ -117,6 +118,9 @@ class Replica:
         self.held = 0
         self.costs: dict[str, int] = {}
         self.charged: dict[str, int] = {}
+        # this fill found a request that needs more slots than are free here: the room is kept
+        # for it from every request after it in order but the strict classes' (``Fleet.hold_room``)
+        self.room_held = False
         self.up = up  # the health probe's word; a refused connection also sets it False
         self.retired = False  # taken out of the config (a reload): no new work, ever
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)

@@ -685,7 +685,7 @@ class Scheduler:
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
         fleet = self.fleet
-        if fleet.budget_closed:  # the last fill's closures: this fill sees anew
+        if fleet.budget_closed or fleet.room_held:  # the last fill's closures: this fill sees anew
             fleet.reopen_budgets()
         if (fleet.may_stall and fleet.free_slots > 0 and policy.root.n
                 and fleet.nothing_may_go()):
@@ -715,6 +715,8 @@ class Scheduler:
                     held_above = min(held_above, req.class_level)
                     if fleet.prefill_budget is not None:
                         fleet.close_budget_below(req)
+                    if req.model and fleet.costed:
+                        fleet.hold_room(req)
                     if (len(held) >= _HOLD_MAX and not fleet.reserve_waits()) or (
                             fleet.may_stall and fleet.nothing_may_go()):
                         break

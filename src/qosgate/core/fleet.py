@@ -10,10 +10,12 @@ replica's books as the scheduler places and releases requests (``place``, ``rele
 The rules between classes live here because they are questions about a replica's room: the
 reserved share of each window for the classes above (replica-level isolation, lent only to a
 class that can give it back), the prefill budget and the strict-prompt hold (the strict
-classes' streams and prompts first), and the TPOT guard (an engine whose time per token slows
-past it holds the other classes off). The docstrings say why each is shaped as it is.
+classes' streams and prompts first), the TPOT guard (an engine whose time per token slows
+past it holds the other classes off), and, where a window counts cost (``core.slot_costs``), the
+room a costlier request keeps until it fits (``hold_room``). The docstrings say why each is
+shaped as it is.
 
-Longer than most modules (about 610 lines): the isolation rules and the room they leave are one
+Longer than most modules (about 750 lines): the isolation rules and the room they leave are one
 set of counters read together; split, each half would need the other's.
 """
 

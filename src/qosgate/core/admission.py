@@ -201,6 +201,7 @@ class Admission:
         "_budgets",
         "_classes",
         "_fleet",
+        "_model_first",
         "_policy",
         "_predicted",
         "_rate_at",
@@ -242,6 +243,11 @@ class Admission:
         # wrong past forecasts were (``core.forecast``); the room kept for refused requests'
         # returns (``core.bookings``)
         self.first_token = FirstTokenTime()
+        # ... and per model: where models differ in speed, one model's first tokens say
+        # nothing of another's (a heavy model's slow prefill would make the light model's
+        # realtime look infeasible), so once more than one model was served each is forecast
+        # from its own (``_service``)
+        self._model_first: dict[str, FirstTokenTime] = {}
         self.calibration = Calibration(len(classes), cfg.admission.quantile)
         self.bookings = Bookings(len(classes))
         # dispatch to end of a completed request, decayed: with what is in flight, the rate the
@@ -264,8 +270,13 @@ class Admission:
         and, if admission forecast its TTFT, how far off that was."""
         dispatched = req.dispatched_at
         if dispatched is not None:
-            self.first_token.add(max(0, req.prompt_tokens - req.cached_tokens),
-                                 first - dispatched)
+            tokens, took = max(0, req.prompt_tokens - req.cached_tokens), first - dispatched
+            self.first_token.add(tokens, took)
+            if req.model:
+                per_model = self._model_first.get(req.model)
+                if per_model is None:
+                    per_model = self._model_first[req.model] = FirstTokenTime()
+                per_model.add(tokens, took)
         if req.forecast:
             level = req.class_level
             self.calibration.add(level, first - req.arrival, req.forecast, self._budgets[level])
@@ -349,7 +360,7 @@ class Admission:
         # a request that takes its booking finds the room kept for it: the others' bookings
         # came after it
         held = 0.0 if key is not None and bookings.take(key, now) else bookings.held(level, now)
-        service = self.first_token.seconds(req.prompt_tokens)
+        service = self._service(req)
         if not (self._backlog.total or held or self._fleet.free_slots <= 0):
             req.forecast = service
             return None
@@ -377,6 +388,15 @@ class Admission:
         # room for it comes when the wait ahead has drained to what its budget allows
         excess = forecast - (budget - late) / factor
         return Refusal(Reason.DEADLINE_INFEASIBLE, self._retry(req, cls, now, excess, interval))
+
+    def _service(self, req: Request) -> float:
+        """``req``'s forecast first-token time after dispatch: from its own model's first
+        tokens once more than one model was served (one model's are then the fleet's: a fleet
+        of one model forecasts as it always did), else from the fleet's."""
+        learned = self.first_token
+        if len(self._model_first) > 1:
+            learned = self._model_first.get(req.model, learned)
+        return learned.seconds(req.prompt_tokens)
 
     def _retry(self, req: Request, cls: ServiceClass, now: float, excess: float,
                interval: float) -> float:

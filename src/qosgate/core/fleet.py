@@ -10,10 +10,12 @@ replica's books as the scheduler places and releases requests (``place``, ``rele
 The rules between classes live here because they are questions about a replica's room: the
 reserved share of each window for the classes above (replica-level isolation, lent only to a
 class that can give it back), the prefill budget and the strict-prompt hold (the strict
-classes' streams and prompts first), and the TPOT guard (an engine whose time per token slows
-past it holds the other classes off). The docstrings say why each is shaped as it is.
+classes' streams and prompts first), the TPOT guard (an engine whose time per token slows
+past it holds the other classes off), and, where a window counts cost (``core.slot_costs``), the
+room a costlier request keeps until it fits (``hold_room``). The docstrings say why each is
+shaped as it is.
 
-Longer than most modules (about 610 lines): the isolation rules and the room they leave are one
+Longer than most modules (about 750 lines): the isolation rules and the room they leave are one
 set of counters read together; split, each half would need the other's.
 """
 
@@ -30,8 +32,10 @@ from qosgate.core.replica import BUDGET_OPEN, Replica, ReplicaSpec
 from qosgate.core.request import DISPATCHED, LENT_PREEMPTIBLE, LENT_STREAMING, Request
 from qosgate.core.routing import Router, RouterContext, build_router
 from qosgate.core.signals import LoadSignals
+from qosgate.core.slot_costs import in_slots, slot_costs
 from qosgate.core.snapshot import ReplicaView
 from qosgate.core.tpot_guard import build_guard
+from qosgate.core.weights import ModelWeights
 from qosgate.core.windows import FixedWindow, WindowRule, build_window
 
 
@@ -46,9 +50,12 @@ def reserved_slots(share: float, window: int) -> int:
 
 class Fleet:
     def __init__(self, cfg: QosConfig, classes: Sequence[ServiceClass], class_aware: bool,
-                 ceiling: int, backlog: Backlog, router: Router | None = None) -> None:
-        """``ceiling``: the level aging stops at."""
+                 ceiling: int, backlog: Backlog, router: Router | None = None,
+                 weights: ModelWeights | None = None) -> None:
+        """``ceiling``: the level aging stops at; ``weights``: the models' weights, which size
+        the slot a request holds on a replica serving several (``core.slot_costs``)."""
         self.cfg = cfg
+        self.weights = weights
         self._backlog = backlog
         # each base model's LoRA adapters (``models[].base``): a replica serving the base
         # serves them too
@@ -101,6 +108,8 @@ class Fleet:
         self.prompt_hold = cfg.fleet.strict_prompt_hold and class_aware
         # replicas whose prefill budget this fill closed to the classes below a held prompt
         self.budget_closed: list[Replica] = []
+        # replicas whose room this fill keeps for a request costlier than it (``hold_room``)
+        self.room_held: list[Replica] = []
         # whether a rule may keep free room from the queue (the reserve, the prefill budget,
         # the TPOT guard): only then can a fill find nothing to dispatch beside free slots
         self.may_stall = self.hold_others or self.prompt_hold or any(self.reserve_above)
@@ -122,6 +131,7 @@ class Fleet:
         # overtake: the scheduler asks nothing more of the fleet on a submit without one)
         self.ordered_usable = False
         self._any_model = True  # every usable replica serves every model: no model filter
+        self.costed = False  # a usable replica counts its window in cost (``core.slot_costs``)
         self.one_pool = True  # every usable replica serves the same models: classes share slots
         # models some up replica serves (None: one serves any model, or there is no replica)
         self.up_models: frozenset[str] | None = None
@@ -163,6 +173,11 @@ class Fleet:
             served |= self.adapters_of.get(m, frozenset())
         return served
 
+    def reweigh(self, weights: ModelWeights, now: float) -> None:
+        """The models' weights changed (a reload): the slots of what is placed from now on."""
+        self.weights = weights
+        self.refresh(now)
+
     def retire(self, name: str, now: float) -> None:
         """``name`` left the config (a reload): it takes no new work, its in-flight requests
         finish there, and its probes are no longer heard."""
@@ -196,7 +211,9 @@ class Fleet:
             rep.signals = signals
             if signals.adapters is not None:
                 rep.adapters.observe(signals.adapters, signals.adapter_capacity, signals.at)
-            rep.window_rule.on_signals(now, signals, self._busy(rep))
+            rep.window_rule.on_signals(
+                now, in_slots(signals, rep.held, len(rep.inflight)) if rep.costs else signals,
+                self._busy(rep))
             self._watch_itl(rep, signals)
             rep.engine_share = signals.share(len(rep.inflight))
         self.refresh(now)
@@ -237,17 +254,24 @@ class Fleet:
         the classes above (the reserved share), which the queue may not fill. Without the
         latter a window of 20 or more never counted as full under api traffic and never grew."""
         reserved = reserved_slots(self._reserve_max, rep.window_rule.window)
-        return len(rep.inflight) + (min(reserved, rep.free) if reserved else 0)
+        return rep.held + (min(reserved, rep.free) if reserved else 0)
 
     def refresh(self, now: float) -> None:
         """Recount which replicas may take work (and their room) after a change of health,
         cooling, ejection or window."""
+        weights = self.weights
+        if weights is not None:
+            # (a learned weight moves with the scrapes, which end here: recounted with them)
+            for r in self.replicas.values():
+                if r.costs or len(r.models) > 1:
+                    r.costs = slot_costs(r.models, weights)
         usable = [r for r in self.replicas.values() if r.eligible(now)]
         self.usable = usable
         self.usable_names = {r.name for r in usable}
         self.ordered_usable = any(r.ordered for r in usable)
         self._any_model = all(not r.models for r in usable)
         self.one_pool = len({r.models for r in usable}) <= 1
+        self.costed = any(r.costs for r in usable)
         up = [r for r in self.replicas.values() if r.up]
         if not self.replicas or any(not r.models for r in up):
             self.up_models = None
@@ -323,7 +347,12 @@ class Fleet:
         the reserve. A request placed anew sets ``req.cached_tokens``: what the router expects
         ``rep``'s prefix cache to hold of its prompt, and counts in ``req.loads`` a LoRA adapter
         that ``rep`` has to load for it."""
+        before = rep.free
         rep.inflight[req.id] = req
+        cost = rep.cost_of(req.model)
+        rep.held += cost
+        if cost != 1:
+            rep.charged[req.id] = cost
         req.ran_since = now
         if not resume:
             req.cached_tokens = self.router.placed(req, rep, now)
@@ -342,8 +371,7 @@ class Fleet:
             if not strict:
                 rep.other_prefill_tokens += req.prompt_tokens
             rep.pending += 1
-        if not over:
-            self.free_slots -= 1  # rep is usable: the router only sees usable replicas
+        self.free_slots += rep.free - before  # rep is usable: the router sees only those
         lent = False
         if self.may_borrow[req.class_level]:
             frac = self.reserve_above[req.level]
@@ -357,7 +385,7 @@ class Fleet:
                     self.evictable[req.id] = req
             else:
                 self.preemptible[req.id] = req
-                rep.preemptible += 1
+                rep.preemptible += cost
         return lent
 
     def may_evict(self, req: Request, rep: Replica) -> bool:
@@ -388,7 +416,7 @@ class Fleet:
             self.next_change = now
         streams_on_loan = False
         if not rep.pausable and self.preemptible.pop(req.id, None) is not None:
-            rep.preemptible -= 1
+            rep.preemptible -= rep.charged.get(req.id, 1)
             if self.may_evict(req, rep):  # it can still give its slot back, by eviction
                 self.evictable[req.id] = req
             elif req.lent == LENT_PREEMPTIBLE:  # its slot is on loan until it ends
@@ -407,7 +435,7 @@ class Fleet:
         True if it left unstarted (it held a slot, and had sent no first byte)."""
         rep = self.replicas.get(req.replica or "")
         if self.preemptible.pop(req.id, None) is not None and rep is not None:
-            rep.preemptible -= 1
+            rep.preemptible -= rep.charged.get(req.id, 1)
         elif self.evictable:
             self.evictable.pop(req.id, None)
         if req.lent and rep is not None:  # the loan is repaid: the slot is the reserve's again
@@ -416,6 +444,8 @@ class Fleet:
                 rep.loan_streams -= 1
         if rep is None or rep.inflight.pop(req.id, None) is None:
             return False
+        before = rep.free
+        rep.held -= rep.charged.pop(req.id, 1) if rep.charged else 1
         self.router.left(req, rep)
         strict = self.strict[req.class_level]
         if not strict:
@@ -428,8 +458,8 @@ class Fleet:
             rep.pending -= 1
         elif strict:
             rep.strict_streams -= 1
-        if len(rep.inflight) < rep.window and rep.name in self.usable_names:
-            self.free_slots += 1
+        if rep.name in self.usable_names:
+            self.free_slots += rep.free - before
         return unstarted
 
     # ---------------------------------------------------------------- placement queries
@@ -440,12 +470,14 @@ class Fleet:
             # it resumes there under that replica's rules (``may_take``: a suspect one takes
             # one unanswered request at a time, the reserve is lent only while api does not
             # wait), else it took the slot past a higher class a rule held
-            ok = rep is not None and rep.free > 0 and self.may_take(rep, req, now)
+            ok = rep is not None and rep.fits(req.model) and self.may_take(rep, req, now)
             return rep if ok else None
         usable = self.usable
         if not (self._any_model or not req.model):
             model = req.model
             usable = [r for r in usable if r.serves(model)]
+        if self.room_held and not self.strict[req.class_level]:
+            usable = [r for r in usable if not r.room_held]
         if self.reserve_above[req.level] or (
             self.hold_others and not self.strict[req.class_level]
         ):
@@ -460,7 +492,7 @@ class Fleet:
                 break
         if len(usable) == 1:  # nothing to choose between
             only = usable[0]
-            rep = only if only.free > 0 else None
+            rep = only if only.fits(req.model) else None
         else:
             rep = self.router.pick(req, usable, now)
             if rep is None:  # held for a warm replica: placed anyway by this time
@@ -489,6 +521,8 @@ class Fleet:
             return False  # a retry waits for another replica while the model has one
         if rep.failing and rep.pending:
             return False  # suspect: one unanswered request at a time
+        if rep.room_held and not self.strict[req.class_level]:
+            return False  # kept for a costlier request before it in order (``hold_room``)
         if (self.prompt_hold and req.replica is None and not self.strict[req.class_level]
                 and _strict_prompt_waits(rep)):
             return False
@@ -503,7 +537,7 @@ class Fleet:
         for rep in self.usable:
             if not (rep.ordered and rep.pending):
                 continue
-            over = max(0, len(rep.inflight) - rep.window)
+            over = max(0, rep.held - rep.window)
             if rep.pending - over <= most or not self.may_take(rep, req, now):
                 continue  # (it could overtake no more than its unstarted requests)
             later = sum(1 for r in rep.inflight.values()
@@ -569,10 +603,32 @@ class Fleet:
 
     # ---------------------------------------------------------------- isolation between classes
     def reopen_budgets(self) -> None:
-        """A fill begins: the last fill's prefill-budget closures no longer hold."""
+        """A fill begins: the last fill's prefill-budget closures and held room no longer
+        hold."""
         for closed in self.budget_closed:
             closed.budget_closed_below = BUDGET_OPEN
         self.budget_closed.clear()
+        for held in self.room_held:
+            held.room_held = False
+        self.room_held.clear()
+
+    def hold_room(self, req: Request) -> None:
+        """``req`` found no replica: on each replica of its model whose window counts cost and
+        has some room, but less than ``req``'s slots, that room is kept from every request
+        after it in this fill (the fill pops in the policy's order) but the strict classes'
+        (they have their reserve). So the room adds up until ``req`` fits; else lighter
+        requests behind it would take each slot as it frees, and a heavy request would wait
+        for as long as they kept coming."""
+        frac = self.reserve_above[req.level]
+        for rep in self.usable:
+            if not rep.costs or rep.room_held or not rep.serves(req.model) or (
+                    req.replica not in (None, rep.name)):
+                continue
+            room = self._reserve_room(rep, frac) if frac else None
+            free = rep.free if room is None else min(rep.free, room)
+            if 0 < free < rep.cost_of(req.model):
+                rep.room_held = True
+                self.room_held.append(rep)
 
     def close_budget_below(self, req: Request) -> None:
         """``req`` (of a non-strict class) found no replica: where the prefill budget is what
@@ -656,9 +712,13 @@ class Fleet:
         if not frac:
             return True
         room = self._reserve_room(rep, frac)
-        if room is None or room >= 1:
+        if room is None:
             return True
-        return (room == 0 and rep.free >= 1 and not rep.loan_streams
+        cost = rep.cost_of(req.model)
+        if room >= cost:
+            return True
+        # (a loan is one slot: a request costlier than that is never lent the reserve)
+        return (room == 0 and cost == 1 and rep.free >= 1 and not rep.loan_streams
                 and self.may_borrow[req.class_level] and self._may_lend())
 
     def _isolated_ok(self, rep: Replica, req: Request, now: float) -> bool:

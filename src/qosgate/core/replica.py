@@ -4,7 +4,8 @@ Each varying piece is a small policy object behind one interface (each in its ow
 the clock passed in, so the gateway and the simulator run the same ones):
 
 - ``WindowRule`` (``core.windows``): the replica's window (requests in flight at most), in the shape
-  of Netflix's concurrency-limits (``on_sample``);
+  of Netflix's concurrency-limits (``on_sample``); where the replica serves models of unequal
+  weight, the window counts cost, not requests (``core.slot_costs``);
 - ``Breaker`` (``core.breakers``): whether the replica may take new work now;
 - ``TpotGuard`` (``core.tpot_guard``): where the TPOT guard holds the other classes off it.
 
@@ -61,10 +62,13 @@ class Replica:
         "adapters",
         "breaker",
         "budget_closed_below",
+        "charged",
         "cooled_until",
+        "costs",
         "engine_share",
         "failing",
         "guard",
+        "held",
         "inflight",
         "itl_s",
         "itl_seen",
@@ -82,6 +86,7 @@ class Replica:
         "prefill_tokens",
         "resumes",
         "retired",
+        "room_held",
         "signals",
         "strict_streams",
         "up",
@@ -109,6 +114,16 @@ class Replica:
         self.resumes = resumes
         self.breaker: Breaker = breaker if breaker is not None else AlwaysClosed()
         self.inflight: dict[str, Request] = {}
+        # the window in use, in slots: each request in flight holds its model's slot cost
+        # (``costs``, by model, only those above one slot), as it was when it was placed
+        # (``charged``, by request id, only those above one: a weight learned since does not
+        # change what a request already holds)
+        self.held = 0
+        self.costs: dict[str, int] = {}
+        self.charged: dict[str, int] = {}
+        # this fill found a request that needs more slots than are free here: the room is kept
+        # for it from every request after it in order but the strict classes' (``Fleet.hold_room``)
+        self.room_held = False
         self.up = up  # the health probe's word; a refused connection also sets it False
         self.retired = False  # taken out of the config (a reload): no new work, ever
         self.cooled_until = float("-inf")  # back-pressure from the engine (429/503 Retry-After)
@@ -150,8 +165,22 @@ class Replica:
     @property
     def free(self) -> int:
         # (``window`` inlined: this is read on every dispatch and release)
-        free = (1 if self.breaker.probation else self.window_rule.window) - len(self.inflight)
+        free = (1 if self.breaker.probation else self.window_rule.window) - self.held
         return free if free > 0 else 0
+
+    def cost_of(self, model: str) -> int:
+        """The slots a request of ``model`` holds of this window (one, but for the heavier
+        models of a replica serving several)."""
+        costs = self.costs
+        return costs.get(model, 1) if costs else 1
+
+    def fits(self, model: str) -> bool:
+        """Whether a request of ``model`` has room in the window now: its slot cost is free,
+        or the window holds nothing (a request costlier than the whole window still runs,
+        alone)."""
+        if self.held:
+            return self.free >= (self.costs.get(model, 1) if self.costs else 1)
+        return (1 if self.breaker.probation else self.window_rule.window) > 0
 
     def serves(self, model: str) -> bool:
         return not model or not self.models or model in self.models

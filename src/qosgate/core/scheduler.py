@@ -89,7 +89,8 @@ class Scheduler:
         class_aware = self.policy.class_aware
         self.pricing = Pricing(cfg, self.classes)
         self.backlog = Backlog(self.classes)
-        self.fleet = Fleet(cfg, self.classes, class_aware, ceiling, self.backlog, router)
+        self.fleet = Fleet(cfg, self.classes, class_aware, ceiling, self.backlog, router,
+                           self.pricing.weights)
         self.admission = Admission(cfg, self.classes, self.policy, self.backlog, self.fleet)
         self.timers = Timers(self.classes, cfg.aging.enabled and class_aware, ceiling)
         self.replicas: dict[str, Replica] = self.fleet.replicas
@@ -143,6 +144,7 @@ class Scheduler:
         self.classifier.retenant(self.cfg)
         self._tenant_cfg = {t.name: t for t in self.cfg.tenants}
         self.pricing.retenant(self.cfg)
+        self.fleet.reweigh(self.pricing.weights, now)
         weights = self.policy.tenant_weights
         weights.clear()
         weights.update({t.name: t.weight for t in self.cfg.tenants})
@@ -719,7 +721,7 @@ class Scheduler:
     def _fill(self, now: float, out: list[Decision]) -> None:
         policy = self.policy
         fleet = self.fleet
-        if fleet.budget_closed:  # the last fill's closures: this fill sees anew
+        if fleet.budget_closed or fleet.room_held:  # the last fill's closures: this fill sees anew
             fleet.reopen_budgets()
         if (fleet.may_stall and fleet.free_slots > 0 and policy.root.n
                 and fleet.nothing_may_go()):
@@ -749,6 +751,8 @@ class Scheduler:
                     held_above = min(held_above, req.class_level)
                     if fleet.prefill_budget is not None:
                         fleet.close_budget_below(req)
+                    if req.model and fleet.costed:
+                        fleet.hold_room(req)
                     if (len(held) >= _HOLD_MAX and not fleet.reserve_waits()) or (
                             fleet.may_stall and fleet.nothing_may_go()):
                         break

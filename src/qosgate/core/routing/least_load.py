@@ -50,11 +50,13 @@ class LeastLoadRouter(Router):
     def load(self, req: Request, rep: Replica, now: float) -> tuple[bool, float] | None:
         """``rep``'s (saturated, load score) with ``req`` on it; None: its window is full."""
         window = rep.window
-        n = len(rep.inflight)
-        if n >= window:
+        if not rep.fits(req.model):
             return None
+        # (the window in use in slots: a heavier model's request holds more, see
+        # core.slot_costs; a cold adapter load weighs as that many prompt tokens)
         prefill = rep.prefill_tokens + cold_load(req, rep)
-        score = (n + 1 + prefill / self.tokens_per_slot) / max(1, window)
+        score = (rep.held + rep.cost_of(req.model) + prefill / self.tokens_per_slot
+                 ) / max(1, window)
         score += self._extra(req, rep, window)
         sig = rep.signals
         saturated = False  # no scrape at all (an engine without metrics): no evidence

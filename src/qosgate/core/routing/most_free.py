@@ -21,7 +21,9 @@ class MostFreeRouter(Router):
         best: Replica | None = None
         best_free = 0
         for rep in candidates:
-            f = rep.window - len(rep.inflight)
+            if not rep.fits(req.model):
+                continue
+            f = rep.window - rep.held
             if f > best_free:
                 best, best_free = rep, f
         return best

@@ -9,7 +9,8 @@ replicas that serve both models. Each tenant's engine time (its requests' share 
 over the arrival window after the warm-up), its share of the class's, and Jain's index over
 the tenants in engine time and in tokens (the simulator's token fairness, service over max-min
 fair share), **without** model weight (``models:`` empty: a token costs the same on either
-model) and **with** the weights the two models' profiles give.
+model), **with** the weights the two models' profiles give, and, for reference, on isolated
+pools (one replica per model) without weights.
 
 Part 2, isolation: t-light sends realtime requests to the light model while t-heavy floods the
 heavy model with batch requests; the light model's realtime TTFT p50/p99 and SLO attainment on
@@ -43,12 +44,15 @@ def _no_weights(s: Scenario) -> dict[str, Any]:
 
 
 def _replicas(*groups: tuple[int, tuple[str, ...]]) -> dict[str, Any]:
+    """The fleet as groups of (count, the models they serve)."""
     return {"replicas": [{"count": n, "models": list(models)} for n, models in groups]}
 
 
 FAIRNESS: dict[str, Any] = {
     "without model weight": _no_weights,
     "with model weight": lambda s: {},
+    "isolated, no weight": lambda s: {**_no_weights(s), **_replicas((1, ("heavy",)),
+                                                                    (1, ("light",)))},
 }
 ISOLATION: dict[str, Any] = {
     "shared (every replica both)": lambda s: _replicas((2, BOTH)),

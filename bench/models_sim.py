@@ -24,6 +24,7 @@ overrides (``override`` in ``qosgate.sim.scenario_file``).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
 from typing import Any
 
 from qosgate.sim.scenario_file import (
@@ -66,18 +67,18 @@ def _variant(base: Scenario, changes: dict[str, Any]) -> Scenario:
     return scenario_from_mapping({**base.model_dump(by_alias=True), **changes}, base.name)
 
 
-def _run(scenario: Scenario) -> dict[str, Any]:
-    (run,) = run_scenario(prepare(scenario)).runs
-    metrics: dict[str, Any] = run.metrics
-    return metrics
+def _runs(base: Scenario, variants: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each variant of ``base`` run: its name and its metrics."""
+    for name, change in variants.items():
+        (run,) = run_scenario(prepare(_variant(base, change(base)))).runs
+        yield name, run.metrics
 
 
 def fairness(base: Scenario) -> None:
     print(f"part 1: fair share between t-heavy and t-light (class api): {describe(base)}")
     print(f"{'variant':<24} {'tenant':<8} {'engine s':>9} {'prefill':>8} {'decode':>8} "
           f"{'share':>6} {'tok cost':>9} {'Jain eng':>9} {'Jain tok':>9}")
-    for name, change in FAIRNESS.items():
-        m = _run(_variant(base, change(base)))
+    for name, m in _runs(base, FAIRNESS):
         eng = m["engine_time"]["api"]
         tok = m["fairness"]["api"]
         for i, (tenant, t) in enumerate(eng["tenants"].items()):
@@ -99,8 +100,7 @@ def isolation(base: Scenario, flood_rate: float, light_rate: float) -> None:
           f"floods the heavy model with batch at {flood_rate:g} req/s")
     print(f"{'variant':<30} {'n':>5} {'refused':>8} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'TPOT p50':>9} {'SLO':>7} {'heavy tok/s':>12}")
-    for name, change in ISOLATION.items():
-        m = _run(_variant(s, change(s)))
+    for name, m in _runs(s, ISOLATION):
         rt = m["classes"]["realtime"]
         heavy = m["classes"]["batch"]
         print(f"{name:<30} {rt['count']:>5} {rt['rejected']:>8} {rt['ttft_p50_ms']:>7.0f}ms "

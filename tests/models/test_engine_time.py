@@ -23,7 +23,7 @@ def spec(sid: str, prompt: int, out: int, model: str = "") -> SeqSpec:
 
 
 def test_one_model_splits_the_fixed_cost_by_the_tokens_each_computes() -> None:
-    eng = SimEngine(TOY)
+    eng = SimEngine(TOY, timed=True)
     eng.add(spec("a", 10, 3))
     eng.step()  # a prefills 10 tokens: the whole step is a's
     eng.add(spec("b", 5, 3))
@@ -49,6 +49,13 @@ def test_two_models_take_turns_in_one_step() -> None:
     assert not eng.has_work()
 
 
+def test_an_engine_not_timed_keeps_no_engine_time() -> None:
+    eng = SimEngine(TOY)
+    eng.add(spec("a", 10, 3))
+    run_all(eng)
+    assert eng.engine_time() == {}
+
+
 def test_a_model_it_does_not_list_runs_on_its_own_profile() -> None:
     eng = SimEngine(TOY, models={"heavy": HEAVY})
     eng.add(spec("x", 10, 1, model="other"))
@@ -56,7 +63,7 @@ def test_a_model_it_does_not_list_runs_on_its_own_profile() -> None:
 
 
 def test_a_seq_added_again_after_an_abort_keeps_its_time() -> None:
-    eng = SimEngine(TOY)
+    eng = SimEngine(TOY, timed=True)
     eng.add(spec("a", 10, 5))
     eng.step()
     eng.abort("a")
@@ -78,7 +85,8 @@ def test_engine_time_adds_up_to_the_busy_time_stepped_or_coalesced(
     seqs' times add up to the engine's busy time (KV tight enough to evict)."""
     small = toy(max_num_seqs=3, max_num_batched_tokens=48, kv_capacity_tokens=400)
     models = {"heavy": HEAVY.model_copy(update={"max_num_seqs": 3})} if several else None
-    stepped, fast = SimEngine(small, models=models), SimEngine(small, models=models)
+    stepped = SimEngine(small, models=models, timed=True)
+    fast = SimEngine(small, models=models, timed=True)
     for eng in (stepped, fast):
         for i, (prompt, out, model) in enumerate(seqs):
             eng.add(spec(f"s{i}", prompt, out, model))

@@ -65,13 +65,13 @@ per token). The batch, the token budget and the KV cache are ``profile``'s, shar
 model's seqs (a simplification: a real deployment splits the memory between the models' KV
 caches; counting it as one pool is optimistic when one model's seqs would fill its own part).
 
-Engine time (``engine_time``): each step's duration is split between the seqs in it, so that
-the seqs' times add up to the engine's busy time. A seq is charged its own terms (its prefill
-tokens, its attention pairs, its decode context and per-seq cost, the host-tier tokens it
-loads) and a share of its model's fixed step cost in proportion to the tokens it computes in
-the step (the fixed cost -- streaming the weights once -- serves every token of the pass
-alike). A step in which the seq prefills counts as its prefill time, one in which it decodes
-as its decode time.
+Engine time (``engine_time``, kept when the engine is ``timed``): each step's duration is split
+between the seqs in it, so that the seqs' times add up to the engine's busy time. A seq is
+charged its own terms (its prefill tokens, its attention pairs, its decode context and per-seq
+cost, the host-tier tokens it loads) and a share of its model's fixed step cost in proportion to
+the tokens it computes in the step (the fixed cost -- streaming the weights once -- serves every
+token of the pass alike). A step in which the seq prefills counts as its prefill time, one in
+which it decodes as its decode time; a host-tier load counts as prefill.
 
 One module (~800 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
 running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
@@ -314,12 +314,17 @@ class SimEngine:
     def __init__(
         self, profile: EngineProfile | str | Path = "default", policy: Policy = "fcfs",
         preempt_for_priority: bool = False, models: Mapping[str, EngineProfile] | None = None,
+        timed: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown policy {policy!r}")
         self.profile = profile if isinstance(profile, EngineProfile) else load_profile(profile)
         # the step time of each model it serves besides ``profile``'s (module doc); empty: one
         self.models: dict[str, EngineProfile] = dict(models or {})
+        # whether it keeps each seq's engine time (``engine_time``: a little work per seq and
+        # step, so only when asked; always with several models, whose step time is summed
+        # from it)
+        self.timed = timed or bool(self.models)
         self._time: dict[str, list[float]] = {}  # seq id -> [prefill s, decode s]
         self.policy: Policy = policy
         # vLLM V0's rule: a waiting seq preempts running ones of a larger value (module doc)
@@ -357,7 +362,7 @@ class SimEngine:
             raise ValueError(f"duplicate seq_id {spec.seq_id!r}")
         if spec.prompt_tokens < 1 or (spec.max_tokens is not None and spec.max_tokens < 1):
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
-        spent = self._time.setdefault(spec.seq_id, [0.0, 0.0])
+        spent = self._time.setdefault(spec.seq_id, [0.0, 0.0]) if self.timed else [0.0, 0.0]
         s = _Seq(spec, self._order, self.profile.kv_capacity_tokens - spec.prompt_tokens, spent)
         if s.model not in self.models:
             s.model = ""  # the engine's own profile
@@ -475,15 +480,17 @@ class SimEngine:
             acc = p.decode_s_per_ctx_token * n
             fixed = {"": p.step_fixed_s / n}
         k = min(k, _steps_starting_before(horizon, d0, acc))
-        models = self.models
-        ramp = k * (k - 1) / 2
+        if self.timed:
+            models = self.models
+            ramp = k * (k - 1) / 2
+            for s in run.values():
+                q = models.get(s.model, p) if models else p
+                # its k decode steps: each its share of the fixed cost and its own terms, its
+                # context one token longer every step
+                s.spent[1] += (k * (fixed[s.model] + q.decode_s_per_seq
+                                    + q.decode_s_per_ctx_token * (s.computed + 1))
+                               + q.decode_s_per_ctx_token * ramp)
         for s in run.values():
-            q = models.get(s.model, p) if models else p
-            # its k decode steps: each its share of the fixed cost and its own terms, its
-            # context one token longer every step
-            s.spent[1] += (k * (fixed[s.model] + q.decode_s_per_seq
-                                + q.decode_s_per_ctx_token * (s.computed + 1))
-                           + q.decode_s_per_ctx_token * ramp)
             s.computed += k
             s.gen += k
         self._kv_used += n * k
@@ -546,7 +553,8 @@ class SimEngine:
 
     def engine_time(self) -> dict[str, tuple[float, float]]:
         """Every seq ever added (by id, ended ones too): its share of the steps it took part
-        in, (prefill seconds, decode seconds); together they make ``busy_s_total``."""
+        in, (prefill seconds, decode seconds); together they make ``busy_s_total``. Empty
+        unless the engine is ``timed``."""
         return {sid: (t[0], t[1]) for sid, t in self._time.items()}
 
     # ---- scheduling ----------------------------------------------------------------------------
@@ -735,17 +743,29 @@ class SimEngine:
             return 0, bool(res.evicted)
         p = self.profile
         prefill = ctx = n_dec = pairs = 0
+        several = bool(self.models)
+        # each seq's engine time (module doc), charged here on one model: its terms and its
+        # share of the fixed cost, by the tokens it computes in the step
+        charge = self.timed and not several
+        fixed = p.step_fixed_s / sum(sched.values()) if charge else 0.0
         for s, k in sched.items():
             if s.is_decoding():
                 n_dec += 1
-                ctx += s.computed + 1
+                c = s.computed + 1
+                ctx += c
+                if charge:
+                    s.spent[1] += fixed + p.decode_s_per_seq + p.decode_s_per_ctx_token * c
             else:
                 prefill += k
-                pairs += k * s.computed + k * (k + 1) // 2
+                mine = k * s.computed + k * (k + 1) // 2
+                pairs += mine
+                if charge:
+                    s.spent[0] += ((fixed + p.prefill_s_per_token) * k
+                                   + p.prefill_s_per_ctx_token * mine)
                 if s.pinned < s.full:  # its prefill covers more full prompt blocks
                     self._cache_computed(s, s.computed + k)
         self._prefill_total += prefill
-        if self.models:
+        if several:
             dur = self._charge_models(sched)
         else:
             dur = (
@@ -758,9 +778,11 @@ class SimEngine:
                 dur += p.prefill_s_per_ctx_token * pairs
             if self._loading:
                 dur += p.host_load_s_per_token * self._loading
-            fixed = p.step_fixed_s / (prefill + n_dec)
-            for s, k in sched.items():
-                _charge(s, k, p, fixed)
+            if self._loading and charge:
+                for s in sched:  # (the seqs admitted with host-tier tokens to load)
+                    if s.loading:
+                        s.spent[0] += p.host_load_s_per_token * s.loading
+                        s.loading = 0
         self._loading = 0
         res.duration_s = dur
         self._steps += 1
@@ -801,19 +823,19 @@ class SimEngine:
 
 def _charge(s: _Seq, k: int, p: EngineProfile, fixed_per_token: float) -> float:
     """Charge ``s`` its share of a step in which it computes ``k`` tokens on profile ``p``
-    (before they count as computed; module doc); returns it."""
-    t = fixed_per_token * k
-    if s.loading:
-        t += p.host_load_s_per_token * s.loading
-        s.loading = 0
+    (before they count as computed; module doc); returns it. Host-tier loads count as prefill."""
     if s.is_decoding():
-        t += p.decode_s_per_seq + p.decode_s_per_ctx_token * (s.computed + 1)
+        t = fixed_per_token + p.decode_s_per_seq + p.decode_s_per_ctx_token * (s.computed + 1)
         s.spent[1] += t
     else:
-        t += p.prefill_s_per_token * k
-        if p.prefill_s_per_ctx_token:
-            t += p.prefill_s_per_ctx_token * (k * s.computed + k * (k + 1) // 2)
+        t = ((fixed_per_token + p.prefill_s_per_token) * k
+             + p.prefill_s_per_ctx_token * (k * s.computed + k * (k + 1) // 2))
         s.spent[0] += t
+    if s.loading:
+        load = p.host_load_s_per_token * s.loading
+        s.spent[0] += load
+        t += load
+        s.loading = 0
     return t
 
 

@@ -144,8 +144,10 @@ class Simulation:
         self.events = EventHeap()
         for g in range(len(self.gateways.shared)):  # then one sync every interval
             self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
+        # engine time is kept (and reported) when the run has models
+        timed = bool(setup.model_profiles) or any(st.model for st in setup.workload.streams)
         self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue, setup.engine_preempts,
-                                        dict(p.model_profiles))
+                                        dict(p.model_profiles), timed)
                      for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.plan_window = {p.name: p.window for p in self.plans}

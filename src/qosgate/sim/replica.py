@@ -33,16 +33,19 @@ class SimReplica:
         "retired",
         "seqs",
         "stuck",
+        "timed",
         "told_up",
     )
 
     def __init__(
         self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"],
         preempts: bool = True, models: Mapping[str, EngineProfile] | None = None,
+        timed: bool = False,
     ) -> None:
         self.name = name
         self.base = profile
         self.models = dict(models or {})  # each model's profile where it serves several
+        self.timed = timed  # its engines keep each seq's engine time
         self.queue: Literal["fcfs", "priority"] = queue
         self.preempts = preempts  # the engine's rule for a waiting seq (``SimEngine``)
         self.factor = 1.0
@@ -66,7 +69,8 @@ class SimReplica:
     def new_engine(self) -> SimEngine:
         """An empty engine of its profiles, at its speed now (``factor``)."""
         return SimEngine(scaled(self.base, self.factor), self.queue, self.preempts,
-                         {m: scaled(p, self.factor) for m, p in self.models.items()})
+                         {m: scaled(p, self.factor) for m, p in self.models.items()},
+                         self.timed)
 
     def slow(self, factor: float) -> None:
         """Every step from now on takes ``factor`` x as long as its profiles say."""

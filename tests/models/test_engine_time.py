@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from qosgate.models.simmodel import SimEngine
 from qosgate.models.step import SeqSpec
-from tests.support.simmodel import TOY, run_all, toy
+from tests.support.simmodel import TOY, pspec, run_all, toy
 
 # every time coefficient of TOY x 10
 HEAVY = toy(step_fixed_s=0.1, prefill_s_per_token=0.01, decode_s_per_ctx_token=0.001,
@@ -102,3 +102,21 @@ def test_engine_time_adds_up_to_the_busy_time_stepped_or_coalesced(
     assert a.keys() == b.keys()
     for sid in a:
         assert a[sid] == pytest.approx(b[sid], rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("several", [False, True])
+def test_a_host_tier_load_is_charged_to_the_seq_that_loads_it(several: bool) -> None:
+    load = 0.0001
+    hosted = toy(kv_capacity_tokens=20, host_kv_tokens=1000, host_load_s_per_token=load)
+    models = {"heavy": HEAVY} if several else None
+    eng = SimEngine(hosted, models=models, timed=True)
+    eng.add(pspec("a", (1, 2, 3, 4), 16))
+    run_all(eng)
+    eng.add(SeqSpec("big", 18, 1000, target_output_tokens=2))  # crowds a's blocks out
+    run_all(eng)
+    eng.add(pspec("b", (1, 2, 3, 4, 5), 17))
+    r = eng.step()  # 16 tokens loaded from the host, 1 computed: all of it b's
+    assert r.duration_s == pytest.approx(0.01 + 1 * 0.001 + 16 * load)
+    assert eng.engine_time()["b"] == pytest.approx((r.duration_s, 0.0))
+    total = sum(p + d for p, d in eng.engine_time().values())
+    assert total == pytest.approx(eng.metrics().busy_s_total)

@@ -5,10 +5,12 @@ engine profiles set their weights."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+import yaml
 
-from qosgate.config import default_config
+from qosgate.config import config_from_mapping, default_config
 from qosgate.core import QosInputs, ReplicaSpec, Scheduler
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.peers import load_in
@@ -52,3 +54,28 @@ models:
         assert w.source == "profile"
         assert w.output == pytest.approx(other.decode_s / ref.decode_s)
         assert weights.of("small").output == 1.0
+
+
+def test_a_reload_keeps_the_weights_the_profiles_gave() -> None:
+    config = """
+models:
+  - {name: small, profile: llama-3-8b-h100}
+  - {name: slow, profile: llama-3-8b-a100}
+tenants:
+  - {name: acme, api_keys: [sk-acme]}
+"""
+    with InProcessGateway(config) as gw:
+        app = gw.gateway
+        before = app.scheduler.pricing.weights.of("slow")
+        doc = yaml.safe_load(config)
+        doc["tenants"].append({"name": "newco", "api_keys": ["sk-new"]})
+        app.config_source = lambda: (config_from_mapping(doc), app.settings)
+        found = gw._run(_reloaded(app))
+        assert found.tenants_added == ("newco",)
+        after = app.scheduler.pricing.weights.of("slow")
+        assert after == before and after.source == "profile"
+
+
+async def _reloaded(app: Any) -> Any:
+    """The reload, on the gateway's loop (as the admin endpoint runs it)."""
+    return app.reload()

@@ -73,10 +73,9 @@ the tokens it computes in the step (the fixed cost -- streaming the weights once
 token of the pass alike). A step in which the seq prefills counts as its prefill time, one in
 which it decodes as its decode time; a host-tier load counts as prefill.
 
-One module (~800 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
-running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
-function's state; apart, each piece
-would reach into the others' counters.
+One module (~860 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
+running set, KV accounting, preemption, the seqs' pins in the prefix cache and their engine time
+-- is one step function's state; apart, each piece would reach into the others' counters.
 """
 
 from __future__ import annotations

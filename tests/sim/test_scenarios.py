@@ -21,7 +21,8 @@ from qosgate.sim.scenario_file import (
 from qosgate.sim.scenarios import attribution, prepare, run_scenario
 from qosgate.sim.workload import TRACE_ATTRIBUTION, TRACE_NAME, find_trace, sample_lengths
 
-BUILTIN = ("azure-conv", "fleet-faults", "fleet-mixed", "load-sweep", "seed-classes", "tenants")
+BUILTIN = ("azure-conv", "fleet-faults", "fleet-mixed", "load-sweep", "models-heavy-light",
+           "seed-classes", "tenants")
 
 
 def have_trace() -> bool:

@@ -57,17 +57,32 @@ only to give a *running* seq KV (vLLM issue #40004). ``preempt_for_priority=True
 rule (``_schedule_priority_preemption``, and the open pull requests for #40004): a waiting seq
 that does not fit preempts running seqs with a strictly larger value.
 
-One module (~720 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
-running set, KV accounting, preemption and the seqs' pins in the prefix cache -- is one step
-function's state; apart, each piece
-would reach into the others' counters.
+Several models on one accelerator (``models``: model -> its profile, for the seqs whose
+``SeqSpec.model`` names it; any other seq runs on ``profile``). Co-located models take turns:
+one step runs each model's forward pass in sequence, so the step lasts the sum of each model's
+step time over its own seqs (its fixed cost once, if it has a seq in the step, plus its terms
+per token). The batch, the token budget and the KV cache are ``profile``'s, shared by every
+model's seqs (a simplification: a real deployment splits the memory between the models' KV
+caches; counting it as one pool is optimistic when one model's seqs would fill its own part).
+
+Engine time (``engine_time``, kept when the engine is ``timed``): each step's duration is split
+between the seqs in it, so that the seqs' times add up to the engine's busy time. A seq is
+charged its own terms (its prefill tokens, its attention pairs, its decode context and per-seq
+cost, the host-tier tokens it loads) and a share of its model's fixed step cost in proportion to
+the tokens it computes in the step (the fixed cost -- streaming the weights once -- serves every
+token of the pass alike). A step in which the seq prefills counts as its prefill time, one in
+which it decodes as its decode time; a host-tier load counts as prefill.
+
+One module (~860 lines): the profile schema is a few lines, and the rest -- the waiting queue, the
+running set, KV accounting, preemption, the seqs' pins in the prefix cache and their engine time
+-- is one step function's state; apart, each piece would reach into the others' counters.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from pathlib import Path
@@ -201,17 +216,24 @@ class _Seq:
         "id",
         "keys",
         "limit",
+        "loading",
         "max_tokens",
+        "model",
         "order",
         "pinned",
         "prio",
         "prompt",
         "prompted",
+        "spent",
         "state",
     )
 
-    def __init__(self, spec: SeqSpec, order: int, room: int) -> None:
+    def __init__(self, spec: SeqSpec, order: int, room: int, spent: list[float]) -> None:
         self.id = spec.seq_id
+        self.model = spec.model
+        # its engine time so far, [prefill seconds, decode seconds] (``SimEngine.engine_time``)
+        self.spent = spent
+        self.loading = 0  # tokens it loads from the host tier in the step being scheduled
         self.prompt = spec.prompt_tokens
         # no cap of the client's own: the rest of the KV cache (vLLM: the rest of the context)
         self.max_tokens = room if spec.max_tokens is None else spec.max_tokens
@@ -290,11 +312,19 @@ class SimEngine:
 
     def __init__(
         self, profile: EngineProfile | str | Path = "default", policy: Policy = "fcfs",
-        preempt_for_priority: bool = False,
+        preempt_for_priority: bool = False, models: Mapping[str, EngineProfile] | None = None,
+        timed: bool = False,
     ) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"unknown policy {policy!r}")
         self.profile = profile if isinstance(profile, EngineProfile) else load_profile(profile)
+        # the step time of each model it serves besides ``profile``'s (module doc); empty: one
+        self.models: dict[str, EngineProfile] = dict(models or {})
+        # whether it keeps each seq's engine time (``engine_time``: a little work per seq and
+        # step, so only when asked; always with several models, whose step time is summed
+        # from it)
+        self.timed = timed or bool(self.models)
+        self._time: dict[str, list[float]] = {}  # seq id -> [prefill s, decode s]
         self.policy: Policy = policy
         # vLLM V0's rule: a waiting seq preempts running ones of a larger value (module doc)
         self.preempts = policy == "priority" and preempt_for_priority
@@ -331,7 +361,10 @@ class SimEngine:
             raise ValueError(f"duplicate seq_id {spec.seq_id!r}")
         if spec.prompt_tokens < 1 or (spec.max_tokens is not None and spec.max_tokens < 1):
             raise ValueError("prompt_tokens and max_tokens must be >= 1")
-        s = _Seq(spec, self._order, self.profile.kv_capacity_tokens - spec.prompt_tokens)
+        spent = self._time.setdefault(spec.seq_id, [0.0, 0.0]) if self.timed else [0.0, 0.0]
+        s = _Seq(spec, self._order, self.profile.kv_capacity_tokens - spec.prompt_tokens, spent)
+        if s.model not in self.models:
+            s.model = ""  # the engine's own profile
         if s.prompt + s.limit > self.profile.kv_capacity_tokens:
             raise ValueError(f"{spec.seq_id!r}: prompt + output cannot fit the KV cache")
         self._order += 1
@@ -439,9 +472,23 @@ class SimEngine:
         k = min(k_fin - 1, (p.kv_capacity_tokens - self._kv_used) // n)
         if k <= 0:
             return 0
-        d0 = p.step_fixed_s + p.decode_s_per_ctx_token * ctx + p.decode_s_per_seq * n
-        acc = p.decode_s_per_ctx_token * n
+        if self.models:
+            d0, acc, fixed = self._decode_terms(run.values())
+        else:
+            d0 = p.step_fixed_s + p.decode_s_per_ctx_token * ctx + p.decode_s_per_seq * n
+            acc = p.decode_s_per_ctx_token * n
+            fixed = {"": p.step_fixed_s / n}
         k = min(k, _steps_starting_before(horizon, d0, acc))
+        if self.timed:
+            models = self.models
+            ramp = k * (k - 1) / 2
+            for s in run.values():
+                q = models.get(s.model, p) if models else p
+                # its k decode steps: each its share of the fixed cost and its own terms, its
+                # context one token longer every step
+                s.spent[1] += (k * (fixed[s.model] + q.decode_s_per_seq
+                                    + q.decode_s_per_ctx_token * (s.computed + 1))
+                               + q.decode_s_per_ctx_token * ramp)
         for s in run.values():
             s.computed += k
             s.gen += k
@@ -458,6 +505,24 @@ class SimEngine:
         out.now += dur
         out.steps += k
         return k
+
+    def _decode_terms(self, seqs: Iterable[_Seq]) -> tuple[float, float, dict[str, float]]:
+        """A pure-decode step of ``seqs`` on several models: its duration now, what it grows by
+        each step (every context one token longer), and each model's fixed cost per seq."""
+        count: dict[str, int] = {}
+        for s in seqs:
+            count[s.model] = count.get(s.model, 0) + 1
+        d0 = acc = 0.0
+        for s in seqs:
+            q = self.models.get(s.model, self.profile)
+            d0 += q.decode_s_per_seq + q.decode_s_per_ctx_token * (s.computed + 1)
+            acc += q.decode_s_per_ctx_token
+        fixed: dict[str, float] = {}
+        for model, n in count.items():
+            q = self.models.get(model, self.profile)
+            d0 += q.step_fixed_s
+            fixed[model] = q.step_fixed_s / n
+        return d0, acc, fixed
 
     # ---- metrics -------------------------------------------------------------------------------
 
@@ -484,6 +549,12 @@ class SimEngine:
     def generated(self, seq_id: str) -> int:
         """Tokens generated so far by a live seq (also valid after a closed-form stretch)."""
         return self._seqs[seq_id].gen
+
+    def engine_time(self) -> dict[str, tuple[float, float]]:
+        """Every seq ever added (by id, ended ones too): its share of the steps it took part
+        in, (prefill seconds, decode seconds); together they make ``busy_s_total``. Empty
+        unless the engine is ``timed``."""
+        return {sid: (t[0], t[1]) for sid, t in self._time.items()}
 
     # ---- scheduling ----------------------------------------------------------------------------
 
@@ -521,6 +592,7 @@ class SimEngine:
             assert s.keys is not None
             loaded = hit - self._cache.lookup(s.keys, hit // s.block) * s.block
             self._loading += loaded
+            s.loading = loaded
         if not s.admitted:
             s.admitted = True
             s.cached = hit
@@ -646,6 +718,19 @@ class SimEngine:
                 budget -= k
         return sched
 
+    def _charge_models(self, sched: dict[_Seq, int]) -> float:
+        """A step of seqs on several models: each model's pass (its fixed cost, if it has a seq
+        in the step, and its seqs' terms) one after the other; charges every seq its share and
+        returns the step's duration."""
+        tokens: dict[str, int] = {}
+        for s, k in sched.items():
+            tokens[s.model] = tokens.get(s.model, 0) + k
+        dur = 0.0
+        for s, k in sched.items():
+            q = self.models.get(s.model, self.profile)
+            dur += _charge(s, k, q, q.step_fixed_s / tokens[s.model])
+        return dur
+
     def _step(self, res: StepResult, emit_all: bool) -> tuple[int, bool]:
         """Run one step into ``res``; return (forward passes run: 0/1, any index-0/finish/evict)."""
         res.tokens.clear()
@@ -657,27 +742,47 @@ class SimEngine:
             return 0, bool(res.evicted)
         p = self.profile
         prefill = ctx = n_dec = pairs = 0
+        several = bool(self.models)
+        # each seq's engine time (module doc), charged here on one model: its terms and its
+        # share of the fixed cost, by the tokens it computes in the step
+        charge = self.timed and not several
+        fixed = p.step_fixed_s / sum(sched.values()) if charge else 0.0
         for s, k in sched.items():
             if s.is_decoding():
                 n_dec += 1
-                ctx += s.computed + 1
+                c = s.computed + 1
+                ctx += c
+                if charge:
+                    s.spent[1] += fixed + p.decode_s_per_seq + p.decode_s_per_ctx_token * c
             else:
                 prefill += k
-                pairs += k * s.computed + k * (k + 1) // 2
+                mine = k * s.computed + k * (k + 1) // 2
+                pairs += mine
+                if charge:
+                    s.spent[0] += ((fixed + p.prefill_s_per_token) * k
+                                   + p.prefill_s_per_ctx_token * mine)
                 if s.pinned < s.full:  # its prefill covers more full prompt blocks
                     self._cache_computed(s, s.computed + k)
         self._prefill_total += prefill
-        dur = (
-            p.step_fixed_s
-            + p.prefill_s_per_token * prefill
-            + p.decode_s_per_ctx_token * ctx
-            + p.decode_s_per_seq * n_dec
-        )
-        if p.prefill_s_per_ctx_token:
-            dur += p.prefill_s_per_ctx_token * pairs
-        if self._loading:
-            dur += p.host_load_s_per_token * self._loading
-            self._loading = 0
+        if several:
+            dur = self._charge_models(sched)
+        else:
+            dur = (
+                p.step_fixed_s
+                + p.prefill_s_per_token * prefill
+                + p.decode_s_per_ctx_token * ctx
+                + p.decode_s_per_seq * n_dec
+            )
+            if p.prefill_s_per_ctx_token:
+                dur += p.prefill_s_per_ctx_token * pairs
+            if self._loading:
+                dur += p.host_load_s_per_token * self._loading
+            if self._loading and charge:
+                for s in sched:  # (the seqs admitted with host-tier tokens to load)
+                    if s.loading:
+                        s.spent[0] += p.host_load_s_per_token * s.loading
+                        s.loading = 0
+        self._loading = 0
         res.duration_s = dur
         self._steps += 1
         self._busy += dur
@@ -713,6 +818,24 @@ class SimEngine:
         if lru and lru > p.kv_capacity_tokens - self._kv_used:
             self._cache.trim(p.kv_capacity_tokens - self._kv_used)
         return 1, interesting
+
+
+def _charge(s: _Seq, k: int, p: EngineProfile, fixed_per_token: float) -> float:
+    """Charge ``s`` its share of a step in which it computes ``k`` tokens on profile ``p``
+    (before they count as computed; module doc); returns it. Host-tier loads count as prefill."""
+    if s.is_decoding():
+        t = fixed_per_token + p.decode_s_per_seq + p.decode_s_per_ctx_token * (s.computed + 1)
+        s.spent[1] += t
+    else:
+        t = ((fixed_per_token + p.prefill_s_per_token) * k
+             + p.prefill_s_per_ctx_token * (k * s.computed + k * (k + 1) // 2))
+        s.spent[0] += t
+    if s.loading:
+        load = p.host_load_s_per_token * s.loading
+        s.spent[0] += load
+        t += load
+        s.loading = 0
+    return t
 
 
 def _steps_starting_before(horizon: float, d0: float, acc: float) -> int:

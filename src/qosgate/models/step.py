@@ -74,6 +74,9 @@ class SeqSpec:
     # the prompt's token ids, for a simulated engine whose tokens follow from them (the vLLM
     # stand-in: ``models/filler.py``); None: it has none
     context_ids: tuple[int, ...] | None = None
+    # the model it runs on, for an engine that serves several with different step times (the
+    # simulated one: ``SimEngine``'s ``models``); "": the engine's own
+    model: str = ""
 
 
 @dataclass(slots=True)

@@ -19,6 +19,7 @@ from qosgate.core import ReplicaSpec, Request, Scheduler
 from qosgate.core.ledger import LeasedLedger
 from qosgate.core.peers import load_of
 from qosgate.models.simmodel import SimEngine, load_profile
+from qosgate.models.token_times import apply_profiles
 from qosgate.runtime.batches.directory import BatchDirectory, batch_directory
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.lease import Lease, LocalLease, RedisLease
@@ -119,6 +120,7 @@ def assemble(cfg: QosConfig, settings: GatewaySettings, engines: dict[str, Engin
         ],
         ledger=ledger,
     )
+    apply_profiles(scheduler.pricing.weights, cfg.models, cfg.fairness.reference_model)
     metrics = GatewayMetrics(scheduler, clock)
     shared = _shared_state(rs, ledger, scheduler, instance, clock)
     if shared is not None:

@@ -85,7 +85,6 @@ from qosgate.core import (
 from qosgate.core.batches_feed import SWEEP_S
 from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
-from qosgate.models.simmodel import SimEngine
 from qosgate.models.step import EvictEvent, FinishEvent, SeqSpec, TokenEvent
 from qosgate.sim.batches import retry_rule
 from qosgate.sim.batches_feed import SimBatches
@@ -110,7 +109,6 @@ from qosgate.sim.setup import (
     SimSetup,
     passthrough_config,
     policy_setup,
-    scaled,
 )
 from qosgate.sim.workload import Arrival
 
@@ -121,6 +119,8 @@ LOST = AttemptFailed(DISCONNECTED)  # a broken call that had sent the client not
 REFUSED = AttemptFailed(UNREACHABLE, unreachable=True)  # a refused connect
 
 ProgressFn = Callable[[float, int], None]
+# (class, tenant) -> (prefill seconds, decode seconds) of engine time
+TenantTime = dict[tuple[str, str], tuple[float, float]]
 
 
 class Simulation:
@@ -137,13 +137,17 @@ class Simulation:
         cfg = passthrough_config(setup.cfg) if ps.passthrough else setup.cfg
         self.now = 0.0  # the global virtual clock (the shared store's clock)
         # one Scheduler per gateway instance: its own queue, replica objects and windows
-        self.gateways = Gateways(cfg, ps, self.plans, setup.gateways, setup.workload)
+        self.gateways = Gateways(cfg, ps, self.plans, setup.gateways, setup.workload,
+                                 dict(setup.model_profiles))
         self.sched = self.gateways.schedulers[0]
         self.evictions = [0] * len(self.gateways.schedulers)
         self.events = EventHeap()
         for g in range(len(self.gateways.shared)):  # then one sync every interval
             self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
-        self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue, setup.engine_preempts)
+        # engine time is kept (and reported) when the run has models
+        timed = bool(setup.model_profiles) or any(st.model for st in setup.workload.streams)
+        self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue, setup.engine_preempts,
+                                        dict(p.model_profiles), timed)
                      for p in self.plans}
         self.rep_list = list(self.reps.values())
         self.plan_window = {p.name: p.window for p in self.plans}
@@ -157,6 +161,11 @@ class Simulation:
         self.arrivals_end_due = True  # its snapshot is not taken yet
         self.snapshot: dict[str, tuple[bool, int]] | None = None
         self.engine_window: dict[str, float] = {}
+        # engine time: each dispatched request's (class, tenant), and the tenants' engine time
+        # at the first sample after the warm-up and at the end of the arrival span
+        self.charged: dict[str, tuple[str, str]] = {}
+        self.time_at_warmup: TenantTime | None = None
+        self.time_at_end: TenantTime | None = None
         self.started: set[str] = set()  # requests whose first token went to the client
         self.last_rep: dict[str, str] = {}
         self.late_finishes = 0
@@ -332,7 +341,9 @@ class Simulation:
             engine_priority=d.req.level if self.passthrough or d.req.order is None
             else d.req.order,
             prefix=self.arr[rid].prefix,
+            model=d.req.model,
         )
+        self.charged[rid] = (d.req.service_class, d.req.tenant)
         try:
             rep.engine.add(spec)
         except ValueError:
@@ -551,8 +562,7 @@ class Simulation:
             done["factor"] = factor
         self.faults_done.append(done)
         if action == "slow":
-            rep.factor = factor
-            rep.engine.profile = scaled(rep.base, factor)
+            rep.slow(factor)
             return
         if action == "revive":  # restarted, empty; the next probe tells the core
             if not rep.alive:
@@ -565,7 +575,7 @@ class Simulation:
         rep.alive = False
         victims = [(rid, rid in rep.paused, rep.generated(rid)) for rid in rep.seqs]
         rep.retired.append(rep.engine)
-        rep.engine = SimEngine(scaled(rep.base, rep.factor), rep.queue, rep.preempts)
+        rep.engine = rep.new_engine()
         rep.buf = None
         rep.parked.clear()
         rep.seqs.clear()
@@ -594,6 +604,19 @@ class Simulation:
             "generated_tokens": float(sum(e.metrics().generation_tokens_total for e in engines)),
             "busy_s": sum(e.metrics().busy_s_total for e in engines),
         }
+        self.time_at_end = self._tenant_time()
+
+    def _tenant_time(self) -> TenantTime:
+        """Every (class, tenant)'s engine time so far: its requests' share of every step of
+        every engine (``SimEngine.engine_time``), (prefill seconds, decode seconds)."""
+        out: TenantTime = {}
+        for rep in self.rep_list:
+            for eng in rep.engines():
+                for rid, (prefill, decode) in eng.engine_time().items():
+                    key = self.charged[rid]
+                    p, d = out.get(key, (0.0, 0.0))
+                    out[key] = (p + prefill, d + decode)
+        return out
 
     def _sample(self, t: float) -> None:
         running = waiting = paused = up = 0
@@ -721,6 +744,8 @@ class Simulation:
         self._take_snapshot()
 
     def _on_sample(self, ev: Event, now: float) -> None:
+        if self.time_at_warmup is None and now >= self.setup.warmup:
+            self.time_at_warmup = self._tenant_time()
         self._sample(now)
         self.next_sample += self.setup.sample_interval
         self.events.push(self.next_sample, SampleDue())
@@ -758,7 +783,8 @@ class Simulation:
         self.gateways.of[a.rid] = g
         sched = self.gateways.schedulers[g]
         inputs = self.setup.workload.inputs[a.stream]
-        req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens, prefix=a.prefix)
+        req = sched.make_request(a.rid, inputs, now, a.prompt, a.max_tokens, prefix=a.prefix,
+                                 model=self.setup.workload.streams[a.stream].model or "")
         req.resumable = True  # a stream with nothing a continuation could not reproduce
         # every attempt of one client's request carries its first attempt's id, so admission
         # can tell a retry from a new request
@@ -826,6 +852,9 @@ class Simulation:
             jobs=jobs.records() if jobs is not None else [],
             job_outcomes=dict(sorted(jobs.outcomes.items())) if jobs is not None else {},
             job_attempts=sum(j.submitted for j in jobs.jobs) if jobs is not None else 0,
+            engine_time=_by_class(self._tenant_time()),
+            engine_time_window=_by_class(_less(self.time_at_end or {},
+                                               self.time_at_warmup or {})),
         )
 
     def _prefix_cache(self) -> dict[str, dict[str, int]]:
@@ -881,6 +910,23 @@ class Simulation:
             "retries": dict(sorted(retries.items())),
             "faults": self.faults_done,
         }
+
+
+def _less(end: TenantTime, start: TenantTime) -> TenantTime:
+    """The engine time from ``start`` to ``end``."""
+    out: TenantTime = {}
+    for key, (p, d) in end.items():
+        p0, d0 = start.get(key, (0.0, 0.0))
+        out[key] = (p - p0, d - d0)
+    return out
+
+
+def _by_class(time: TenantTime) -> dict[str, dict[str, dict[str, float]]]:
+    """class -> tenant -> its prefill and decode seconds (``RunResult.engine_time``)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (cls, tenant), (p, d) in sorted(time.items()):
+        out.setdefault(cls, {})[tenant] = {"prefill_s": p, "decode_s": d}
+    return out
 
 
 def run_policy(setup: SimSetup, policy: str, progress: ProgressFn | None = None) -> RunResult:

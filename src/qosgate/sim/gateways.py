@@ -6,7 +6,8 @@ own, each store call answered ``sync_delay`` virtual seconds after it is made)."
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from qosgate.config import QosConfig
 from qosgate.core import ReplicaSpec, Scheduler
@@ -14,6 +15,8 @@ from qosgate.core.ledger import LeasedLedger
 from qosgate.core.peers import Load, load_of
 from qosgate.core.shared import MemoryStore, StoreDown, SyncProtocol, prime, run_to_end
 from qosgate.core.windows import FixedWindow
+from qosgate.models.simmodel import EngineProfile, load_profile
+from qosgate.models.token_times import apply_profiles
 from qosgate.sim.events import SyncDue
 from qosgate.sim.setup import PASSTHROUGH_WINDOW, GatewayPlan, PolicySetup, ReplicaPlan
 from qosgate.sim.workload import Workload
@@ -24,7 +27,8 @@ class Gateways:
     state's protocol per instance (``shared``: empty unless they share it)."""
 
     def __init__(self, cfg: QosConfig, ps: PolicySetup, plans: tuple[ReplicaPlan, ...],
-                 plan: GatewayPlan, workload: Workload) -> None:
+                 plan: GatewayPlan, workload: Workload,
+                 profiles: Mapping[str, EngineProfile] | None = None) -> None:
         self.plan = plan
         self.workload = workload
         self.schedulers: list[Scheduler] = []
@@ -34,14 +38,18 @@ class Gateways:
         for g in range(max(1, plan.count)):
             ledger = LeasedLedger() if plan.sharing else None
             sched = Scheduler(cfg, ps.core_policy, ledger=ledger)
+            # the models' weights from their engine profiles, as the gateway sets them
+            apply_profiles(sched.pricing.weights, cfg.models, cfg.fairness.reference_model,
+                           _profile_loader(profiles or {}))
             for rp in plans:
                 if ps.passthrough:  # a fixed window nothing fills: the engine holds the queue
-                    spec = ReplicaSpec(rp.name, PASSTHROUGH_WINDOW, pausable=rp.pausable)
+                    spec = ReplicaSpec(rp.name, PASSTHROUGH_WINDOW, pausable=rp.pausable,
+                                       models=rp.models)
                     sched.add_replica(spec, FixedWindow(PASSTHROUGH_WINDOW))
                 else:  # the window the config asks for, as the gateway's
                     sched.add_replica(
                         ReplicaSpec(
-                            rp.name, rp.window, pausable=rp.pausable,
+                            rp.name, rp.window, pausable=rp.pausable, models=rp.models,
                             window_mode=rp.window_mode, ordered=ps.engine_queue == "priority",
                             # an upstream-like replica models vLLM: a stream continues from
                             # its token ids (evicted, or moved off a replica that died)
@@ -122,3 +130,14 @@ class Gateways:
             proto.sync_failed(now, str(exc))
             return now + self.plan.sync_interval, SyncDue(g)
         return now + delay, SyncDue(g, steps, call)
+
+
+def _profile_loader(profiles: Mapping[str, EngineProfile]) -> Callable[[str | Path], EngineProfile]:
+    """A ``profile`` of the config's models: one of the scenario's ``model_profiles`` by its
+    model's name, else a built-in profile or a file."""
+
+    def load(name: str | Path) -> EngineProfile:
+        found = profiles.get(str(name))
+        return found if found is not None else load_profile(name)
+
+    return load

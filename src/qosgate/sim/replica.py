@@ -3,10 +3,12 @@ driver must remember about it between steps."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal
 
 from qosgate.models.simmodel import EngineProfile, SimEngine
 from qosgate.models.step import FinishEvent, TokenEvent
+from qosgate.sim.setup import scaled
 
 
 class SimReplica:
@@ -22,6 +24,7 @@ class SimReplica:
         "engine",
         "factor",
         "lost",
+        "models",
         "name",
         "parked",
         "paused",
@@ -30,19 +33,23 @@ class SimReplica:
         "retired",
         "seqs",
         "stuck",
+        "timed",
         "told_up",
     )
 
     def __init__(
         self, name: str, profile: EngineProfile, queue: Literal["fcfs", "priority"],
-        preempts: bool = True,
+        preempts: bool = True, models: Mapping[str, EngineProfile] | None = None,
+        timed: bool = False,
     ) -> None:
         self.name = name
         self.base = profile
+        self.models = dict(models or {})  # each model's profile where it serves several
+        self.timed = timed  # its engines keep each seq's engine time
         self.queue: Literal["fcfs", "priority"] = queue
         self.preempts = preempts  # the engine's rule for a waiting seq (``SimEngine``)
         self.factor = 1.0
-        self.engine = SimEngine(profile, queue, preempts)
+        self.engine = self.new_engine()
         self.clock = 0.0  # end of the engine's last step
         self.buf: list[TokenEvent | FinishEvent] | None = None  # events at ``clock``, undelivered
         self.stuck = False  # has work but cannot step until something changes
@@ -58,6 +65,18 @@ class SimReplica:
 
     def engines(self) -> list[SimEngine]:
         return [*self.retired, self.engine]
+
+    def new_engine(self) -> SimEngine:
+        """An empty engine of its profiles, at its speed now (``factor``)."""
+        return SimEngine(scaled(self.base, self.factor), self.queue, self.preempts,
+                         {m: scaled(p, self.factor) for m, p in self.models.items()},
+                         self.timed)
+
+    def slow(self, factor: float) -> None:
+        """Every step from now on takes ``factor`` x as long as its profiles say."""
+        self.factor = factor
+        self.engine.profile = scaled(self.base, factor)
+        self.engine.models = {m: scaled(p, factor) for m, p in self.models.items()}
 
     def drop(self, rid: str) -> None:
         if self.buf:

@@ -142,6 +142,8 @@ def run_document(run: Run) -> dict[str, Any]:
         **({"retry_after": m["retry_after"]} if m.get("retry_after") else {}),
         # only with a workload that carries prefixes (see ``prefix_stats``)
         **({"prefix_cache": m["prefix_cache"]} if m.get("prefix_cache") else {}),
+        # only with several models (``sim.engine_time``)
+        **({"engine_time": m["engine_time"]} if m.get("engine_time") else {}),
         # only with batch jobs beside the workload (``batches_metrics``)
         **({"jobs": m["jobs"], "job_attempt_outcomes": r.job_outcomes} if m.get("jobs") else {}),
     }
@@ -203,6 +205,12 @@ def document(res: ScenarioResult) -> dict[str, Any]:
             "capacity_measured": prep.capacity_measured,
             "trace": prep.trace_path.name if prep.trace_path is not None else None,
             "attribution": attribution(prep),
+            # only with several models: what each replica serves, each model's profile
+            **({"models": {
+                "served": {p.name: list(p.models) for p in prep.fleet},
+                "profiles": {m: {"name": p.name, "model": p.model, "gpu": p.gpu}
+                             for m, p in prep.model_profiles.items()},
+            }} if prep.models else {}),
             # only with batch jobs (a document without them is unchanged)
             **({"jobs": [_job_plan(jp, rate) for jp, rate in
                          zip(prep.jobs, prep.job_idle_rates, strict=True)],

@@ -109,6 +109,24 @@ def _fairness_table(runs: Iterable[Run]) -> Table | None:
     return t if any_row else None
 
 
+def _engine_time_table(runs: Iterable[Run]) -> Table:
+    """Each tenant's engine time (its requests' share of the steps) in the arrival span after
+    the warm-up, and Jain's index over the tenants of a class in it (``sim.engine_time``)."""
+    t = Table(title="engine time of the tenants of a class (s; share of the class's)",
+              title_justify="left")
+    for col in ("policy", "class", "Jain", "tenants (engine s: prefill + decode, share)"):
+        t.add_column(col, justify="left" if col in ("policy", "class") else "right")
+    for run in runs:
+        for i, (c, f) in enumerate(run.metrics["engine_time"].items()):
+            each = "  ".join(
+                f"{name} {v['engine_s']:.1f}: {v['prefill_s']:.1f} + {v['decode_s']:.1f}, "
+                f"{100 * v['share']:.0f}%"
+                for name, v in f["tenants"].items()
+            )
+            t.add_row(run_label(run) if i == 0 else "", c, _num(f["jain"], ".3f"), each)
+    return t
+
+
 def _replica_table(runs: Iterable[Run]) -> Table:
     t = Table(
         title="per replica (requests by the replica they were last dispatched to; window: the "
@@ -559,6 +577,8 @@ def print_tables(res: ScenarioResult, console: Console) -> None:
         ft = _fairness_table(res.runs)
         if ft is not None:
             console.print(ft)
+        if prep.models:
+            console.print(_engine_time_table(res.runs))
         if (len(prep.fleet) > 1 or "adaptive" in modes) and any(
                 r.metrics["replicas"] for r in res.runs):  # a replay sees no replicas
             console.print(_replica_table(res.runs))

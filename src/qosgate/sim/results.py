@@ -116,4 +116,10 @@ class RunResult:
     jobs: list[BatchResult] = field(default_factory=list)
     job_outcomes: dict[str, int] = field(default_factory=dict)
     job_attempts: int = 0
+    # engine time: class -> tenant -> {prefill_s, decode_s}, its requests' share of each step
+    # (``SimEngine.engine_time``), over the whole run and over the arrival span after the
+    # warm-up (from the first sample at or after it to the end of the span, each to within
+    # the step under way)
+    engine_time: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    engine_time_window: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 

@@ -28,6 +28,19 @@ unless it gives some), named r0, r1, ... in order. The capacity is then the sum 
 replica's own. ``pausable: false`` models upstream servers (vLLM over HTTP), which the core can
 only pull a request back from by abort, before its first token.
 
+Models. A stream may ask for a ``model``; a replica group says which ``models`` it serves
+(unset: any). ``model_profiles: {heavy: {profile: qwen2.5-7b-instruct-h100, profile_overrides:
+{...}}}`` gives a model its own engine profile (its step time): a replica serving it runs its
+seqs with that profile's times. A replica serving several models with profiles of their own runs
+them on one accelerator, taking turns: each step runs every model's forward pass in sequence, so
+it lasts the sum of each model's step time over its own seqs (``SimEngine``'s ``models``; the
+batch, token budget and KV cache are the replica's own profile's, shared by the models). A
+model with no entry runs on the replica's profile. In ``config.models`` (the models' weights),
+a model's ``profile`` may name an entry of ``model_profiles`` (else a built-in profile or a
+file): the weights then come from the profiles (``models.token_times``), and fair share is a
+share of engine time. The capacity a ``load`` is relative to is measured on the replicas' own
+profiles, whatever model they run: a scenario with ``model_profiles`` gives ``arrivals.rate``.
+
 Faults. ``faults`` act on named replicas during the run: ``{replica: r0, kind: die, at_s: 40,
 until_s: 80}`` kills r0's engine at 40 s (everything in it is lost) and restarts it, empty, at
 80 s; ``{replica: r1, kind: slow, at_s: 60, factor: 3}`` makes each of r1's engine steps 3x as
@@ -121,6 +134,14 @@ class ReplicaGroup(Strict):
     window: Window | None = None
     pausable: bool | None = None
     window_mode: WindowMode | None = None
+    models: tuple[str, ...] = Field(default=(), description="the models it serves (empty: any)")
+
+
+class ModelProfile(Strict):
+    """One model's engine profile in a scenario (``model_profiles``, see the module doc)."""
+
+    profile: str = "qwen2.5-7b-instruct-h100"
+    profile_overrides: dict[str, float] = Field(default_factory=dict)
 
 
 class Fault(Strict):
@@ -171,6 +192,8 @@ class Scenario(Strict):
     description: str = ""
     profile: str = "qwen2.5-7b-instruct-h100"
     profile_overrides: dict[str, float] = Field(default_factory=dict)
+    # each model's engine profile (module doc: Models); empty: every model runs on the replica's
+    model_profiles: dict[str, ModelProfile] = Field(default_factory=dict)
     replicas: Annotated[int, Field(ge=1)] | tuple[ReplicaGroup, ...] = 1
     window: Window = "auto"
     pausable: bool = True
@@ -243,6 +266,15 @@ class Scenario(Strict):
         for t, ix in self.gateways.reach.items():
             if not ix:
                 raise ValueError(f"gateways.reach: tenant {t!r} reaches no gateway")
+        if self.model_profiles and (self.arrivals.load is not None or self.sweep is not None):
+            raise ValueError("a scenario with model_profiles gives arrivals.rate: the capacity "
+                             "a load is relative to is not measured per model")
+        groups = self.replicas if isinstance(self.replicas, tuple) else ()
+        for st in self.mix:
+            if st.model and groups and not any(not g.models or st.model in g.models
+                                               for g in groups):
+                raise ValueError(f"mix: model {st.model!r} ({st.label()}) is served by no "
+                                 "replica group")
         return self
 
     def replica_count(self) -> int:

@@ -21,6 +21,7 @@ from qosgate.sim.batches import BatchPlan, plan_batches
 from qosgate.sim.batches_metrics import batch_stats, fluid_finish
 from qosgate.sim.capacity import saturation_throughput
 from qosgate.sim.driver import run_policy
+from qosgate.sim.engine_time import engine_fairness
 from qosgate.sim.metrics import Slo, analyze, gateway_stats, limit_overshoot, retry_stats
 from qosgate.sim.prefix_stats import prefix_metrics, workload_ideals
 from qosgate.sim.results import RunResult
@@ -70,6 +71,14 @@ class Prepared:
     # (lines/s: the replicas' saturated throughput for its line lengths)
     jobs: tuple[BatchPlan, ...] = ()
     job_idle_rates: tuple[float, ...] = ()
+    # each model's engine profile (``Scenario.model_profiles``), resolved
+    model_profiles: dict[str, EngineProfile] = field(default_factory=dict)
+
+    @property
+    def models(self) -> bool:
+        """Whether the scenario runs several models (its streams name them, or it gives them
+        profiles of their own)."""
+        return bool(self.model_profiles) or any(st.model for st in self.scenario.mix)
 
     def configs(self) -> dict[str, QosConfig]:
         """Each router run, by name: the scenario's routers, or the config's own router."""
@@ -154,6 +163,11 @@ def prepare(
             profiles.append(_profile(name, over))
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
+    try:
+        model_profiles = {m: _profile(mp.profile, mp.profile_overrides)
+                          for m, mp in s.model_profiles.items()}
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
     classes = [c.name for c in cfg.classes]
     missing = [c for c in classes if c not in s.tpot_slo_ms]
     if missing:
@@ -195,8 +209,10 @@ def prepare(
             window = setting
         pausable = g.pausable if g.pausable is not None else s.pausable
         mode = g.window_mode if g.window_mode is not None else s.window_mode
+        served = {m: p for m, p in model_profiles.items() if not g.models or m in g.models}
         for _ in range(g.count):
-            plans.append(ReplicaPlan(f"r{len(plans)}", prof, window, pausable, mode))
+            plans.append(ReplicaPlan(f"r{len(plans)}", prof, window, pausable, mode, g.models,
+                                     tuple(served.items())))
     names = {p.name for p in plans}
     faults = []
     for f in s.faults:
@@ -221,6 +237,7 @@ def prepare(
         s, cfg, first.profile, first.window, mean_tokens, slos, api_keys, path, trace,
         fleet=tuple(plans), faults=tuple(faults), router_cfgs=router_cfgs, jobs=jobs,
         job_idle_rates=tuple(_idle_rate(plans, jp, s.max_tokens) for jp in jobs),
+        model_profiles=model_profiles,
     )
     need = s.arrivals.load is not None or s.sweep is not None
     if measure_capacity is None:
@@ -309,6 +326,8 @@ def setup_for(
         jobs=prep.jobs if jobs else (),
         batches=s.batches,
         seed=s.seed,
+        model_profiles=tuple(prep.model_profiles.items()),
+        warmup=s.warmup_s,
     )
 
 
@@ -399,6 +418,8 @@ def run_scenario(
                 lambda t: weight.get(t, 1.0), s.warmup_s,
             )
             metrics["limits"] = limit_overshoot(result, limits)
+            if prep.models:
+                metrics["engine_time"] = engine_fairness(result, lambda t: weight.get(t, 1.0))
             if s.retries:
                 metrics["retries"] = retry_stats(result, prep.slos)
                 metrics["retry_after"] = retry_after_stats(result)

@@ -58,6 +58,10 @@ class ReplicaPlan:
     # the core's window mode for it: "adaptive" (``window`` is then its ceiling) or "fixed";
     # None: the core's default (fixed for a pausable replica, ``fleet.window.mode`` otherwise)
     window_mode: Literal["fixed", "adaptive"] | None = None
+    # the models it serves (empty: any) and the engine profile of each, where it has several
+    # (``SimEngine``'s ``models``: each model's pass in turn in one step)
+    models: tuple[str, ...] = ()
+    model_profiles: tuple[tuple[str, EngineProfile], ...] = ()
 
 
 Spread = Literal["round-robin", "hash", "skewed"]
@@ -129,6 +133,11 @@ class SimSetup:
     jobs: tuple[BatchPlan, ...] = ()
     batches: BatchSettings = field(default_factory=BatchSettings)
     seed: int = 0  # the jobs' retry jitter
+    # each model's engine profile by name: what a ``profile`` of the config's ``models`` may
+    # name besides the built-in profiles and files (``models.token_times``)
+    model_profiles: tuple[tuple[str, EngineProfile], ...] = ()
+    # the engine time per tenant is also measured from here to the end of the arrival span
+    warmup: float = 0.0
 
     def plans(self) -> tuple[ReplicaPlan, ...]:
         if self.fleet:

@@ -141,6 +141,8 @@ class Stream(Strict):
     priority: int | None = None
     task_type: str | None = None
     latency_budget_ms: float | None = Field(default=None, gt=0)
+    model: str | None = Field(default=None, description="the model it asks for (the "
+                              "scenario's models); unset: any replica serves it")
     prompt: LengthDist | None = None
     output: LengthDist | None = None
 

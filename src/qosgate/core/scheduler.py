@@ -59,6 +59,7 @@ from qosgate.core.signals import LoadSignals
 from qosgate.core.snapshot import Snapshot
 from qosgate.core.timers import Timers
 from qosgate.core.usage import Usage
+from qosgate.core.weights import time_per_unit
 from qosgate.core.windows import WindowRule
 
 __all__ = ["ReplicaSpec", "Scheduler"]
@@ -252,21 +253,32 @@ class Scheduler:
         rep = self.replicas.get(name)
         if rep is None:
             return out
-        seen = rep.itl_seen
+        seen, before = rep.itl_seen, rep.signals
         self.fleet.observe(rep, now, up, models, signals)
-        if signals is not None and rep.itl_seen != seen and self.pricing.weights.learning:
-            self._learn_weight(rep, signals)
+        if signals is not None and self.pricing.weights.learning:
+            self._learn_weight(rep, before, signals, rep.itl_seen != seen)
         self._fill(now, out)
         return out
 
-    def _learn_weight(self, rep: Replica, signals: LoadSignals) -> None:
-        """The accelerator time per output token ``rep``'s engine spent since its last scrape:
-        its mean inter-token latency (one step) over the sequences that shared each step. A
-        replica serving one model (with its adapters) measures that model; one serving
-        several cannot say which of them took the time, and teaches nothing."""
+    def _learn_weight(self, rep: Replica, before: LoadSignals | None, signals: LoadSignals,
+                      new_itl: bool) -> None:
+        """What ``rep``'s engine spent per token since its last scrape. An engine that accounts
+        its time per model (``model_time``) says it for each model: engine seconds per unit of
+        cost at the reference price (prompt and output tokens at the fairness weights), so
+        that a weight learned from it makes the charge follow the engine time. Otherwise a
+        replica serving one model (with its adapters) measures it by its mean inter-token
+        latency (one step) over the sequences that shared each step; one serving several
+        cannot say which of them took the time, and teaches nothing."""
         weights = self.pricing.weights
+        if signals.model_time is not None:
+            if before is not None and before.model_time is not None:
+                for model, per_unit in time_per_unit(before.model_time, signals.model_time,
+                                                     self.pricing.prompt_weight,
+                                                     self.pricing.output_weight):
+                    weights.measured(weights.base_of(model), per_unit, per_unit)
+            return
         bases = {weights.base_of(m) for m in rep.models}
-        if len(bases) != 1 or rep.itl_s is None:
+        if not new_itl or len(bases) != 1 or rep.itl_s is None:
             return
         running = signals.running or 1
         weights.measured(bases.pop(), None, rep.itl_s / max(1, running))

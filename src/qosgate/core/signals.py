@@ -29,6 +29,10 @@ class LoadSignals:
     # stands still on an engine that holds work and is hung (``core/progress.py``)
     prompt_tokens_total: int | None = None
     output_tokens_total: int | None = None
+    # an engine serving several models that accounts its time per model: per model, (engine
+    # seconds, prompt tokens, output tokens) since it started; the scheduler learns the
+    # models' weights from their deltas (``core.weights``)
+    model_time: tuple[tuple[str, float, int, int], ...] | None = None
     # the LoRA adapters it holds loaded, most recently used first, and how many it can hold
     # (vLLM's ``--max-loras``): a request for one of them pays no load there
     adapters: tuple[str, ...] | None = None

@@ -148,3 +148,20 @@ def _ewma(old: float | None, new: float | None) -> float | None:
     if old is None:
         return new
     return old + _LEARN_RATE * (new - old)
+
+
+def time_per_unit(before: Iterable[tuple[str, float, int, int]],
+                  now: Iterable[tuple[str, float, int, int]], prompt_weight: float,
+                  output_weight: float) -> list[tuple[str, float]]:
+    """Per model, the engine seconds it took between two readings of an engine's per-model
+    totals (model, seconds, prompt tokens, output tokens), over the cost of its tokens at the
+    reference price; models with no tokens or no time between them are left out (an engine
+    that restarted reads lower: nothing is learned from it)."""
+    old = {m: (t, p, o) for m, t, p, o in before}
+    out: list[tuple[str, float]] = []
+    for model, t, p, o in now:
+        t0, p0, o0 = old.get(model, (0.0, 0, 0))
+        units = prompt_weight * (p - p0) + output_weight * (o - o0)
+        if units > 0 and t > t0:
+            out.append((model, (t - t0) / units))
+    return out

@@ -180,6 +180,9 @@ class EngineMetrics:
     prefix_cache_hits_total: int = 0
     # tokens fed to prefill steps (recomputation included): what the prefix cache saves
     prefill_tokens_total: int = 0
+    # with several models: per model, (engine seconds, prompt tokens, output tokens) of its
+    # seqs since the engine started (``SimEngine.model_time``)
+    model_time: tuple[tuple[str, float, int, int], ...] = ()
     # vllm:external_prefix_cache_queries / _hits: with a host tier, the prompt tokens the GPU
     # cache did not give (looked up in the host tier) and those loaded from it, at a request's
     # first admission; total hit tokens = prefix_cache_hits + external_prefix_cache_hits
@@ -325,6 +328,8 @@ class SimEngine:
         # from it)
         self.timed = timed or bool(self.models)
         self._time: dict[str, list[float]] = {}  # seq id -> [prefill s, decode s]
+        # per model, of its seqs that ended: [engine seconds, prompt tokens, output tokens]
+        self._model_done: dict[str, list[float]] = {}
         self.policy: Policy = policy
         # vLLM V0's rule: a waiting seq preempts running ones of a larger value (module doc)
         self.preempts = policy == "priority" and preempt_for_priority
@@ -396,6 +401,8 @@ class SimEngine:
         s = self._seqs.pop(seq_id, None)
         if s is None:
             return
+        if self.models:
+            self._ended(s)
         if s.state == _RUNNING:
             del self._running[seq_id]
         elif s.state == _WAITING:
@@ -544,7 +551,27 @@ class SimEngine:
             prefill_tokens_total=self._prefill_total,
             external_prefix_cache_queries_total=self._ext_queries,
             external_prefix_cache_hits_total=self._ext_hits,
+            model_time=self.model_time() if self.models else (),
         )
+
+    def _ended(self, s: _Seq) -> None:
+        acc = self._model_done.setdefault(s.model, [0.0, 0, 0])
+        acc[0] += s.spent[0] + s.spent[1]
+        acc[1] += min(s.computed, s.prompt)
+        acc[2] += s.gen
+
+    def model_time(self) -> tuple[tuple[str, float, int, int], ...]:
+        """Per model served, (engine seconds, prompt tokens, output tokens) of its seqs since the
+        engine started, the live ones' so far: each model's share of the accelerator, as an
+        engine serving several models would export it per model, for the gateway to learn the
+        models' weights from (``core.weights``). O(live seqs)."""
+        acc = {m: list(v) for m, v in self._model_done.items()}
+        for sq in self._seqs.values():
+            a = acc.setdefault(sq.model, [0.0, 0, 0])
+            a[0] += sq.spent[0] + sq.spent[1]
+            a[1] += min(sq.computed, sq.prompt)
+            a[2] += sq.gen
+        return tuple((m, a[0], int(a[1]), int(a[2])) for m, a in sorted(acc.items()))
 
     def generated(self, seq_id: str) -> int:
         """Tokens generated so far by a live seq (also valid after a closed-form stretch)."""
@@ -812,6 +839,8 @@ class SimEngine:
                 res.finished.append(FinishEvent(s.id, reason, s.prompt, s.gen, s.cached))
                 del self._running[s.id]
                 del self._seqs[s.id]
+                if self.models:
+                    self._ended(s)
                 self._kv_used -= s.computed
                 self._release(s, finished=True)
         lru = self._cache.lru_tokens

@@ -546,6 +546,7 @@ class Simulation:
                     preemptions_total=m.preemptions_total,
                     itl_seconds_total=m.itl_s_total,
                     itl_tokens_total=m.itl_tokens_total,
+                    model_time=m.model_time or None,
                 )
             rep.told_up = rep.alive
             for sched in self.gateways.schedulers:

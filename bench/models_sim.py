@@ -49,9 +49,16 @@ def _replicas(*groups: tuple[int, tuple[str, ...]]) -> dict[str, Any]:
     return {"replicas": [{"count": n, "models": list(models)} for n, models in groups]}
 
 
+def _learned(s: Scenario) -> dict[str, Any]:
+    """The heavy model's weight learned from the engines' time per model (``weight: auto``)."""
+    return {"config": {**s.config, "models": [{"name": "light"},
+                                               {"name": "heavy", "weight": "auto"}]}}
+
+
 FAIRNESS: dict[str, Any] = {
     "without model weight": _no_weights,
     "with model weight": lambda s: {},
+    "learned weight (auto)": _learned,
     "isolated, no weight": lambda s: {**_no_weights(s), **_replicas((1, ("heavy",)),
                                                                     (1, ("light",)))},
 }

@@ -136,3 +136,32 @@ def test_the_scheduler_learns_an_auto_weight_from_the_engines_time_per_token() -
     w = sched.pricing.weights.of("big")
     assert w.source == "learned"
     assert (w.prompt, w.output) == (pytest.approx(5.0), pytest.approx(5.0))
+
+
+def test_time_per_unit_is_each_models_engine_seconds_over_its_reference_cost() -> None:
+    from qosgate.core.weights import time_per_unit
+
+    before = (("heavy", 10.0, 100, 50), ("light", 2.0, 100, 50))
+    now = (("heavy", 30.0, 200, 100), ("light", 4.0, 300, 150), ("new", 1.0, 0, 0))
+    got = dict(time_per_unit(before, now, 1.0, 2.0))
+    assert got["heavy"] == pytest.approx(20.0 / (100 + 2 * 50))
+    assert got["light"] == pytest.approx(2.0 / (200 + 2 * 100))
+    assert "new" not in got  # no tokens: nothing to learn
+    # an engine that restarted reads lower totals: nothing is learned from it
+    assert time_per_unit(now, before, 1.0, 2.0) == []
+
+
+def test_the_scheduler_learns_weights_from_an_engine_that_accounts_time_per_model() -> None:
+    """One replica serving both models: its per-model totals teach each model's weight, so
+    the charge follows the engine time (which a replica of one model's ITL could not say)."""
+    from qosgate.core.signals import LoadSignals
+
+    cfg = default_config(models=[LIGHT, ModelSpec(name="big", weight="auto")])
+    sched = Scheduler(cfg, "qos", [ReplicaSpec("r0", 8, models=("light", "big"))])
+    sched.observe("r0", 0.0, signals=LoadSignals(
+        at=0.0, model_time=(("big", 0.0, 0, 0), ("light", 0.0, 0, 0))))
+    sched.observe("r0", 1.0, signals=LoadSignals(
+        at=1.0, model_time=(("big", 0.6, 100, 50), ("light", 0.3, 400, 200))))
+    w = sched.pricing.weights.of("big")
+    # big: 0.6 s over 200 units; light: 0.3 s over 800 units -> 8x
+    assert w.source == "learned" and w.output == pytest.approx(8.0)

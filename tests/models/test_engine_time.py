@@ -97,6 +97,10 @@ def test_engine_time_adds_up_to_the_busy_time_stepped_or_coalesced(
     for eng in (stepped, fast):
         total = sum(p + d for p, d in eng.engine_time().values())
         assert total == pytest.approx(eng.metrics().busy_s_total, rel=1e-9)
+        if several:  # what it exports per model adds up to the same, and counts every token
+            per_model = eng.metrics().model_time
+            assert sum(t for _, t, _, _ in per_model) == pytest.approx(total, rel=1e-9)
+            assert sum(o for _, _, _, o in per_model) == sum(out for _, out, _ in seqs)
     assert stepped.metrics().busy_s_total == pytest.approx(fast.metrics().busy_s_total)
     a, b = stepped.engine_time(), fast.engine_time()
     assert a.keys() == b.keys()
@@ -120,3 +124,16 @@ def test_a_host_tier_load_is_charged_to_the_seq_that_loads_it(several: bool) -> 
     assert eng.engine_time()["b"] == pytest.approx((r.duration_s, 0.0))
     total = sum(p + d for p, d in eng.engine_time().values())
     assert total == pytest.approx(eng.metrics().busy_s_total)
+
+
+def test_the_engine_exports_each_models_time_and_tokens_live_and_ended() -> None:
+    eng = SimEngine(TOY, models={"heavy": HEAVY})
+    eng.add(spec("light", 10, 2))
+    eng.add(spec("big", 10, 5, model="heavy"))
+    eng.step()
+    eng.step()  # light has ended, big is still decoding
+    got = {m: (t, p, o) for m, t, p, o in eng.metrics().model_time}
+    time = eng.engine_time()
+    assert got[""] == (pytest.approx(sum(time["light"])), 10, 2)
+    assert got["heavy"] == (pytest.approx(sum(time["big"])), 10, 2)
+    assert SimEngine(TOY).metrics().model_time == ()  # one model: nothing per model

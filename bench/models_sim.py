@@ -122,8 +122,10 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
     ap.add_argument("--flood-rate", type=float, default=4.0, help="part 2: heavy batch req/s")
     ap.add_argument("--light-rate", type=float, default=2.0, help="part 2: light realtime req/s")
+    ap.add_argument("--scenario", default=SCENARIO,
+                    help="a scenario of the same shape (name or path; default: %(default)s)")
     args = ap.parse_args()
-    base = load_scenario(SCENARIO)
+    base = load_scenario(args.scenario)
     if args.rate is not None:
         base = override(base, arrivals={"rate": args.rate})
     if args.duration is not None:

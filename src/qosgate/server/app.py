@@ -19,7 +19,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from qosgate.config import ConfigError, QosConfig
 from qosgate.core import QosInputError, Scheduler
 from qosgate.core.shared import prime
-from qosgate.models.token_times import profiled_weights
 from qosgate.runtime.batches.directory import BatchDirectory
 from qosgate.runtime.batches.feeder import Feeder
 from qosgate.runtime.batches.store import BatchStore
@@ -140,20 +139,11 @@ class Gateway:
             except ConfigError as exc:
                 raise ReloadRefused(str(exc)) from None
             found = changes((self.scheduler.cfg, self.settings), (cfg, settings))
-            # the running models' weights from their engine profiles, set again once the
-            # pricing is rebuilt (the models themselves change at a restart)
-            running = self.scheduler.cfg
-            try:
-                profiled = profiled_weights(running.models, running.fairness.reference_model)
-            except (OSError, ValueError) as exc:
-                raise ReloadRefused(f"models: {exc}") from None
         except ReloadRefused as exc:
             self.reloads["refused"] += 1
             log.error("config reload refused, the running config is kept: %s", exc)
             raise
         self.scheduler.retenant(cfg, self.clock())
-        for model, (prompt, output) in profiled.items():
-            self.scheduler.pricing.weights.set_profiled(model, prompt, output)
         self.cfg = self.scheduler.cfg
         self.admin_keys = frozenset(settings.server.admin_keys)
         self.upstreams.apply(found, settings.upstreams)

@@ -170,7 +170,8 @@ class ModelSpec(Strict):
         "profile too)")
     base: str | None = Field(
         default=None, description="a LoRA adapter of this base model: it costs what the base "
-        "does, plus load_cost when a replica has to load it")
+        "does (unless given a weight of its own), plus load_cost when a replica has to load "
+        "it")
     load_cost: float = Field(
         default=0.0, ge=0, description="an adapter's cold start, in reference-model tokens: "
         "charged to the request that makes a replica load it, and weighed by routing against "

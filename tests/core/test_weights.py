@@ -36,6 +36,9 @@ def test_an_adapter_costs_its_base_and_its_load() -> None:
     assert w.base_of("sql") == "heavy"
     assert w.of("sql").output == 8.0
     assert w.load_cost("sql") == 300.0 and w.load_cost("heavy") == 0.0
+    # an adapter given a weight of its own (the compute its matrices add) has that
+    own = ModelWeights([LIGHT, HEAVY, ModelSpec(name="sql", base="heavy", weight=9.0)])
+    assert own.of("sql").output == 9.0 and own.base_of("sql") == "heavy"
 
 
 def test_auto_learns_against_the_reference_and_is_one_until_both_are_measured() -> None:

@@ -13,7 +13,8 @@ them), or learned (``weight: auto``) from the engines' own time per output token
 inter-token latency over the sequences that shared each step, from ``/metrics``), measured by
 the scheduler on replicas that serve one model; it is 1 until both the model and the reference
 are measured. An
-adapter (``base``) costs what its base does; its ``load_cost`` is charged once per cold load.
+adapter (``base``) costs what its base does unless given a weight of its own; its
+``load_cost`` is charged once per cold load.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ class ModelWeights:
                        if m.weight == "auto"}
         self._configured: dict[str, Weight] = {}
         for m in specs:
-            if m.weight == "auto" or m.base is not None:
-                continue
+            own = m.model_fields_set & {"weight", "prompt_weight", "output_weight"}
+            if m.weight == "auto" or (m.base is not None and not own):
+                continue  # learned, or an adapter that costs what its base does
             w = float(m.weight)
             prompt = m.prompt_weight if m.prompt_weight is not None else w
             output = m.output_weight if m.output_weight is not None else w
@@ -89,7 +91,12 @@ class ModelWeights:
         return self._base.get(model, model)
 
     def of(self, model: str) -> Weight:
-        """``model``'s weight; a model nobody configured costs what the reference does."""
+        """``model``'s weight: its own, else its base's if it is an adapter (an adapter given
+        a weight of its own, for the compute its low-rank matrices add, has that); a model
+        nobody configured costs what the reference does."""
+        w = self._weights.get(model)
+        if w is not None:
+            return w
         return self._weights.get(self._base.get(model, model), _REFERENCE)
 
     def load_cost(self, model: str) -> float:

@@ -63,6 +63,8 @@ def test_the_heavy_models_weight_is_learned_from_its_engine(gateway: Server) -> 
     # learning needs two scrapes of each engine with tokens decoded between them
     assert wait_until(one_each, 60, every=0.2)
     w = _status(gateway)["models"]["heavy"]
+    print(f"\nheavy model's weight learned from the engines: prompt {w['prompt']:.2f}, "
+          f"output {w['output']:.2f} ({w['source']})")
     # one sequence alone on each engine: the heavy engine's steps are ten times as long
     assert w["output"] == pytest.approx(10.0, rel=0.15)
     assert w["prompt"] == pytest.approx(w["output"])

@@ -196,3 +196,43 @@ def test_config_prints_the_engines_serve_would_run_with_the_same_file_and_flags(
     out = runner.invoke(app, ["config", "--config", str(p)], env={"COLUMNS": "200"})
     assert out.exit_code == 0, out.output
     assert "engine: llamacpp, built in" in out.output and "upstream " not in out.output
+
+
+def test_config_prints_the_models_weights_and_the_limits_on_one_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights resolved as ``serve`` starts with them (a profile's from the profiles), the
+    tenants' limits on one model; a profile that does not load is an error (exit 2)."""
+    from typer.testing import CliRunner
+
+    from qosgate.cli import app
+    from qosgate.models.simmodel import load_profile
+    from qosgate.models.token_times import token_times
+
+    monkeypatch.delenv("QOSGATE_UPSTREAM", raising=False)
+    p = tmp_path / "qos.yaml"
+    p.write_text("""
+fairness: {reference_model: small}
+models:
+  - {name: small, profile: qwen2.5-7b-instruct-h100}
+  - {name: big, profile: llama-3-8b-a100}
+  - {name: sql, base: big, load_cost: 200}
+tenants:
+  - {name: acme, api_keys: [sk-a], limits: {models: {big: {requests_per_minute: 5}}}}
+""")
+    runner = CliRunner()
+    out = runner.invoke(app, ["config", "--config", str(p)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    small = token_times(load_profile("qwen2.5-7b-instruct-h100"))
+    big = token_times(load_profile("llama-3-8b-a100"))
+    row = next(line.split() for line in out.output.splitlines() if line.startswith("│ big "))
+    # the cells: model, prompt, output, where from (between the │ separators)
+    assert row[3] == f"{big.prefill_s / small.prefill_s:.3g}"
+    assert row[5] == f"{big.decode_s / small.decode_s:.3g}" and row[7] == "profile"
+    sql = next(line.split() for line in out.output.splitlines() if line.startswith("│ sql "))
+    assert sql[3:6] == row[3:6] and "200" in sql
+    assert any(line.split()[1:6] == ["acme", "│", "big", "│", "5"]
+               for line in out.output.splitlines() if line.startswith("│ acme"))
+    p.write_text("models: [{name: small, profile: no-such-profile}]\n")
+    out = runner.invoke(app, ["config", "--config", str(p)], env={"COLUMNS": "200"})
+    assert out.exit_code == 2 and "models:" in out.output

@@ -518,6 +518,7 @@ def show_config(config: ConfigOpt = None, upstream: UpstreamOpt = None,
                 str(lim.max_concurrent or "-"),
             )
         console.print(tenants)
+    _show_models(cfg)
     srv = settings.server
     console.print(
         f"server: {srv.host}:{srv.port}, admin keys {len(srv.admin_keys)}, /metrics "
@@ -537,6 +538,39 @@ def show_config(config: ConfigOpt = None, upstream: UpstreamOpt = None,
             f", profile {e.profile}" if e.kind == "sim" else
             f", model {e.model or 'SmolLM2-135M (default)'}")
             + " (no upstreams: neither `upstreams:` in the file nor --upstream)")
+
+
+def _show_models(cfg: QosConfig) -> None:
+    """The models' weights as the gateway starts with them (profiles resolved; a learned one
+    at 1 until measured), and the tenants' limits on one model."""
+    from qosgate.core.weights import ModelWeights
+    from qosgate.models.token_times import apply_profiles
+
+    if cfg.models:
+        weights = ModelWeights(cfg.models, cfg.fairness.reference_model)
+        apply_profiles(weights, cfg.models, cfg.fairness.reference_model)
+        table = FitTable(f"models (a token's cost in tokens of {weights.reference}, the "
+                         "reference)", [
+            ("model", "left"), ("prompt", "right"), ("output", "right"), ("from", "left"),
+            ("base", "left"), ("load cost", "right")])
+        for m in cfg.models:
+            w = weights.of(m.name)
+            source = "learned (auto)" if m.weight == "auto" else w.source
+            table.add_row(m.name, f"{w.prompt:.3g}", f"{w.output:.3g}", source, m.base or "",
+                          f"{m.load_cost:g}" if m.load_cost else "")
+        console.print(table)
+    per_model = [(t.name, model, lim) for t in cfg.tenants
+                 for model, lim in sorted(t.limits.models.items())]
+    if per_model:
+        table = FitTable("tenants' limits on one model (beside their limits over all models)", [
+            ("tenant", "left"), ("model", "left"), ("rpm", "right"), ("tpm", "right"),
+            ("max conc", "right")])
+        for tenant, model, lim in per_model:
+            table.add_row(tenant, model,
+                          f"{lim.requests_per_minute:g}" if lim.requests_per_minute else "-",
+                          f"{lim.tokens_per_minute:g}" if lim.tokens_per_minute else "-",
+                          str(lim.max_concurrent or "-"))
+        console.print(table)
 
 
 @app.command()

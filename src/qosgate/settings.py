@@ -43,6 +43,7 @@ from qosgate.config import (
 )
 from qosgate.flags import set_keys
 from qosgate.models.simmodel import load_profile
+from qosgate.models.token_times import profiled_weights
 from qosgate.wire.splice import Polarity, PriorityOrder
 
 __all__ = [
@@ -458,6 +459,10 @@ def check_settings(cfg: QosConfig, settings: GatewaySettings) -> list[str]:
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         problems.append(f"upstreams: two or more are named {', '.join(map(repr, dups))}")
+    try:
+        profiled_weights(cfg.models, cfg.fairness.reference_model)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        problems.append(f"models: {exc}")
     if settings.upstreams:
         return problems
     es = settings.engine

@@ -37,6 +37,7 @@ from collections.abc import Callable, Generator, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from qosgate.config import TenantLimits
 from qosgate.core.ledger import LeasedLedger, LeasedLimiter, fair_shares, merge_counter
 from qosgate.core.peers import Load, PeerLoad, with_load
 
@@ -370,10 +371,11 @@ def store_key(kind: str, lim: LeasedLimiter) -> str:
     return f"{kind}/model:{json.dumps([lim.tenant, lim.model])}"
 
 
-def prime(ledger: LeasedLedger, tenants: Iterable[tuple[str, Any]], now: float) -> None:
+def prime(ledger: LeasedLedger, tenants: Iterable[tuple[str, TenantLimits]], now: float
+          ) -> None:
     """Limiters for the configured tenants (and their limits on one model) before the first
     sync, so that their first requests find a lease waiting."""
     for name, limits in tenants:
         ledger.limiter(name, limits, now)
-        for model, on_model in getattr(limits, "models", {}).items():
+        for model, on_model in limits.models.items():
             ledger.limiter(name, on_model, now, model)

@@ -145,7 +145,8 @@ class Simulation:
         for g in range(len(self.gateways.shared)):  # then one sync every interval
             self.events.push(setup.gateways.sync_interval, SyncDue(g), (g,))
         # engine time is kept (and reported) when the run has models
-        timed = bool(setup.model_profiles) or any(st.model for st in setup.workload.streams)
+        self.timed = timed = (bool(setup.model_profiles)
+                              or any(st.model for st in setup.workload.streams))
         self.reps = {p.name: SimReplica(p.name, p.profile, ps.engine_queue, setup.engine_preempts,
                                         dict(p.model_profiles), timed)
                      for p in self.plans}
@@ -343,7 +344,8 @@ class Simulation:
             prefix=self.arr[rid].prefix,
             model=d.req.model,
         )
-        self.charged[rid] = (d.req.service_class, d.req.tenant)
+        if self.timed:  # (only a timed engine says whose its time was)
+            self.charged[rid] = (d.req.service_class, d.req.tenant)
         try:
             rep.engine.add(spec)
         except ValueError:

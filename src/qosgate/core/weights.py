@@ -9,12 +9,12 @@ fairness weights as before. A model's weight is how many reference tokens one of
 worth, separately for prompt (prefill) and output (decode) tokens, since the two scale apart.
 
 A weight is configured, taken from engine profiles (resolved into numbers before the core sees
-them), or learned (``weight: auto``) from the engines' own time per output token (their
-inter-token latency over the sequences that shared each step, from ``/metrics``), measured by
-the scheduler on replicas that serve one model; it is 1 until both the model and the reference
-are measured. An
-adapter (``base``) costs what its base does unless given a weight of its own; its
-``load_cost`` is charged once per cold load.
+them), or learned (``weight: auto``) from what the engines spend: an engine that accounts its
+time per model says each model's seconds per unit of reference cost (``time_per_unit``); else a
+replica serving one model gives that model's time per output token (its inter-token latency over
+the sequences that shared each step, from ``/metrics``). It is 1 until both the model and the
+reference are measured. An adapter (``base``) costs what its base does unless given a weight of
+its own; its ``load_cost`` is charged once per cold load.
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ class ModelWeights:
     """Each model's weight (``of``), an adapter's base and load cost, and the learning of the
     ``auto`` ones from measured times per token (``measured``)."""
 
-    __slots__ = ("_base", "_configured", "_fixed", "_learn", "_load", "_times", "_weights",
-                 "reference")
+    __slots__ = ("_auto", "_base", "_load", "_times", "_weights", "reference")
 
     def __init__(self, specs: Iterable[ModelSpec], reference: str | None = None) -> None:
         specs = tuple(specs)
@@ -54,11 +53,11 @@ class ModelWeights:
             specs[0].name if specs else "")
         self._base = {m.name: m.base for m in specs if m.base is not None}
         self._load = {m.name: m.load_cost for m in specs if m.load_cost}
-        self._learn = frozenset(m.name for m in specs if m.weight == "auto")
-        # an auto model's kinds given a number: (prompt, output), None where learned
-        self._fixed = {m.name: (m.prompt_weight, m.output_weight) for m in specs
-                       if m.weight == "auto"}
-        self._configured: dict[str, Weight] = {}
+        # each learned (auto) model, and its kinds given a number: (prompt, output), None
+        # where learned
+        self._auto = {m.name: (m.prompt_weight, m.output_weight) for m in specs
+                      if m.weight == "auto"}
+        self._weights: dict[str, Weight] = {}
         for m in specs:
             own = m.model_fields_set & {"weight", "prompt_weight", "output_weight"}
             if m.weight == "auto" or (m.base is not None and not own):
@@ -67,19 +66,17 @@ class ModelWeights:
             prompt = m.prompt_weight if m.prompt_weight is not None else w
             output = m.output_weight if m.output_weight is not None else w
             if (prompt, output) != (1.0, 1.0) or m.name != self.reference:
-                self._configured[m.name] = Weight(prompt, output, "configured")
+                self._weights[m.name] = Weight(prompt, output, "configured")
+        for name, (fp, fo) in self._auto.items():
+            self._weights[name] = Weight(fp or 1.0, fo or 1.0, "unmeasured")
         # model -> (seconds per prompt token, seconds per output token), learned
         self._times: dict[str, tuple[float | None, float | None]] = {}
-        self._weights: dict[str, Weight] = dict(self._configured)
-        for name in self._learn:
-            fp, fo = self._fixed[name]
-            self._weights[name] = Weight(fp or 1.0, fo or 1.0, "unmeasured")
 
     @property
     def learning(self) -> bool:
         """Whether any weight is learned (``auto``): the engines' times are then worth
         reading."""
-        return bool(self._learn)
+        return bool(self._auto)
 
     @property
     def weighted(self) -> bool:
@@ -114,9 +111,9 @@ class ModelWeights:
         old_p, old_o = self._times.get(model, (None, None))
         self._times[model] = (_ewma(old_p, prompt_s), _ewma(old_o, output_s))
         if model == self.reference:
-            for name in self._learn:
+            for name in self._auto:
                 self._relearn(name)
-        elif model in self._learn:
+        elif model in self._auto:
             self._relearn(model)
 
     def _relearn(self, model: str) -> None:
@@ -129,13 +126,9 @@ class ModelWeights:
         # its output alone is taken to scale its prefill alike (both are its work per token)
         prompt = p / ref_p if p and ref_p else (output if o and ref_o else old.prompt)
         learned = bool((p and ref_p) or (o and ref_o))
-        fp, fo = self._fixed.get(model, (None, None))
+        fp, fo = self._auto.get(model, (None, None))
         self._weights[model] = Weight(fp or prompt, fo or output,
                                       "learned" if learned else "unmeasured")
-
-    def times(self, model: str) -> tuple[float | None, float | None]:
-        """The learned seconds per prompt and per output token of ``model`` (None: unknown)."""
-        return self._times.get(model, (None, None))
 
     def view(self) -> dict[str, dict[str, float | str]]:
         """Every weighted model's weight and its source (for the status and the metrics)."""
